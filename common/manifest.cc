@@ -1,0 +1,143 @@
+#include "common/manifest.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "nlohmann/json.hpp"
+
+namespace colibri {
+namespace common {
+namespace {
+
+using Json = nlohmann::json;
+
+// Limits that keep a hostile manifest from asking for absurd allocations.
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxExperts = 4096;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
+}  // namespace
+
+const ManifestFile* Manifest::FindFile(const std::string& path) const {
+  for (const ManifestFile& f : files) {
+    if (f.path == path) return &f;
+  }
+  return nullptr;
+}
+
+std::string ExpertFilePath(int64_t layer, int64_t expert) {
+  return absl::StrFormat("layer_%03d/expert_%03d.bin", layer, expert);
+}
+std::string GateFilePath(int64_t layer) { return absl::StrFormat("layer_%03d/gate.bin", layer); }
+std::string LutFilePath(int64_t layer) { return absl::StrFormat("layer_%03d/lut.bin", layer); }
+
+std::string ManifestToJson(const Manifest& m) {
+  Json files = Json::array();
+  for (const ManifestFile& f : m.files) {
+    files.push_back({{"path", f.path}, {"size", f.size}, {"checksum", f.checksum}});
+  }
+  Json j = {
+      {"format", "colibri-model"},
+      {"format_version", m.format_version},
+      {"architecture", m.architecture},
+      {"d_model", m.d_model},
+      {"d_ff", m.d_ff},
+      {"n_layers", m.n_layers},
+      {"n_experts", m.n_experts},
+      {"top_k", m.top_k},
+      {"norm_topk_prob", m.norm_topk_prob},
+      {"vocab_size", m.vocab_size},
+      {"weight_type", DTypeName(m.weight_type)},
+      {"hf_layers", m.hf_layers},
+      {"lut", {{"source", m.lut_source}, {"balance_loss_weight", m.balance_loss_weight}}},
+      {"files", files},
+  };
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string& path) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("bad manifest ", path, ": ", why));
+  };
+  Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer()) return bad(absl::StrCat("missing integer '", key, "'"));
+    const int64_t v = it->get<int64_t>();
+    if (v < lo || v > hi) return bad(absl::StrCat("'", key, "' = ", v, " is outside [", lo, ", ", hi, "]"));
+    *out = v;
+    return absl::OkStatus();
+  };
+  Manifest m;
+  if (j.value("format", "") != "colibri-model") return bad("'format' is not \"colibri-model\"");
+  int64_t version = 0;
+  if (auto s = integer("format_version", 0, INT32_MAX, &version); !s.ok()) return s;
+  if (version != kManifestFormatVersion) {
+    return bad(absl::StrCat("unsupported format_version ", version, " (this build reads ",
+                            kManifestFormatVersion, ")"));
+  }
+  m.format_version = static_cast<int>(version);
+  for (auto [key, lo, hi, out] : {std::tuple{"d_model", int64_t{1}, kMaxDim, &m.d_model},
+                                  std::tuple{"d_ff", int64_t{1}, kMaxDim, &m.d_ff},
+                                  std::tuple{"n_layers", int64_t{1}, kMaxLayers, &m.n_layers},
+                                  std::tuple{"n_experts", int64_t{1}, kMaxExperts, &m.n_experts},
+                                  std::tuple{"top_k", int64_t{1}, kMaxExperts, &m.top_k},
+                                  std::tuple{"vocab_size", int64_t{1}, kMaxVocab, &m.vocab_size}}) {
+    if (auto s = integer(key, lo, hi, out); !s.ok()) return s;
+  }
+  if (m.top_k > m.n_experts) {
+    return bad(absl::StrCat("top_k ", m.top_k, " exceeds n_experts ", m.n_experts));
+  }
+  if (!j.contains("architecture") || !j["architecture"].is_string()) return bad("missing string 'architecture'");
+  m.architecture = j["architecture"].get<std::string>();
+  if (!j.contains("norm_topk_prob") || !j["norm_topk_prob"].is_boolean()) return bad("missing boolean 'norm_topk_prob'");
+  m.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+  if (!j.contains("weight_type") || !j["weight_type"].is_string()) return bad("missing string 'weight_type'");
+  auto type = ParseWeightType(j["weight_type"].get<std::string>());
+  if (!type.ok()) return bad(std::string(type.status().message()));
+  m.weight_type = *type;
+  if (j.contains("hf_layers") && j["hf_layers"].is_array()) {
+    for (const Json& v : j["hf_layers"]) {
+      if (!v.is_number_integer()) return bad("'hf_layers' holds a non-integer");
+      m.hf_layers.push_back(v.get<int64_t>());
+    }
+  }
+  if (static_cast<int64_t>(m.hf_layers.size()) != m.n_layers) {
+    return bad(absl::StrCat("'hf_layers' has ", m.hf_layers.size(), " entries, n_layers is ", m.n_layers));
+  }
+  if (j.contains("lut") && j["lut"].is_object()) {
+    m.lut_source = j["lut"].value("source", "");
+    const Json& alpha = j["lut"]["balance_loss_weight"];
+    if (alpha.is_number()) m.balance_loss_weight = alpha.get<double>();
+  }
+  if (!j.contains("files") || !j["files"].is_array()) return bad("missing array 'files'");
+  std::set<std::string> seen;
+  for (const Json& f : j["files"]) {
+    if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("size") ||
+        !f["size"].is_number_unsigned() || !f.contains("checksum") || !f["checksum"].is_string()) {
+      return bad(absl::StrCat("malformed entry in 'files': ", f.dump()));
+    }
+    ManifestFile file{f["path"].get<std::string>(), f["size"].get<uint64_t>(),
+                      f["checksum"].get<std::string>()};
+    if (file.path.empty() || file.path[0] == '/' || absl::StrContains(file.path, "..")) {
+      return bad(absl::StrCat("file path '", file.path, "' must be relative and stay inside the directory"));
+    }
+    if (!seen.insert(file.path).second) return bad(absl::StrCat("file '", file.path, "' listed twice"));
+    m.files.push_back(std::move(file));
+  }
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    std::vector<std::string> required = {GateFilePath(layer), LutFilePath(layer)};
+    for (int64_t e = 0; e < m.n_experts; ++e) required.push_back(ExpertFilePath(layer, e));
+    for (const std::string& p : required) {
+      if (!seen.count(p)) return bad(absl::StrCat("required file '", p, "' is not listed"));
+    }
+  }
+  return m;
+}
+
+}  // namespace common
+}  // namespace colibri

@@ -1,0 +1,63 @@
+#ifndef COLIBRI_COMMON_MANIFEST_H_
+#define COLIBRI_COMMON_MANIFEST_H_
+
+// manifest.json of a model directory: the model's shape, weight type, how the
+// LUT was built, and the size and checksum of every file
+// (docs/MODEL_FORMAT.md). Plain data; ParseManifest validates every field.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+
+namespace colibri {
+namespace common {
+
+inline constexpr int kManifestFormatVersion = 1;
+inline constexpr char kManifestFileName[] = "manifest.json";
+
+struct ManifestFile {
+  std::string path;  // relative to the model directory
+  uint64_t size = 0;
+  std::string checksum;  // "xxh3_128:<hex>"
+};
+
+struct Manifest {
+  int format_version = kManifestFormatVersion;
+  std::string architecture;  // config.json's model_type: mixtral, qwen2_moe, olmoe
+  int64_t d_model = 0;
+  int64_t d_ff = 0;
+  int64_t n_layers = 0;  // MoE layers, numbered 0..n_layers-1
+  int64_t n_experts = 0;
+  int64_t top_k = 0;
+  bool norm_topk_prob = true;
+  int64_t vocab_size = 0;
+  DType weight_type = DType::kBF16;
+  std::vector<int64_t> hf_layers;  // hf_layers[L] = checkpoint layer index of MoE layer L
+  std::string lut_source;          // "embedding" or "calibration"
+  double balance_loss_weight = 0.0;
+  std::vector<ManifestFile> files;
+
+  // nullptr if `path` is not listed.
+  const ManifestFile* FindFile(const std::string& path) const;
+};
+
+// Relative paths of the files every model directory has.
+std::string ExpertFilePath(int64_t layer, int64_t expert);  // layer_000/expert_000.bin
+std::string GateFilePath(int64_t layer);                    // layer_000/gate.bin
+std::string LutFilePath(int64_t layer);                     // layer_000/lut.bin
+
+std::string ManifestToJson(const Manifest& manifest);
+
+// INVALID_ARGUMENT naming `path` and the field for malformed JSON, a missing
+// or out-of-range field, an unknown format version or weight type, an absolute
+// or escaping file path, or a required file missing from the list.
+absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string& path);
+
+}  // namespace common
+}  // namespace colibri
+
+#endif  // COLIBRI_COMMON_MANIFEST_H_

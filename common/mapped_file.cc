@@ -1,0 +1,72 @@
+#include "common/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace colibri {
+namespace common {
+namespace {
+
+absl::Status OsError(int err, const std::string& what, const std::string& path) {
+  const std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT: return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM: return absl::PermissionDeniedError(message);
+    default: return absl::InternalError(message);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return OsError(errno, "cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return OsError(err, "cannot stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("not a regular file: ", path));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* data = nullptr;
+  if (size > 0) {
+    data = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
+    if (data == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return OsError(err, "cannot mmap", path);
+    }
+  }
+  ::close(fd);  // the mapping keeps the file alive
+  return std::unique_ptr<MappedFile>(
+      new MappedFile(path, static_cast<const uint8_t*>(data), size));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void MappedFile::DropPages(size_t offset, size_t length) const {
+  if (data_ == nullptr || offset >= size_) return;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page;
+  const size_t end = std::min(size_, offset + length);
+  // Best effort: failure only means the pages stay resident.
+  (void)::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
+}
+
+}  // namespace common
+}  // namespace colibri

@@ -1,0 +1,50 @@
+#ifndef COLIBRI_COMMON_MAPPED_FILE_H_
+#define COLIBRI_COMMON_MAPPED_FILE_H_
+
+// A whole file mapped read-only (MAP_PRIVATE | MAP_NORESERVE). Zero copy: views
+// into it point at the page cache. Thread-safe for concurrent reads; the
+// mapping lives until the MappedFile is destroyed, so every view derived from
+// data() must not outlive it.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace colibri {
+namespace common {
+
+class MappedFile {
+ public:
+  // Maps `path`. NOT_FOUND / PERMISSION_DENIED / INTERNAL with the path and
+  // the OS reason on failure. An empty file maps to data() == nullptr, size 0.
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
+
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Drops the pages of [offset, offset+length) from this process's resident
+  // set (MADV_DONTNEED); they are read again from the page cache if touched.
+  // Used by streaming readers to keep peak RSS at one tensor, not one file.
+  void DropPages(size_t offset, size_t length) const;
+
+ private:
+  MappedFile(std::string path, const uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+
+  const std::string path_;
+  const uint8_t* const data_;
+  const size_t size_;
+};
+
+}  // namespace common
+}  // namespace colibri
+
+#endif  // COLIBRI_COMMON_MAPPED_FILE_H_

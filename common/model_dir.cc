@@ -1,0 +1,174 @@
+#include "common/model_dir.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/status_macros.h"
+#include "common/weight_file.h"
+
+namespace colibri {
+namespace common {
+namespace {
+
+// Checks that `layout` has section `name` of `dtype` holding exactly `size`
+// bytes of a [rows][cols] array, and returns a pointer to its bytes.
+absl::StatusOr<const uint8_t*> SectionData(const MappedFile& file, const WeightFileLayout& layout,
+                                           const std::string& name, DType dtype, int64_t rows,
+                                           int64_t cols, uint64_t size) {
+  const Section* s = layout.Find(name);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", why));
+  };
+  if (s == nullptr) return bad(absl::StrCat("no section '", name, "'"));
+  if (s->dtype != dtype) {
+    return bad(absl::StrCat("section '", name, "' is ", DTypeName(s->dtype), ", expected ", DTypeName(dtype)));
+  }
+  if (s->rows != rows || s->cols != cols || s->size != size) {
+    return bad(absl::StrCat("section '", name, "' is [", s->rows, " x ", s->cols, "] in ", s->size,
+                            " bytes, expected [", rows, " x ", cols, "] in ", size));
+  }
+  return file.data() + s->offset;
+}
+
+absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFileLayout& layout,
+                                         const std::string& name, DType dtype, int64_t rows,
+                                         int64_t cols) {
+  MatrixView view;
+  view.layout = ComputeMatrixLayout(dtype, rows, cols);
+  const MatrixLayout& l = view.layout;
+  COLIBRI_ASSIGN_OR_RETURN(view.data, SectionData(file, layout, name, dtype, rows, cols, l.data_bytes));
+  if (l.scale_bytes > 0) {
+    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* scales,
+                             SectionData(file, layout, name + ".scales", DType::kF32, rows, l.groups,
+                                         l.scale_bytes));
+    view.scales = reinterpret_cast<const float*>(scales);
+  }
+  if (l.zero_bytes > 0) {
+    COLIBRI_ASSIGN_OR_RETURN(view.zeros, SectionData(file, layout, name + ".zeros", DType::kU8, rows,
+                                                     l.groups, l.zero_bytes));
+  }
+  return view;
+}
+
+absl::Status CheckIdentity(const WeightFileLayout& layout, const std::string& path, FileKind kind,
+                           int64_t layer, int64_t expert) {
+  if (layout.kind != kind || layout.layer != layer || layout.expert != expert) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad weight file ", path, ": header says kind ", static_cast<uint32_t>(layout.kind),
+        " layer ", layout.layer, " expert ", layout.expert, ", expected kind ",
+        static_cast<uint32_t>(kind), " layer ", layer, " expert ", expert));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelDir>> ModelDir::Open(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kManifestFileName);
+  auto file = MappedFile::Open(path);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("not a model directory (no readable manifest): ", file.status().message()));
+  }
+  const auto* bytes = reinterpret_cast<const char*>((*file)->data());
+  const absl::string_view text(bytes, (*file)->size());
+  COLIBRI_ASSIGN_OR_RETURN(Manifest manifest, ParseManifest(text, path));
+  std::string id = ChecksumBytes(text.data(), text.size());
+  return std::unique_ptr<ModelDir>(new ModelDir(dir, std::move(manifest), std::move(id)));
+}
+
+absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFile(const std::string& relative_path,
+                                                                    bool verify_checksum) const {
+  const ManifestFile* listed = manifest_.FindFile(relative_path);
+  const std::string path = absl::StrCat(dir_, "/", relative_path);
+  if (listed == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not listed in the manifest"));
+  }
+  COLIBRI_ASSIGN_OR_RETURN(auto file, MappedFile::Open(path));
+  if (file->size() != listed->size) {
+    return absl::InvalidArgumentError(absl::StrCat("bad weight file ", path, ": size ", file->size(),
+                                                   " bytes, manifest says ", listed->size, " (truncated?)"));
+  }
+  if (verify_checksum) {
+    const std::string actual = ChecksumBytes(file->data(), file->size());
+    if (actual != listed->checksum) {
+      return absl::DataLossError(absl::StrCat("bad weight file ", path, ": checksum ", actual,
+                                              " does not match the manifest's ", listed->checksum));
+    }
+  }
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t layer, int64_t expert,
+                                                                    bool verify_checksum) const {
+  const Manifest& m = manifest_;
+  if (layer < 0 || layer >= m.n_layers || expert < 0 || expert >= m.n_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("no expert (layer ", layer, ", expert ", expert,
+                                                   ") in a model of ", m.n_layers, " layers x ",
+                                                   m.n_experts, " experts"));
+  }
+  auto weights = std::make_unique<ExpertWeights>();
+  weights->layer = layer;
+  weights->expert = expert;
+  COLIBRI_ASSIGN_OR_RETURN(weights->file, MapListedFile(ExpertFilePath(layer, expert), verify_checksum));
+  const MappedFile& file = *weights->file;
+  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout layout, ParseHeader(file.data(), file.size(), file.path()));
+  COLIBRI_RETURN_IF_ERROR(CheckIdentity(layout, file.path(), FileKind::kExpert, layer, expert));
+  COLIBRI_ASSIGN_OR_RETURN(weights->w1, MatrixSection(file, layout, "w1", m.weight_type, m.d_ff, m.d_model));
+  COLIBRI_ASSIGN_OR_RETURN(weights->w3, MatrixSection(file, layout, "w3", m.weight_type, m.d_ff, m.d_model));
+  COLIBRI_ASSIGN_OR_RETURN(weights->w2, MatrixSection(file, layout, "w2", m.weight_type, m.d_model, m.d_ff));
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t layer,
+                                                                    bool verify_checksum) const {
+  const Manifest& m = manifest_;
+  if (layer < 0 || layer >= m.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is out of range [0, ", m.n_layers, ")"));
+  }
+  auto routing = std::make_unique<LayerRouting>();
+  routing->layer = layer;
+
+  COLIBRI_ASSIGN_OR_RETURN(routing->gate_file, MapListedFile(GateFilePath(layer), verify_checksum));
+  const MappedFile& gate = *routing->gate_file;
+  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout gate_layout, ParseHeader(gate.data(), gate.size(), gate.path()));
+  COLIBRI_RETURN_IF_ERROR(CheckIdentity(gate_layout, gate.path(), FileKind::kGate, layer, -1));
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* g, SectionData(gate, gate_layout, "gate", DType::kF32, m.n_experts,
+                                                         m.d_model, m.n_experts * m.d_model * 4));
+  routing->gate = reinterpret_cast<const float*>(g);
+  for (int64_t i = 0; i < m.n_experts * m.d_model; ++i) {
+    if (!std::isfinite(routing->gate[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", gate.path(), ": gate element ",
+                                                     i, " is not finite"));
+    }
+  }
+
+  COLIBRI_ASSIGN_OR_RETURN(routing->lut_file, MapListedFile(LutFilePath(layer), verify_checksum));
+  const MappedFile& lut = *routing->lut_file;
+  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout lut_layout, ParseHeader(lut.data(), lut.size(), lut.path()));
+  COLIBRI_RETURN_IF_ERROR(CheckIdentity(lut_layout, lut.path(), FileKind::kLut, layer, -1));
+  const uint64_t entries = m.vocab_size * m.top_k;
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* ids, SectionData(lut, lut_layout, "ids", DType::kI32, m.vocab_size,
+                                                           m.top_k, entries * 4));
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* weights, SectionData(lut, lut_layout, "weights", DType::kF32,
+                                                               m.vocab_size, m.top_k, entries * 4));
+  routing->lut_ids = reinterpret_cast<const int32_t*>(ids);
+  routing->lut_weights = reinterpret_cast<const float*>(weights);
+  for (uint64_t i = 0; i < entries; ++i) {
+    if (routing->lut_ids[i] < 0 || routing->lut_ids[i] >= m.n_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
+                                                     " routes to expert ", routing->lut_ids[i],
+                                                     ", outside [0, ", m.n_experts, ")"));
+    }
+    if (!std::isfinite(routing->lut_weights[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
+                                                     " has a non-finite route weight"));
+    }
+  }
+  return routing;
+}
+
+}  // namespace common
+}  // namespace colibri

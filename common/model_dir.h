@@ -1,0 +1,82 @@
+#ifndef COLIBRI_COMMON_MODEL_DIR_H_
+#define COLIBRI_COMMON_MODEL_DIR_H_
+
+// A converted model directory (docs/MODEL_FORMAT.md), opened read-only.
+// Open() reads and validates manifest.json only; weights are mapped on demand,
+// one (layer, expert) file or one layer's routing tables at a time, so an
+// expert node maps exactly the shard it owns.
+//
+// Every load checks the file against the manifest (listed, size) and its own
+// header (kind, layer, expert, section shapes and dtypes); with
+// verify_checksum it also hashes the mapped bytes. Any fault is refused with
+// the file's path and the reason: NOT_FOUND for a missing file,
+// INVALID_ARGUMENT for a corrupt one (DATA_LOSS for a checksum mismatch).
+// A ModelDir is immutable after Open and safe to share between threads.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/manifest.h"
+#include "common/mapped_file.h"
+#include "common/weight_matrix.h"
+
+namespace colibri {
+namespace common {
+
+// One expert's three matrices, as views into the mapping `file` owns.
+struct ExpertWeights {
+  int64_t layer = 0;
+  int64_t expert = 0;
+  MatrixView w1;  // gate_proj [d_ff][d_model]
+  MatrixView w3;  // up_proj   [d_ff][d_model]
+  MatrixView w2;  // down_proj [d_model][d_ff]
+  std::unique_ptr<MappedFile> file;
+};
+
+// One layer's routing tables, as views into the mappings it owns.
+struct LayerRouting {
+  int64_t layer = 0;
+  const float* gate = nullptr;          // f32 [n_experts][d_model]
+  const int32_t* lut_ids = nullptr;     // [vocab_size][top_k], each < n_experts
+  const float* lut_weights = nullptr;   // [vocab_size][top_k], finite
+  std::unique_ptr<MappedFile> gate_file;
+  std::unique_ptr<MappedFile> lut_file;
+};
+
+class ModelDir {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelDir>> Open(const std::string& dir);
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+  // Identity of the model: the checksum of manifest.json's bytes (which lists
+  // every file's checksum).
+  const std::string& model_id() const { return model_id_; }
+
+  // REQUIRES for both loads: nothing; out-of-range layer/expert is
+  // INVALID_ARGUMENT.
+  absl::StatusOr<std::unique_ptr<ExpertWeights>> LoadExpert(int64_t layer, int64_t expert,
+                                                            bool verify_checksum) const;
+  absl::StatusOr<std::unique_ptr<LayerRouting>> LoadRouting(int64_t layer,
+                                                            bool verify_checksum) const;
+
+  // Maps a file listed in the manifest and checks its size and, optionally,
+  // its checksum against the listing.
+  absl::StatusOr<std::unique_ptr<MappedFile>> MapListedFile(const std::string& relative_path,
+                                                            bool verify_checksum) const;
+
+ private:
+  ModelDir(std::string dir, Manifest manifest, std::string model_id)
+      : dir_(std::move(dir)), manifest_(std::move(manifest)), model_id_(std::move(model_id)) {}
+
+  const std::string dir_;
+  const Manifest manifest_;
+  const std::string model_id_;
+};
+
+}  // namespace common
+}  // namespace colibri
+
+#endif  // COLIBRI_COMMON_MODEL_DIR_H_

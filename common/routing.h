@@ -1,0 +1,57 @@
+#ifndef COLIBRI_COMMON_ROUTING_H_
+#define COLIBRI_COMMON_ROUTING_H_
+
+// Routing modes of DESIGN.md §1, computed exactly:
+//   gate: p = softmax(G·x); the k largest (ties toward the lower expert id);
+//         weights renormalized to sum 1 when `normalize`.
+//   lut : the converter's precomputed routes for a token id; an id outside
+//         [0, vocab_size) is INVALID_ARGUMENT, never wrapped.
+// Logits and softmax are computed in double and rounded once, so these are
+// the reference routes every faster path is checked against. Pure functions.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace colibri {
+namespace common {
+
+// Routes of T tokens: expert_ids[t * top_k + j], weights[t * top_k + j], with
+// j = 0 the largest weight.
+struct Routes {
+  int64_t top_k = 0;
+  std::vector<int32_t> expert_ids;
+  std::vector<float> weights;
+
+  int64_t num_tokens() const { return top_k == 0 ? 0 : static_cast<int64_t>(expert_ids.size()) / top_k; }
+};
+
+// Softmax over `logits[0..n_experts)`, then top-k. Writes k ids and weights.
+// REQUIRES: 1 <= top_k <= n_experts, finite logits.
+void TopKSoftmax(const double* logits, int64_t n_experts, int64_t top_k, bool normalize,
+                 int32_t* ids, float* weights);
+
+// The general form: the k experts ranked highest by `rank` (ties toward the
+// lower id), weighted by softmax(`logits`) of those experts — renormalized
+// over the k when `normalize`. TopKSoftmax is SelectTopK(logits, logits, ...).
+void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int64_t top_k,
+                bool normalize, int32_t* ids, float* weights);
+
+// logits[e] = sum_i gate[e][i] * x[i], accumulated in double.
+void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const float* x, double* logits);
+
+// Gate routing of T rows of x ([T][d_model]).
+Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k,
+                   bool normalize, const float* x, int64_t num_tokens);
+
+// LUT routing: rows of lut_ids/lut_weights ([vocab_size][top_k]).
+absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weights,
+                                  int64_t vocab_size, int64_t top_k,
+                                  absl::Span<const int32_t> token_ids);
+
+}  // namespace common
+}  // namespace colibri
+
+#endif  // COLIBRI_COMMON_ROUTING_H_

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Cross-checks the C++ reference MoE layer against the independent PyTorch
+# computation (scripts/torch_moe_reference.py) on checkpoints made here with
+# seeds the golden vectors do not use, in both namings and both routings.
+# Exits 77 (ctest: skipped) only when Debian's torch is not installed.
+# Usage: torch_cross_check.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+bin=$1/tools
+torch_ref="/usr/bin/python3 $2/scripts/torch_moe_reference.py"
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "SKIP: /usr/bin/python3 cannot import torch (scripts/install-deps.sh installs python3-torch)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+check() {  # name synth-args... ; then weight types to test come from $types
+  local name=$1; shift
+  "$bin/colibri-synth" --out "$tmp/$name/ckpt" "$@" > /dev/null
+  local layers
+  layers=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$tmp/$name/ckpt/config.json")
+  $torch_ref make-inputs --checkpoint "$tmp/$name/ckpt" --tokens 9 --seed 4242 --out "$tmp/$name/in.safetensors"
+  for spec in $types; do
+    local type=${spec%%:*} rtol=${spec##*:}
+    "$bin/colibri-convert" --checkpoint "$tmp/$name/ckpt" --out "$tmp/$name/$type" --weight_type "$type" --progress=false > /dev/null
+    for ((layer = 0; layer < layers; layer++)); do
+      for routing in gate lut; do
+        local torch_routing=$routing
+        [ "$routing" = lut ] && torch_routing=embedding
+        $torch_ref forward --checkpoint "$tmp/$name/ckpt" --inputs "$tmp/$name/in.safetensors" --layer "$layer" \
+          --routing "$torch_routing" --out "$tmp/$name/torch.safetensors" > /dev/null
+        "$bin/colibri-reference" --model "$tmp/$name/$type" --layer "$layer" --routing "$routing" \
+          --inputs "$tmp/$name/in.safetensors" --output "$tmp/$name/colibri.safetensors" > /dev/null
+        echo "== $name stored as $type, layer $layer, routing $routing (rtol $rtol)"
+        $torch_ref compare --expected "$tmp/$name/torch.safetensors" --actual "$tmp/$name/colibri.safetensors" --rtol "$rtol"
+      done
+    done
+  done
+}
+
+types="f32:1e-5 int8:2e-2 int4:0.15"
+check mixtral_f32 --naming mixtral --d_model 192 --d_ff 320 --layers 2 --experts 8 --top_k 2 --vocab 300 \
+  --dtype f32 --seed 9001 --shards 2
+types="bf16:1e-5 f32:1e-5 f16:5e-3"
+check olmoe_bf16 --naming olmoe --d_model 128 --d_ff 192 --layers 1 --experts 64 --top_k 8 --vocab 200 \
+  --dtype bf16 --seed 9002
+types="bf16:1e-5"
+check qwen_bf16 --naming qwen2_moe --norm_topk_prob --d_model 96 --d_ff 160 --layers 1 --experts 16 --top_k 4 \
+  --vocab 120 --dtype bf16 --seed 9003
+echo "PASS"

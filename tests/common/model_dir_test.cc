@@ -1,0 +1,135 @@
+#include "common/model_dir.h"
+
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "absl/strings/str_replace.h"
+#include "common/weight_file.h"
+#include "tests/test_util.h"
+
+namespace colibri {
+namespace common {
+namespace {
+
+using colibri::testing::TempDir;
+
+bool Contains(const absl::Status& s, const std::string& needle) {
+  return s.message().find(needle) != absl::string_view::npos;
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+TEST_CASE("a converted model directory opens and loads every expert and layer") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt4);
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  const Manifest& m = (*model)->manifest();
+  CHECK(m.d_model == 48);
+  CHECK(m.d_ff == 80);
+  CHECK(m.weight_type == DType::kInt4);
+  CHECK((*model)->model_id().rfind("xxh3_128:", 0) == 0);
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    REQUIRE((*model)->LoadRouting(layer, true).ok());
+    for (int64_t e = 0; e < m.n_experts; ++e) {
+      auto w = (*model)->LoadExpert(layer, e, true);
+      INFO(w.status().message());
+      REQUIRE(w.ok());
+      CHECK((*w)->w1.layout.rows == 80);
+      CHECK((*w)->w2.layout.cols == 80);
+      CHECK(reinterpret_cast<uintptr_t>((*w)->w1.data) % 4096 == 0);
+      CHECK(reinterpret_cast<uintptr_t>((*w)->w2.data) % 4096 == 0);
+    }
+  }
+  CHECK((*model)->LoadExpert(2, 0, false).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*model)->LoadExpert(0, 4, false).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*model)->LoadRouting(-1, false).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a flipped byte in a weight file is refused with the path and reason") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
+  const std::string path = dir / "model/layer_001/expert_002.bin";
+  colibri::testing::FlipByte(path, kWeightFileHeaderBytes + 10);
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  auto bad = (*model)->LoadExpert(1, 2, /*verify_checksum=*/true);
+  REQUIRE(bad.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(bad.status(), path));
+  CHECK(Contains(bad.status(), "checksum"));
+  CHECK((*model)->LoadExpert(1, 1, true).ok());  // its neighbours are fine
+}
+
+TEST_CASE("a truncated weight file or damaged header is refused with the path and reason") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt8);
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  const std::string expert = dir / "model/layer_000/expert_000.bin";
+  colibri::testing::TruncateFile(expert, 5000);
+  auto truncated = (*model)->LoadExpert(0, 0, false);
+  REQUIRE(truncated.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(truncated.status(), expert));
+  CHECK(Contains(truncated.status(), "truncated"));
+
+  const std::string gate = dir / "model/layer_000/gate.bin";
+  colibri::testing::FlipByte(gate, 0);  // the magic
+  auto magic = (*model)->LoadRouting(0, /*verify_checksum=*/false);
+  REQUIRE(magic.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(magic.status(), gate));
+  CHECK(Contains(magic.status(), "magic"));
+
+  std::remove((dir / "model/layer_001/lut.bin").c_str());
+  auto missing = (*model)->LoadRouting(1, false);
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK(Contains(missing.status(), "layer_001/lut.bin"));
+}
+
+TEST_CASE("a LUT routing to a nonexistent expert is refused at load") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
+  const std::string lut = dir / "model/layer_000/lut.bin";
+  // The ids section starts right after the header; token 0's first id := 0xff..
+  colibri::testing::FlipByte(lut, kWeightFileHeaderBytes + 3);
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  auto bad = (*model)->LoadRouting(0, false);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(bad.status(), lut));
+  CHECK(Contains(bad.status(), "token 0 routes to expert"));
+}
+
+TEST_CASE("a manifest with an unknown version, a missing field or an escaping path is refused") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
+  const std::string path = dir / "model/manifest.json";
+  const std::string good = colibri::testing::ReadFile(path);
+
+  WriteText(path, absl::StrReplaceAll(good, {{"\"format_version\": 1", "\"format_version\": 9"}}));
+  auto v = ModelDir::Open(dir / "model");
+  REQUIRE(v.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(v.status(), "unsupported format_version 9"));
+  CHECK(Contains(v.status(), path));
+
+  WriteText(path, absl::StrReplaceAll(good, {{"\"d_ff\"", "\"dff\""}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "'d_ff'"));
+
+  WriteText(path, absl::StrReplaceAll(good, {{"layer_000/gate.bin", "../gate.bin"}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "stay inside"));
+
+  WriteText(path, absl::StrReplaceAll(good, {{"\"weight_type\": \"f32\"", "\"weight_type\": \"int3\""}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "int3"));
+
+  WriteText(path, good.substr(0, good.size() / 2));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "not a JSON object"));
+
+  std::remove(path.c_str());
+  CHECK(ModelDir::Open(dir / "model").status().code() == absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace common
+}  // namespace colibri

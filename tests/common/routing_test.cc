@@ -1,0 +1,80 @@
+#include "common/routing.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+namespace colibri {
+namespace common {
+namespace {
+
+TEST_CASE("gate top-k picks the largest probabilities and renormalizes them") {
+  const double logits[4] = {1.0, 2.0, 3.0, 4.0};
+  int32_t ids[2];
+  float w[2];
+  TopKSoftmax(logits, 4, 2, /*normalize=*/true, ids, w);
+  CHECK(ids[0] == 3);
+  CHECK(ids[1] == 2);
+  // Renormalized over the two: e^4 / (e^4 + e^3) = 1 / (1 + e^-1).
+  CHECK(w[0] == Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-7));
+  CHECK(w[1] == Approx(1.0 / (1.0 + std::exp(1.0))).epsilon(1e-7));
+}
+
+TEST_CASE("gate top-k without renormalization keeps the softmax probabilities") {
+  const double logits[4] = {1.0, 2.0, 3.0, 4.0};
+  const double z = std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.0);
+  int32_t ids[2];
+  float w[2];
+  TopKSoftmax(logits, 4, 2, /*normalize=*/false, ids, w);
+  CHECK(ids[0] == 3);
+  CHECK(w[0] == Approx(std::exp(4.0) / z).epsilon(1e-7));
+  CHECK(w[1] == Approx(std::exp(3.0) / z).epsilon(1e-7));
+  CHECK(w[0] + w[1] < 1.0f);
+}
+
+TEST_CASE("ties in the gate break toward the lower expert id") {
+  const double logits[5] = {0.5, 2.0, 2.0, 0.5, 2.0};
+  int32_t ids[3];
+  float w[3];
+  TopKSoftmax(logits, 5, 3, true, ids, w);
+  CHECK(ids[0] == 1);
+  CHECK(ids[1] == 2);
+  CHECK(ids[2] == 4);
+  CHECK(w[0] == Approx(1.0 / 3));
+  const double flat[4] = {0, 0, 0, 0};
+  int32_t two[2];
+  TopKSoftmax(flat, 4, 2, false, two, w);
+  CHECK(two[0] == 0);
+  CHECK(two[1] == 1);
+  CHECK(w[0] == Approx(0.25));
+}
+
+TEST_CASE("route by gate applies the gate matrix to each token") {
+  // 3 experts, d_model 2: logits = [x0, x1, x0 + x1].
+  const float gate[6] = {1, 0, 0, 1, 1, 1};
+  const float x[4] = {1, 2, -3, 1};
+  const Routes r = RouteByGate(gate, 3, 2, 1, true, x, 2);
+  REQUIRE(r.num_tokens() == 2);
+  CHECK(r.expert_ids[0] == 2);  // 3 > 2 > 1
+  CHECK(r.expert_ids[1] == 1);  // 1 > -2 > -3
+  CHECK(r.weights[0] == 1.0f);
+}
+
+TEST_CASE("LUT routing copies rows and refuses an out-of-range token id naming it") {
+  const int32_t ids[6] = {0, 1, 2, 3, 1, 0};
+  const float weights[6] = {0.6f, 0.4f, 0.7f, 0.3f, 0.5f, 0.5f};
+  const int32_t tokens[3] = {2, 0, 1};
+  auto r = RouteByLut(ids, weights, 3, 2, tokens);
+  REQUIRE(r.ok());
+  CHECK(r->expert_ids == std::vector<int32_t>{1, 0, 0, 1, 2, 3});
+  CHECK(r->weights[2] == 0.6f);
+  for (int32_t bad : {3, -1, 1 << 30}) {
+    const int32_t t[2] = {0, bad};
+    auto e = RouteByLut(ids, weights, 3, 2, t);
+    REQUIRE(e.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(e.status().message().find("token_ids[1] = " + std::to_string(bad)) != absl::string_view::npos);
+  }
+}
+
+}  // namespace
+}  // namespace common
+}  // namespace colibri

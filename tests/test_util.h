@@ -1,0 +1,52 @@
+#ifndef COLIBRI_TESTS_TEST_UTIL_H_
+#define COLIBRI_TESTS_TEST_UTIL_H_
+
+// Shared helpers for Colibri's tests: scratch directories that clean up after
+// themselves, and small synthetic models built through the real tools.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "tools/synth.h"
+
+namespace colibri {
+namespace testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents when
+// the object is destroyed.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Small synthetic checkpoint options: d_model 48, d_ff 80 (ragged against 64),
+// 4 experts, top-2, 2 layers, vocab 64, f32, `naming`.
+tools::SynthOptions SmallSynth(const std::string& out_dir, const std::string& naming = "mixtral");
+
+// Writes the checkpoint and converts it to `model_dir` with `weight_type`;
+// REQUIREs (Catch2) that both succeed.
+void MakeModel(const tools::SynthOptions& synth, const std::string& model_dir, common::DType weight_type);
+
+// Reads a whole file / overwrites one byte (XOR 0xff) / truncates.
+std::string ReadFile(const std::string& path);
+void FlipByte(const std::string& path, uint64_t offset);
+void TruncateFile(const std::string& path, uint64_t size);
+
+// Reads an F32 or I32 tensor of a safetensors file; REQUIREs it exists.
+std::vector<float> ReadF32(const std::string& path, const std::string& name);
+std::vector<int32_t> ReadI32(const std::string& path, const std::string& name);
+
+}  // namespace testing
+}  // namespace colibri
+
+#endif  // COLIBRI_TESTS_TEST_UTIL_H_

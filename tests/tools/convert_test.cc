@@ -1,0 +1,296 @@
+#include "tools/convert.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <fstream>
+#include <sstream>
+
+#include "common/dtype.h"
+#include "common/model_dir.h"
+#include "common/safetensors.h"
+#include "tests/test_util.h"
+#include "tools/hf_checkpoint.h"
+#include "tools/synth.h"
+#include "tools/validate.h"
+
+namespace colibri {
+namespace tools {
+namespace {
+
+using colibri::testing::TempDir;
+using common::DType;
+
+bool Contains(const absl::Status& s, const std::string& needle) {
+  return s.message().find(needle) != absl::string_view::npos;
+}
+
+ValidationReport Validate(const std::string& dir) {
+  std::ostringstream log;
+  return ValidateModelDir(dir, ValidateOptions{}, log);
+}
+
+// Every stored weight equals the checkpoint's within the type's error bound.
+void CheckWeightsAgainstCheckpoint(const std::string& ckpt_dir, const std::string& model_dir) {
+  auto ckpt = HfCheckpoint::Open(ckpt_dir);
+  REQUIRE(ckpt.ok());
+  auto model = common::ModelDir::Open(model_dir);
+  REQUIRE(model.ok());
+  const common::Manifest& m = (*model)->manifest();
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    for (int64_t e = 0; e < m.n_experts; ++e) {
+      auto w = (*model)->LoadExpert(layer, e, true);
+      REQUIRE(w.ok());
+      const std::pair<ExpertMatrix, const common::MatrixView*> mats[] = {
+          {ExpertMatrix::kW1, &(*w)->w1}, {ExpertMatrix::kW3, &(*w)->w3}, {ExpertMatrix::kW2, &(*w)->w2}};
+      for (const auto& [which, view] : mats) {
+        const int64_t rows = view->layout.rows, cols = view->layout.cols;
+        auto src = (*ckpt)->Matrix((*ckpt)->ExpertName(m.hf_layers[layer], e, which), rows, cols);
+        REQUIRE(src.ok());
+        std::vector<float> expected(rows * cols), row(cols);
+        HfCheckpoint::RowsToFloat(**src, 0, rows, expected.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          common::DecodeRow(*view, r, row.data());
+          float amax = 0;
+          for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(expected[r * cols + c]));
+          const float bound = common::MaxEncodingError(*view, r, amax);
+          for (int64_t c = 0; c < cols; ++c) REQUIRE(std::fabs(row[c] - expected[r * cols + c]) <= bound);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("synth, convert and validate round trip for both namings and every weight type") {
+  for (const char* naming : {"mixtral", "olmoe", "qwen2_moe"}) {
+    TempDir dir;
+    SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", naming);
+    synth.dtype = DType::kBF16;
+    synth.shards = 3;  // index json + several files
+    synth.norm_topk_prob = std::string(naming) == "qwen2_moe";
+    std::ostringstream log;
+    REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+    for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
+      INFO(naming << " -> " << common::DTypeName(type));
+      ConvertOptions o;
+      o.checkpoint_dir = synth.out_dir;
+      o.out_dir = dir / ("model_" + common::DTypeName(type));
+      o.weight_type = type;
+      o.progress = false;
+      ConvertReport report;
+      const absl::Status s = ConvertCheckpoint(o, log, &report);
+      INFO(s.message());
+      REQUIRE(s.ok());
+      REQUIRE(report.layers.size() == 2);
+      CHECK(report.layers[0].lut.agree_after == report.layers[0].lut.compared);  // no balancing
+      const ValidationReport v = Validate(o.out_dir);
+      for (const auto& issue : v.issues) FAIL_CHECK(issue.path << ": " << issue.problem);
+      CHECK(v.ok());
+      auto model = common::ModelDir::Open(o.out_dir);
+      REQUIRE(model.ok());
+      CHECK((*model)->manifest().norm_topk_prob == (std::string(naming) == "mixtral" || synth.norm_topk_prob));
+      CHECK((*model)->manifest().architecture == naming);
+      CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+    }
+  }
+}
+
+TEST_CASE("converting over an existing model needs overwrite") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
+  ConvertOptions o;
+  o.checkpoint_dir = dir / "ckpt";
+  o.out_dir = dir / "model";
+  o.progress = false;
+  std::ostringstream log;
+  const absl::Status s = ConvertCheckpoint(o, log);
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Contains(s, "--overwrite"));
+}
+
+// A one-layer Mixtral-naming checkpoint whose gate favours expert 0: every
+// embedding has a positive component along dimension 0 and expert 0's gate
+// row weighs it heavily.
+void WriteImbalancedCheckpoint(const std::string& dir) {
+  constexpr int64_t kVocab = 512, kDim = 16, kFf = 32, kExperts = 4;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type":"mixtral","num_experts_per_tok":1})";
+  std::vector<common::SafetensorsWriter::Spec> specs = {{"model.embed_tokens.weight", "F32", {kVocab, kDim}},
+                                                        {"model.layers.0.block_sparse_moe.gate.weight", "F32", {kExperts, kDim}}};
+  for (int e = 0; e < kExperts; ++e) {
+    const std::string p = "model.layers.0.block_sparse_moe.experts." + std::to_string(e) + ".";
+    specs.push_back({p + "w1.weight", "F32", {kFf, kDim}});
+    specs.push_back({p + "w2.weight", "F32", {kDim, kFf}});
+    specs.push_back({p + "w3.weight", "F32", {kFf, kDim}});
+  }
+  auto w = common::SafetensorsWriter::Create(dir + "/model.safetensors", specs);
+  REQUIRE(w.ok());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (const auto& spec : specs) {
+    std::vector<float> values(spec.shape[0] * spec.shape[1]);
+    for (float& v : values) v = normal(rng) * 0.3f;
+    if (spec.name == "model.embed_tokens.weight") {
+      for (int64_t v = 0; v < kVocab; ++v) values[v * kDim] += 1.0f;
+    } else if (spec.name == "model.layers.0.block_sparse_moe.gate.weight") {
+      values[0] += 1.5f;
+    }
+    REQUIRE((*w)->Append(values.data(), values.size() * 4).ok());
+  }
+  REQUIRE((*w)->Close().ok());
+}
+
+TEST_CASE("balancing evens out the load of an imbalanced gate") {
+  TempDir dir;
+  WriteImbalancedCheckpoint(dir / "ckpt");
+  auto spread = [](const std::vector<int64_t>& load) {
+    return *std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end());
+  };
+  ConvertOptions o;
+  o.checkpoint_dir = dir / "ckpt";
+  o.out_dir = dir / "balanced";
+  o.balance_loss_weight = 1.0;
+  o.progress = false;
+  std::ostringstream log;
+  ConvertReport report;
+  const absl::Status s = ConvertCheckpoint(o, log, &report);
+  INFO(s.message() << "\n" << log.str());
+  REQUIRE(s.ok());
+  const LutResult& lut = report.layers[0].lut;
+  CHECK(lut.load_before[0] > 512 / 2);  // the imbalance is real
+  CHECK(spread(lut.load_after) < spread(lut.load_before));
+  CHECK(lut.load_after[0] < lut.load_before[0]);
+  CHECK(lut.agree_before == lut.compared);
+  CHECK(lut.agree_after < lut.compared);  // balancing moved some tokens ...
+  CHECK(lut.agree_after > lut.compared / 2);  // ... not most of them
+  CHECK(Validate(o.out_dir).ok());
+  auto model = common::ModelDir::Open(o.out_dir);
+  REQUIRE(model.ok());
+  CHECK((*model)->manifest().balance_loss_weight == 1.0);
+
+  o.balance_loss_weight = -1;
+  o.overwrite = true;
+  CHECK(Contains(ConvertCheckpoint(o, log), "balance loss weight -1"));
+}
+
+TEST_CASE("calibration records steer the LUT toward where recorded hidden states went") {
+  TempDir dir;
+  SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  synth.vocab_size = 512;
+  synth.n_experts = 8;
+  synth.calibration_path = dir / "calib.safetensors";
+  synth.calibration_records = 300;
+  std::ostringstream log;
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.progress = false;
+  o.out_dir = dir / "calibrated";
+  o.calibration_path = synth.calibration_path;
+  ConvertReport calibrated;
+  REQUIRE(ConvertCheckpoint(o, log, &calibrated).ok());
+  for (const LayerReport& layer : calibrated.layers) {
+    const LutResult& c = layer.lut;
+    CHECK(layer.lut_source == "calibration");
+    CHECK(c.calibrated_tokens > 100);
+    CHECK(c.compared == 300);
+    CHECK(c.agree_after > c.compared / 2);  // mean routing matches most records
+  }
+  CHECK(Validate(o.out_dir).ok());
+  auto model = common::ModelDir::Open(o.out_dir);
+  REQUIRE(model.ok());
+  CHECK((*model)->manifest().lut_source == "calibration");
+}
+
+// Writes a one-layer Mixtral-naming checkpoint by hand, with `mutate` able to
+// change a spec (shape or dtype) before the file is written.
+void WriteHandCheckpoint(const std::string& dir,
+                         const std::function<void(std::vector<common::SafetensorsWriter::Spec>*)>& mutate) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type":"mixtral","hidden_size":8,"intermediate_size":16,)"
+                                         R"("num_local_experts":2,"num_experts_per_tok":1,"vocab_size":4})";
+  std::vector<common::SafetensorsWriter::Spec> specs = {
+      {"model.embed_tokens.weight", "F32", {4, 8}},
+      {"model.layers.0.block_sparse_moe.gate.weight", "F32", {2, 8}}};
+  for (int e = 0; e < 2; ++e) {
+    const std::string p = "model.layers.0.block_sparse_moe.experts." + std::to_string(e) + ".";
+    specs.push_back({p + "w1.weight", "F32", {16, 8}});
+    specs.push_back({p + "w2.weight", "F32", {8, 16}});
+    specs.push_back({p + "w3.weight", "F32", {16, 8}});
+  }
+  mutate(&specs);
+  auto w = common::SafetensorsWriter::Create(dir + "/model.safetensors", specs);
+  REQUIRE(w.ok());
+  for (const auto& spec : specs) {
+    int64_t n = common::SafetensorsElementSize(spec.dtype);
+    for (int64_t d : spec.shape) n *= d;
+    std::vector<uint8_t> bytes(n, 0x3c);
+    REQUIRE((*w)->Append(bytes.data(), bytes.size()).ok());
+  }
+  REQUIRE((*w)->Close().ok());
+}
+
+absl::Status ConvertHand(const TempDir& dir) {
+  ConvertOptions o;
+  o.checkpoint_dir = dir / "ckpt";
+  o.out_dir = dir / "model";
+  o.progress = false;
+  std::ostringstream log;
+  return ConvertCheckpoint(o, log);
+}
+
+TEST_CASE("the converter refuses bad checkpoints with a clear message") {
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    const absl::Status s = ConvertHand(dir);
+    INFO(s.message());
+    CHECK(s.ok());
+  }
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto* specs) { specs->pop_back(); });  // expert 1 w3 missing
+    const absl::Status s = ConvertHand(dir);
+    CHECK(Contains(s, "missing tensor 'model.layers.0.block_sparse_moe.experts.1.w3.weight'"));
+    CHECK_FALSE(std::filesystem::exists(dir / "model/manifest.json"));
+  }
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto* specs) { (*specs)[3].shape = {8, 15}; });  // expert 0 w2
+    const absl::Status s = ConvertHand(dir);
+    CHECK(Contains(s, "experts.0.w2.weight"));
+    CHECK(Contains(s, "has shape [8, 15], expected [8, 16]"));
+  }
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto* specs) { (*specs)[2].dtype = "I32"; });  // expert 0 w1
+    const absl::Status s = ConvertHand(dir);
+    CHECK(Contains(s, "dtype I32"));
+  }
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    std::ofstream(dir / "ckpt/model.safetensors", std::ios::trunc) << "garbage that is not a header";
+    const absl::Status s = ConvertHand(dir);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(s, "model.safetensors"));
+  }
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    std::ofstream(dir / "ckpt/config.json", std::ios::trunc)
+        << R"({"model_type":"mixtral","hidden_size":9,"num_experts_per_tok":1})";
+    CHECK(Contains(ConvertHand(dir), "hidden_size = 9 but the tensors say 8"));
+  }
+  {
+    TempDir dir;
+    CHECK(ConvertHand(dir).code() == absl::StatusCode::kNotFound);  // no checkpoint at all
+  }
+}
+
+}  // namespace
+}  // namespace tools
+}  // namespace colibri

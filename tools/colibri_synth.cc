@@ -1,0 +1,118 @@
+// colibri-synth: writes a synthetic Hugging Face MoE checkpoint (tools/synth.h).
+// Flags and nothing else: flags -> SynthOptions -> WriteSyntheticCheckpoint.
+// Exit codes: 0 success, 1 the write failed, 2 bad flags (Abseil itself exits
+// 1 on a flag value it cannot parse, e.g. --layers=abc).
+
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "common/dtype.h"
+#include "common/flags.h"
+#include "tools/synth.h"
+
+ABSL_FLAG(std::string, out, "",
+          "Required. Directory to write config.json and the *.safetensors files to; created if "
+          "missing. Refused if it already holds a config.json, unless --overwrite.");
+ABSL_FLAG(std::string, naming, "mixtral",
+          "Tensor names and config.json layout to imitate: mixtral (block_sparse_moe, w1/w3/w2), "
+          "qwen2_moe or olmoe (mlp, gate_proj/up_proj/down_proj).");
+ABSL_FLAG(int64_t, d_model, 256, "Hidden size (hidden_size).");
+ABSL_FLAG(int64_t, d_ff, 512, "Expert intermediate size (intermediate_size).");
+ABSL_FLAG(int64_t, layers, 2, "Number of MoE decoder layers (num_hidden_layers).");
+ABSL_FLAG(int64_t, experts, 8, "Experts per layer.");
+ABSL_FLAG(int64_t, top_k, 2, "Experts each token is routed to (num_experts_per_tok), 1..experts.");
+ABSL_FLAG(int64_t, vocab, 1000, "Vocabulary size: rows of model.embed_tokens.weight.");
+ABSL_FLAG(std::string, dtype, "bf16", "Weight dtype: f32, bf16 or f16.");
+ABSL_FLAG(bool, norm_topk_prob, false,
+          "Written to config.json for qwen2_moe and olmoe (renormalize the top-k routing "
+          "weights); Mixtral always renormalizes and ignores this flag.");
+ABSL_FLAG(uint64_t, seed, 1,
+          "Seed of the weights. The same seed gives the same values whatever --shards is.");
+ABSL_FLAG(int32_t, shards, 1,
+          "Number of *.safetensors files, 1..layers+1. Above 1, files are named "
+          "model-0000i-of-0000N.safetensors and listed in model.safetensors.index.json.");
+ABSL_FLAG(bool, overwrite, false,
+          "Replace an existing checkpoint in --out (and an existing --calibration file).");
+ABSL_FLAG(std::string, calibration, "",
+          "Optional path of a calibration safetensors file to write as well: token_ids and, per "
+          "layer, simulated hidden states (hidden_states.L). Needs --calibration_records.");
+ABSL_FLAG(int64_t, calibration_records, 0, "Number of tokens (rows) in the calibration file.");
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+int Fail(int code, const absl::Status& status) {
+  std::cerr << "colibri-synth: " << status.message() << std::endl;
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  const std::vector<char*> positional = colibri::common::ParseFlags(argc, argv,
+      "Writes a synthetic Hugging Face Mixture-of-Experts checkpoint (config.json plus seeded "
+      "random weights in safetensors files) so tests, demos and benchmarks need no download. "
+      "Tensors are generated and streamed in chunks, so even a full-size Mixtral-8x7B layer "
+      "needs little memory. Values depend only on --seed and the shapes, not on --shards.\n"
+      "Example:\n"
+      "  colibri-synth --out=/tmp/mixtral-1l --d_model=4096 --d_ff=14336 --layers=1 "
+      "--experts=8 --vocab=32000 --dtype=bf16 --shards=2");
+  if (positional.size() > 1) {
+    return Fail(kExitUsage, absl::InvalidArgumentError(absl::StrCat(
+                                "unexpected argument '", positional[1], "' (see --help)")));
+  }
+  colibri::tools::SynthOptions options;
+  options.out_dir = absl::GetFlag(FLAGS_out);
+  if (options.out_dir.empty()) {
+    return Fail(kExitUsage, absl::InvalidArgumentError("--out is required (see --help)"));
+  }
+  const absl::StatusOr<colibri::common::DType> dtype =
+      colibri::common::ParseWeightType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return Fail(kExitUsage, dtype.status());
+  options.dtype = *dtype;
+  options.overwrite = absl::GetFlag(FLAGS_overwrite);
+  options.naming = absl::GetFlag(FLAGS_naming);
+  options.d_model = absl::GetFlag(FLAGS_d_model);
+  options.d_ff = absl::GetFlag(FLAGS_d_ff);
+  options.n_layers = absl::GetFlag(FLAGS_layers);
+  options.n_experts = absl::GetFlag(FLAGS_experts);
+  options.top_k = absl::GetFlag(FLAGS_top_k);
+  options.vocab_size = absl::GetFlag(FLAGS_vocab);
+  options.norm_topk_prob = absl::GetFlag(FLAGS_norm_topk_prob);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.shards = absl::GetFlag(FLAGS_shards);
+  options.calibration_path = absl::GetFlag(FLAGS_calibration);
+  options.calibration_records = absl::GetFlag(FLAGS_calibration_records);
+  if (options.calibration_path.empty() != (options.calibration_records == 0)) {
+    return Fail(kExitUsage, absl::InvalidArgumentError(
+                                "--calibration and --calibration_records > 0 go together"));
+  }
+  // Validation rejects int8 / int4 too: a Hugging Face checkpoint holds float weights.
+  if (absl::Status status = colibri::tools::ValidateSynthOptions(options); !status.ok()) {
+    return Fail(kExitUsage, status);
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  if (absl::Status status = colibri::tools::WriteSyntheticCheckpoint(options, std::cout);
+      !status.ok()) {
+    return Fail(kExitFailure, status);
+  }
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  std::cout << absl::StrFormat(
+                   "colibri-synth: wrote a %s checkpoint (layers %d, experts %d, %s) to %s in "
+                   "%.1f s",
+                   options.naming, options.n_layers, options.n_experts,
+                   colibri::common::DTypeName(options.dtype), options.out_dir, elapsed.count())
+            << std::endl;
+  return 0;
+}

@@ -1,0 +1,372 @@
+#include "tools/convert.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/checksum.h"
+#include "common/manifest.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "common/weight_file.h"
+#include "common/weight_matrix.h"
+#include "tools/hf_checkpoint.h"
+
+namespace colibri {
+namespace tools {
+namespace {
+
+namespace fs = std::filesystem;
+using common::DType;
+
+constexpr size_t kChunkBytes = 8u << 20;  // f32 source rows encoded at a time
+
+// Writes a file sequentially, hashing every byte, so the manifest's checksum
+// costs no second read.
+class HashingWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<HashingWriter>> Create(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+    return std::unique_ptr<HashingWriter>(new HashingWriter(path, f));
+  }
+  ~HashingWriter() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  absl::Status Write(const void* data, size_t size) {
+    if (std::fwrite(data, 1, size, file_) != size) {
+      return absl::InternalError(absl::StrCat("write error in ", path_, ": ", std::strerror(errno)));
+    }
+    sum_.Update(data, size);
+    size_ += size;
+    return absl::OkStatus();
+  }
+
+  // Zero-fills up to `offset`.
+  absl::Status PadTo(uint64_t offset) {
+    static const char kZeros[4096] = {};
+    while (size_ < offset) {
+      COLIBRI_RETURN_IF_ERROR(Write(kZeros, std::min<uint64_t>(sizeof(kZeros), offset - size_)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<common::ManifestFile> Close(const std::string& relative_path) {
+    const bool failed = std::fclose(file_) != 0;
+    file_ = nullptr;
+    if (failed) return absl::InternalError(absl::StrCat("cannot flush ", path_));
+    return common::ManifestFile{relative_path, size_, sum_.Finish()};
+  }
+
+ private:
+  HashingWriter(std::string path, std::FILE* f) : path_(std::move(path)), file_(f) {}
+  std::string path_;
+  std::FILE* file_;
+  common::Checksummer sum_;
+  uint64_t size_ = 0;
+};
+
+struct PlainSection {
+  std::string name;
+  DType dtype;
+  int64_t rows, cols;
+  const void* data;
+  size_t size;
+};
+
+// A gate or LUT file: small sections held in memory.
+absl::StatusOr<common::ManifestFile> WritePlainFile(const std::string& out_dir, const std::string& rel,
+                                                    common::FileKind kind, int64_t layer,
+                                                    const std::vector<PlainSection>& plain) {
+  std::vector<common::Section> sections;
+  for (const PlainSection& p : plain) sections.push_back({p.name, p.dtype, 0, p.size, p.rows, p.cols});
+  const common::WeightFileLayout layout = common::PlanWeightFile(kind, layer, -1, sections);
+  COLIBRI_ASSIGN_OR_RETURN(auto w, HashingWriter::Create(out_dir + "/" + rel));
+  COLIBRI_RETURN_IF_ERROR(w->Write(common::SerializeHeader(layout).data(), common::kWeightFileHeaderBytes));
+  for (size_t i = 0; i < plain.size(); ++i) {
+    COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.sections[i].offset));
+    COLIBRI_RETURN_IF_ERROR(w->Write(plain[i].data, plain[i].size));
+  }
+  COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.file_size));
+  return w->Close(rel);
+}
+
+// One (layer, expert) file: w1, w3, w2 encoded chunk by chunk from the source.
+absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, const std::string& out_dir,
+                                                     int64_t hf_layer, int64_t layer, int64_t expert,
+                                                     DType type, LayerReport* report) {
+  const HfModelShape& s = ckpt.shape();
+  struct Source {
+    std::string name;
+    ExpertMatrix which;
+    int64_t rows, cols;
+  };
+  const Source sources[] = {{"w1", ExpertMatrix::kW1, s.d_ff, s.d_model},
+                            {"w3", ExpertMatrix::kW3, s.d_ff, s.d_model},
+                            {"w2", ExpertMatrix::kW2, s.d_model, s.d_ff}};
+  std::vector<common::Section> sections;
+  for (const Source& src : sources) {
+    const common::MatrixLayout l = common::ComputeMatrixLayout(type, src.rows, src.cols);
+    sections.push_back({src.name, type, 0, l.data_bytes, src.rows, src.cols});
+    if (l.scale_bytes > 0) sections.push_back({src.name + ".scales", DType::kF32, 0, l.scale_bytes, src.rows, l.groups});
+    if (l.zero_bytes > 0) sections.push_back({src.name + ".zeros", DType::kU8, 0, l.zero_bytes, src.rows, l.groups});
+  }
+  const common::WeightFileLayout layout = common::PlanWeightFile(common::FileKind::kExpert, layer, expert, sections);
+  const std::string rel = common::ExpertFilePath(layer, expert);
+  COLIBRI_ASSIGN_OR_RETURN(auto w, HashingWriter::Create(out_dir + "/" + rel));
+  COLIBRI_RETURN_IF_ERROR(w->Write(common::SerializeHeader(layout).data(), common::kWeightFileHeaderBytes));
+
+  for (const Source& src : sources) {
+    COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* tensor,
+                             ckpt.Matrix(ckpt.ExpertName(hf_layer, expert, src.which), src.rows, src.cols));
+    const common::MatrixLayout l = common::ComputeMatrixLayout(type, src.rows, src.cols);
+    std::vector<float> scales(l.scale_bytes / sizeof(float));
+    std::vector<uint8_t> zeros(l.zero_bytes);
+    const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / (src.cols * sizeof(float)));
+    std::vector<float> rows(chunk_rows * src.cols), decoded(src.cols);
+    std::vector<uint8_t> encoded(chunk_rows * l.row_bytes);
+    COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find(src.name)->offset));
+    for (int64_t first = 0; first < src.rows; first += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, src.rows - first);
+      HfCheckpoint::RowsToFloat(*tensor, first, n, rows.data());
+      float* chunk_scales = scales.empty() ? nullptr : scales.data() + first * l.groups;
+      uint8_t* chunk_zeros = zeros.empty() ? nullptr : zeros.data() + first * l.groups;
+      common::EncodeRows(l, rows.data(), 0, n, encoded.data(), chunk_scales, chunk_zeros);
+      const common::MatrixView view{l, encoded.data(), chunk_scales, chunk_zeros};
+      for (int64_t r = 0; r < n; ++r) {  // measure what the encoding lost
+        common::DecodeRow(view, r, decoded.data());
+        for (int64_t c = 0; c < src.cols; ++c) {
+          const double orig = rows[r * src.cols + c];
+          if (!std::isfinite(orig)) {
+            return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor->name, "' has a non-finite value at [",
+                                                           first + r, ", ", c, "]"));
+          }
+          report->max_weight_error = std::max(report->max_weight_error, std::fabs(orig - decoded[c]));
+          report->max_abs_weight = std::max(report->max_abs_weight, std::fabs(orig));
+        }
+      }
+      COLIBRI_RETURN_IF_ERROR(w->Write(encoded.data(), n * l.row_bytes));
+    }
+    if (!scales.empty()) {
+      COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find(src.name + ".scales")->offset));
+      COLIBRI_RETURN_IF_ERROR(w->Write(scales.data(), l.scale_bytes));
+    }
+    if (!zeros.empty()) {
+      COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find(src.name + ".zeros")->offset));
+      COLIBRI_RETURN_IF_ERROR(w->Write(zeros.data(), l.zero_bytes));
+    }
+    ckpt.Release(*tensor);
+  }
+  COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.file_size));
+  return w->Close(rel);
+}
+
+struct Calibration {
+  std::unique_ptr<common::SafetensorsFile> file;
+  std::vector<int32_t> tokens;
+};
+
+absl::StatusOr<Calibration> OpenCalibration(const std::string& path) {
+  Calibration c;
+  COLIBRI_ASSIGN_OR_RETURN(c.file, common::SafetensorsFile::Open(path));
+  const common::SafetensorsTensor* t = c.file->Find("token_ids");
+  if (t == nullptr || t->shape.size() != 1 || (t->dtype != "I32" && t->dtype != "I64")) {
+    return absl::InvalidArgumentError(absl::StrCat("calibration file ", path,
+                                                   ": needs a 1-D I32 or I64 tensor 'token_ids'"));
+  }
+  for (int64_t i = 0; i < t->shape[0]; ++i) {
+    int64_t v = 0;
+    if (t->dtype == "I32") {
+      int32_t v32;
+      std::memcpy(&v32, t->data + 4 * i, 4);
+      v = v32;
+    } else {
+      std::memcpy(&v, t->data + 8 * i, 8);
+    }
+    if (v < INT32_MIN || v > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("calibration file ", path, ": token_ids[", i, "] = ", v,
+                                                     " does not fit 32 bits"));
+    }
+    c.tokens.push_back(static_cast<int32_t>(v));
+  }
+  return c;
+}
+
+// Removes what an earlier conversion left: the manifest first, then layer dirs.
+absl::Status PrepareOutputDir(const ConvertOptions& o) {
+  std::error_code ec;
+  const fs::path out(o.out_dir);
+  if (fs::exists(out / common::kManifestFileName) && !o.overwrite) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(o.out_dir, " already holds a model directory; pass --overwrite to replace it"));
+  }
+  fs::create_directories(out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out_dir, ": ", ec.message()));
+  fs::remove(out / common::kManifestFileName, ec);
+  for (const auto& entry : fs::directory_iterator(out, ec)) {
+    const std::string name = entry.path().filename();
+    if (entry.is_directory() && name.rfind("layer_", 0) == 0) fs::remove_all(entry.path(), ec);
+  }
+  return absl::OkStatus();
+}
+
+void PrintLayer(const LayerReport& r, DType type, std::ostream& log) {
+  const LutResult& lut = r.lut;
+  log << absl::StrFormat("layer %d (checkpoint layer %d): LUT from %s", r.layer, r.hf_layer, r.lut_source);
+  if (lut.calibrated_tokens > 0) log << absl::StrFormat(" (%d token ids calibrated)", lut.calibrated_tokens);
+  log << "\n  expert load before balancing: " << absl::StrJoin(lut.load_before, " ")
+      << "\n  expert load after balancing:  " << absl::StrJoin(lut.load_after, " ")
+      << absl::StrFormat("\n  LUT vs exact gate routing: %.2f%% of %d inputs agree before balancing, %.2f%% after\n",
+                         100.0 * lut.agree_before / std::max<int64_t>(1, lut.compared), lut.compared,
+                         100.0 * lut.agree_after / std::max<int64_t>(1, lut.compared));
+  log << absl::StrFormat("  %s weights: max |error| %.3g (max |w| %.3g, relative %.3g)\n", common::DTypeName(type),
+                         r.max_weight_error, r.max_abs_weight,
+                         r.max_abs_weight > 0 ? r.max_weight_error / r.max_abs_weight : 0.0);
+}
+
+}  // namespace
+
+absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, ConvertReport* report) {
+  if (!common::IsWeightType(o.weight_type)) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported weight type ", common::DTypeName(o.weight_type)));
+  }
+  COLIBRI_ASSIGN_OR_RETURN(auto ckpt, HfCheckpoint::Open(o.checkpoint_dir));
+  const HfModelShape& s = ckpt->shape();
+  Calibration calibration;
+  if (!o.calibration_path.empty()) {
+    COLIBRI_ASSIGN_OR_RETURN(calibration, OpenCalibration(o.calibration_path));
+  }
+  COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* embedding,
+                           ckpt->Matrix(HfCheckpoint::EmbeddingName(), s.vocab_size, s.d_model));
+  COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o));
+  log << absl::StrFormat("converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
+                         "d_ff %d, top-%d%s, vocab %d -> %s weights\n",
+                         o.checkpoint_dir, s.naming == Naming::kMixtral ? "Mixtral" : "Qwen-MoE/OLMoE",
+                         s.model_type, s.moe_layers.size(), s.n_experts, s.d_model, s.d_ff, s.top_k,
+                         s.norm_topk_prob ? " renormalized" : "", s.vocab_size, common::DTypeName(o.weight_type));
+
+  common::Manifest m;
+  m.architecture = s.model_type;
+  m.d_model = s.d_model;
+  m.d_ff = s.d_ff;
+  m.n_layers = static_cast<int64_t>(s.moe_layers.size());
+  m.n_experts = s.n_experts;
+  m.top_k = s.top_k;
+  m.norm_topk_prob = s.norm_topk_prob;
+  m.vocab_size = s.vocab_size;
+  m.weight_type = o.weight_type;
+  m.hf_layers = s.moe_layers;
+  m.lut_source = calibration.file ? "calibration" : "embedding";
+  m.balance_loss_weight = o.balance_loss_weight;
+  ConvertReport local;
+  ConvertReport& rep = report != nullptr ? *report : local;
+  const auto start = std::chrono::steady_clock::now();
+
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    const int64_t hf = s.moe_layers[layer];
+    const std::string dir = absl::StrFormat("%s/layer_%03d", o.out_dir, layer);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+    LayerReport lr;
+    lr.layer = layer;
+    lr.hf_layer = hf;
+
+    COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* gate_tensor,
+                             ckpt->Matrix(ckpt->GateName(hf), s.n_experts, s.d_model));
+    std::vector<float> gate(s.n_experts * s.d_model);
+    HfCheckpoint::RowsToFloat(*gate_tensor, 0, s.n_experts, gate.data());
+    for (float g : gate) {
+      if (!std::isfinite(g)) return absl::InvalidArgumentError(absl::StrCat("tensor '", gate_tensor->name, "' has a non-finite value"));
+    }
+    COLIBRI_ASSIGN_OR_RETURN(auto gate_file,
+                             WritePlainFile(o.out_dir, common::GateFilePath(layer), common::FileKind::kGate, layer,
+                                            {{"gate", DType::kF32, s.n_experts, s.d_model, gate.data(), gate.size() * 4}}));
+    m.files.push_back(gate_file);
+
+    LutInputs in;
+    in.gate = gate.data();
+    in.n_experts = s.n_experts;
+    in.d_model = s.d_model;
+    in.top_k = s.top_k;
+    in.normalize = s.norm_topk_prob;
+    in.vocab_size = s.vocab_size;
+    in.embedding_rows = [&](int64_t first, int64_t n, float* out) {
+      HfCheckpoint::RowsToFloat(*embedding, first, n, out);
+    };
+    in.balance_loss_weight = o.balance_loss_weight;
+    std::vector<float> hidden;
+    lr.lut_source = "embedding";
+    if (calibration.file) {
+      const std::string name = absl::StrCat("hidden_states.", layer);
+      const common::SafetensorsTensor* h = calibration.file->Find(name);
+      const int64_t records = static_cast<int64_t>(calibration.tokens.size());
+      if (h == nullptr) {
+        log << "  calibration file has no '" << name << "': layer " << layer << " uses the embedding\n";
+      } else if (h->shape != std::vector<int64_t>{records, s.d_model} ||
+                 (h->dtype != "F32" && h->dtype != "BF16" && h->dtype != "F16")) {
+        return absl::InvalidArgumentError(absl::StrCat("calibration file ", o.calibration_path, ": '", name,
+                                                       "' must be F32/BF16/F16 [", records, ", ", s.d_model, "]"));
+      } else {
+        hidden.resize(records * s.d_model);
+        HfCheckpoint::RowsToFloat(*h, 0, records, hidden.data());
+        in.calibration_tokens = calibration.tokens;
+        in.calibration_hidden = hidden.data();
+        lr.lut_source = "calibration";
+      }
+    }
+    COLIBRI_ASSIGN_OR_RETURN(lr.lut, BuildLut(in));
+    COLIBRI_ASSIGN_OR_RETURN(
+        auto lut_file,
+        WritePlainFile(o.out_dir, common::LutFilePath(layer), common::FileKind::kLut, layer,
+                       {{"ids", DType::kI32, s.vocab_size, s.top_k, lr.lut.ids.data(), lr.lut.ids.size() * 4},
+                        {"weights", DType::kF32, s.vocab_size, s.top_k, lr.lut.weights.data(),
+                         lr.lut.weights.size() * 4}}));
+    m.files.push_back(lut_file);
+    lr.lut.ids.clear();
+    lr.lut.weights.clear();
+
+    for (int64_t e = 0; e < s.n_experts; ++e) {
+      COLIBRI_ASSIGN_OR_RETURN(auto file, WriteExpertFile(*ckpt, o.out_dir, hf, layer, e, o.weight_type, &lr));
+      m.files.push_back(file);
+      rep.bytes += file.size;
+      if (o.progress) {
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        log << absl::StrFormat("  layer %d/%d expert %d/%d: %s (%.1f MiB, %.0f MiB/s so far)\n", layer + 1,
+                               m.n_layers, e + 1, s.n_experts, file.path, file.size / 1048576.0,
+                               rep.bytes / 1048576.0 / std::max(secs, 1e-9));
+      }
+    }
+    PrintLayer(lr, o.weight_type, log);
+    rep.layers.push_back(std::move(lr));
+  }
+  ckpt->Release(*embedding);
+
+  const std::string manifest = common::ManifestToJson(m);
+  const std::string tmp = absl::StrCat(o.out_dir, "/", common::kManifestFileName, ".tmp");
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (f == nullptr || std::fwrite(manifest.data(), 1, manifest.size(), f) != manifest.size() ||
+        std::fclose(f) != 0) {
+      return absl::InternalError(absl::StrCat("cannot write ", tmp));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, absl::StrCat(o.out_dir, "/", common::kManifestFileName), ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  rep.files = static_cast<int64_t>(m.files.size()) + 1;
+  log << absl::StrFormat("wrote %d files (%.1f MiB of weights) to %s in %.2f s\n", rep.files, rep.bytes / 1048576.0,
+                         o.out_dir, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return absl::OkStatus();
+}
+
+}  // namespace tools
+}  // namespace colibri

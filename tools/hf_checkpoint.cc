@@ -1,0 +1,236 @@
+#include "tools/hf_checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace colibri {
+namespace tools {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+absl::StatusOr<Json> ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
+  }
+  return j;
+}
+
+// "model.layers.<N><suffix>" -> N, or -1.
+int64_t LayerOf(const std::string& name, absl::string_view suffix) {
+  constexpr absl::string_view kPrefix = "model.layers.";
+  if (!absl::StartsWith(name, kPrefix) || !absl::EndsWith(name, suffix)) return -1;
+  const size_t begin = kPrefix.size();
+  if (name.size() < begin + suffix.size()) return -1;
+  const std::string digits = name.substr(begin, name.size() - suffix.size() - begin);
+  int64_t layer = -1;
+  if (digits.empty() || !absl::SimpleAtoi(digits, &layer) || layer < 0) return -1;
+  return layer;
+}
+
+constexpr absl::string_view kMixtralGate = ".block_sparse_moe.gate.weight";
+constexpr absl::string_view kQwenGate = ".mlp.gate.weight";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
+  std::unique_ptr<HfCheckpoint> ckpt(new HfCheckpoint());
+  COLIBRI_ASSIGN_OR_RETURN(Json config, ReadJson(dir + "/config.json"));
+
+  // Shards: the index's, else model.safetensors, else every *.safetensors.
+  std::vector<std::string> shard_files;
+  Json weight_map;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    COLIBRI_ASSIGN_OR_RETURN(Json index, ReadJson(index_path));
+    if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, " has no 'weight_map' object"));
+    }
+    weight_map = index["weight_map"];
+    std::set<std::string> unique;
+    for (const auto& [name, file] : weight_map.items()) {
+      if (!file.is_string() || absl::StrContains(file.get<std::string>(), "/")) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path, ": bad shard name for '", name, "'"));
+      }
+      unique.insert(file.get<std::string>());
+    }
+    shard_files.assign(unique.begin(), unique.end());
+  } else if (fs::exists(dir + "/model.safetensors")) {
+    shard_files.push_back("model.safetensors");
+  } else {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().extension() == ".safetensors") shard_files.push_back(entry.path().filename());
+    }
+    std::sort(shard_files.begin(), shard_files.end());
+  }
+  if (shard_files.empty()) {
+    return absl::NotFoundError(absl::StrCat("no *.safetensors files in ", dir));
+  }
+  for (const std::string& file : shard_files) {
+    COLIBRI_ASSIGN_OR_RETURN(auto shard, common::SafetensorsFile::Open(dir + "/" + file));
+    ckpt->files_.push_back(std::move(shard));
+  }
+  for (const auto& [name, file] : weight_map.items()) {
+    const common::SafetensorsFile* holder = ckpt->FileOf(name);
+    if (holder == nullptr || fs::path(holder->path()).filename() != file.get<std::string>()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, " says '", name, "' is in ",
+                                                     file.get<std::string>(), " but it is not there"));
+    }
+  }
+
+  // Naming and MoE layers, from the gate tensors present.
+  HfModelShape& s = ckpt->shape_;
+  std::set<int64_t> mixtral, qwen;
+  for (const auto& file : ckpt->files_) {
+    for (const auto& t : file->tensors()) {
+      if (int64_t l = LayerOf(t.name, kMixtralGate); l >= 0) mixtral.insert(l);
+      if (int64_t l = LayerOf(t.name, kQwenGate); l >= 0) qwen.insert(l);
+    }
+  }
+  if (mixtral.empty() == qwen.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": expected MoE gate tensors in exactly one naming (model.layers.N", kMixtralGate,
+        " or model.layers.N", kQwenGate, "); found ", mixtral.size(), " and ", qwen.size()));
+  }
+  s.naming = mixtral.empty() ? Naming::kQwenMoe : Naming::kMixtral;
+  const auto& layers = mixtral.empty() ? qwen : mixtral;
+  s.moe_layers.assign(layers.begin(), layers.end());
+  s.model_type = config.value("model_type", std::string(mixtral.empty() ? "qwen2_moe" : "mixtral"));
+
+  const common::SafetensorsTensor* gate = ckpt->FileOf(ckpt->GateName(s.moe_layers[0]))
+                                              ->Find(ckpt->GateName(s.moe_layers[0]));
+  if (gate->shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", gate->name, "' is not a matrix"));
+  }
+  s.n_experts = gate->shape[0];
+  s.d_model = gate->shape[1];
+  const std::string w1 = ckpt->ExpertName(s.moe_layers[0], 0, ExpertMatrix::kW1);
+  const common::SafetensorsFile* w1_file = ckpt->FileOf(w1);
+  if (w1_file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", w1, "'"));
+  const auto* w1_tensor = w1_file->Find(w1);
+  if (w1_tensor->shape.size() != 2 || w1_tensor->shape[1] != s.d_model) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", w1, "' is not [d_ff, ", s.d_model, "]"));
+  }
+  s.d_ff = w1_tensor->shape[0];
+  const common::SafetensorsFile* embed_file = ckpt->FileOf(EmbeddingName());
+  if (embed_file == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("missing tensor '", EmbeddingName(), "' (needed for the LUT)"));
+  }
+  const auto* embed = embed_file->Find(EmbeddingName());
+  if (embed->shape.size() != 2 || embed->shape[1] != s.d_model) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", EmbeddingName(), "' is not [vocab, ", s.d_model, "]"));
+  }
+  s.vocab_size = embed->shape[0];
+
+  // config.json must agree with the tensors where it speaks.
+  auto check = [&](const char* key, int64_t actual) -> absl::Status {
+    if (config.contains(key) && config[key].is_number_integer() && config[key].get<int64_t>() != actual) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " = ",
+                                                     config[key].get<int64_t>(), " but the tensors say ", actual));
+    }
+    return absl::OkStatus();
+  };
+  COLIBRI_RETURN_IF_ERROR(check("hidden_size", s.d_model));
+  COLIBRI_RETURN_IF_ERROR(check("vocab_size", s.vocab_size));
+  COLIBRI_RETURN_IF_ERROR(check(s.naming == Naming::kMixtral ? "num_local_experts" : "num_experts", s.n_experts));
+  if (s.model_type == "qwen2_moe") {
+    COLIBRI_RETURN_IF_ERROR(check("moe_intermediate_size", s.d_ff));
+  } else {
+    COLIBRI_RETURN_IF_ERROR(check("intermediate_size", s.d_ff));
+  }
+  if (!config.contains("num_experts_per_tok") || !config["num_experts_per_tok"].is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: missing integer num_experts_per_tok"));
+  }
+  s.top_k = config["num_experts_per_tok"].get<int64_t>();
+  if (s.top_k < 1 || s.top_k > s.n_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: num_experts_per_tok = ", s.top_k,
+                                                   " is outside [1, ", s.n_experts, "]"));
+  }
+  // Mixtral always renormalizes the top-k weights; Qwen-MoE and OLMoE say so.
+  s.norm_topk_prob = s.naming == Naming::kMixtral || config.value("norm_topk_prob", false);
+  return ckpt;
+}
+
+std::string HfCheckpoint::GateName(int64_t layer) const {
+  return absl::StrCat("model.layers.", layer,
+                      shape_.naming == Naming::kMixtral ? kMixtralGate : kQwenGate);
+}
+
+std::string HfCheckpoint::ExpertName(int64_t layer, int64_t expert, ExpertMatrix which) const {
+  static const char* kMixtral[] = {"w1", "w3", "w2"};
+  static const char* kQwen[] = {"gate_proj", "up_proj", "down_proj"};
+  const int i = static_cast<int>(which);
+  if (shape_.naming == Naming::kMixtral) {
+    return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
+  }
+  return absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".", kQwen[i], ".weight");
+}
+
+const common::SafetensorsFile* HfCheckpoint::FileOf(const std::string& name) const {
+  for (const auto& file : files_) {
+    if (file->Find(name) != nullptr) return file.get();
+  }
+  return nullptr;
+}
+
+absl::StatusOr<const common::SafetensorsTensor*> HfCheckpoint::Matrix(const std::string& name,
+                                                                      int64_t rows, int64_t cols) const {
+  const common::SafetensorsFile* file = FileOf(name);
+  if (file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
+  const common::SafetensorsTensor* t = file->Find(name);
+  if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16") {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " has dtype ",
+                                                   t->dtype, "; supported: F32, BF16, F16"));
+  }
+  if (t->shape != std::vector<int64_t>{rows, cols}) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " has shape [",
+                                                   absl::StrJoin(t->shape, ", "), "], expected [", rows,
+                                                   ", ", cols, "]"));
+  }
+  return t;
+}
+
+void HfCheckpoint::RowsToFloat(const common::SafetensorsTensor& t, int64_t first, int64_t n, float* out) {
+  const int64_t cols = t.shape[1];
+  const int64_t count = n * cols;
+  const uint8_t* src = t.data + first * cols * (t.dtype == "F32" ? 4 : 2);
+  if (t.dtype == "F32") {
+    std::memcpy(out, src, count * sizeof(float));
+    return;
+  }
+  const bool bf16 = t.dtype == "BF16";
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    out[i] = bf16 ? common::Bf16ToFloat(h) : common::F16ToFloat(h);
+  }
+}
+
+void HfCheckpoint::Release(const common::SafetensorsTensor& tensor) const {
+  for (const auto& file : files_) {
+    if (file->Find(tensor.name) == &tensor) file->Release(tensor);
+  }
+}
+
+}  // namespace tools
+}  // namespace colibri

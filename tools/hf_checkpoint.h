@@ -1,0 +1,79 @@
+#ifndef COLIBRI_TOOLS_HF_CHECKPOINT_H_
+#define COLIBRI_TOOLS_HF_CHECKPOINT_H_
+
+// A Hugging Face MoE checkpoint on disk: config.json plus one
+// model.safetensors or several shards listed in model.safetensors.index.json.
+// Reads the Mixtral naming (model.layers.N.block_sparse_moe.{gate,
+// experts.E.w1,w2,w3}.weight) and the Qwen-MoE/OLMoE naming
+// (model.layers.N.mlp.{gate, experts.E.gate_proj,up_proj,down_proj}.weight).
+// MoE layers are the layers that have a gate tensor; the shape is taken from
+// the tensors and checked against config.json. Shards are mapped, not read:
+// tensors are converted one at a time and released (see Release), so memory
+// stays near one tensor. Immutable after Open; thread-compatible.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+
+namespace colibri {
+namespace tools {
+
+enum class Naming { kMixtral, kQwenMoe };
+
+struct HfModelShape {
+  std::string model_type;  // config.json's, e.g. mixtral, qwen2_moe, olmoe
+  Naming naming = Naming::kMixtral;
+  int64_t d_model = 0;
+  int64_t d_ff = 0;
+  int64_t n_experts = 0;
+  int64_t top_k = 0;
+  bool norm_topk_prob = true;
+  int64_t vocab_size = 0;
+  std::vector<int64_t> moe_layers;  // checkpoint layer indices with a gate, ascending
+};
+
+// Which matrix of an expert.
+enum class ExpertMatrix { kW1, kW3, kW2 };
+
+class HfCheckpoint {
+ public:
+  // INVALID_ARGUMENT / NOT_FOUND naming the file for a missing or malformed
+  // config, index or shard, a shard the index names that does not exist, no
+  // gate tensors, or config values that contradict the tensors.
+  static absl::StatusOr<std::unique_ptr<HfCheckpoint>> Open(const std::string& dir);
+
+  const HfModelShape& shape() const { return shape_; }
+
+  std::string GateName(int64_t hf_layer) const;
+  std::string ExpertName(int64_t hf_layer, int64_t expert, ExpertMatrix which) const;
+  static std::string EmbeddingName() { return "model.embed_tokens.weight"; }
+
+  // The tensor named `name`, checked to be F32, BF16 or F16 and of shape
+  // [rows, cols]. INVALID_ARGUMENT naming the tensor and file otherwise
+  // (missing tensor, wrong shape, unsupported dtype).
+  absl::StatusOr<const common::SafetensorsTensor*> Matrix(const std::string& name, int64_t rows,
+                                                          int64_t cols) const;
+
+  // Converts rows [first, first + n) of a matrix from Matrix() to f32.
+  static void RowsToFloat(const common::SafetensorsTensor& tensor, int64_t first, int64_t n,
+                          float* out);
+
+  // Drops the tensor's pages from this process's memory.
+  void Release(const common::SafetensorsTensor& tensor) const;
+
+ private:
+  HfCheckpoint() = default;
+  const common::SafetensorsFile* FileOf(const std::string& name) const;
+
+  HfModelShape shape_;
+  std::vector<std::unique_ptr<common::SafetensorsFile>> files_;
+};
+
+}  // namespace tools
+}  // namespace colibri
+
+#endif  // COLIBRI_TOOLS_HF_CHECKPOINT_H_

@@ -1,0 +1,67 @@
+#ifndef COLIBRI_TOOLS_LUT_BUILDER_H_
+#define COLIBRI_TOOLS_LUT_BUILDER_H_
+
+// Builds one layer's routing lookup table (DESIGN.md §1 and §4): for every
+// token id, top_k expert ids and weights.
+//
+// Each token's logits are the gate applied to its embedding row or, for
+// tokens that appear in the calibration records, log of the mean softmax
+// probability over the token's recorded hidden states (so the LUT routes a
+// token where its real hidden states went on average).
+//
+// Balancing (balance_loss_weight α > 0): from the unbalanced routes, expert
+// i's share of all routes over the vocabulary is freq_i (Σ freq = 1); every
+// over-used expert (freq_i > 1/n_experts) has α·(freq_i − 1/n_experts)²
+// subtracted from its logit, and the top-k is taken again. Selection uses the
+// penalized logits; the stored weights are the unpenalized probabilities of
+// the chosen experts (renormalized when the model renormalizes), so balancing
+// changes where tokens go, not how much an expert's answer counts.
+//
+// Agreement: the share of inputs whose LUT top-k set equals the exact gate's
+// top-k set for that input — the calibration records when given, otherwise
+// each token's embedding. Pure computation; thread-compatible.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace colibri {
+namespace tools {
+
+struct LutInputs {
+  const float* gate = nullptr;  // [n_experts][d_model]
+  int64_t n_experts = 0;
+  int64_t d_model = 0;
+  int64_t top_k = 0;
+  bool normalize = true;
+  int64_t vocab_size = 0;
+  // Writes rows [first, first + n) of the embedding as f32 into `out`.
+  std::function<void(int64_t first, int64_t n, float* out)> embedding_rows;
+  absl::Span<const int32_t> calibration_tokens;  // may be empty
+  const float* calibration_hidden = nullptr;     // [calibration_tokens.size()][d_model]
+  double balance_loss_weight = 0.0;
+};
+
+struct LutResult {
+  std::vector<int32_t> ids;      // [vocab_size][top_k]
+  std::vector<float> weights;    // [vocab_size][top_k]
+  std::vector<int64_t> load_before;  // routes per expert over the vocabulary, unbalanced
+  std::vector<int64_t> load_after;   // the same for the stored LUT
+  int64_t compared = 0;              // inputs compared with exact gate routing
+  int64_t agree_before = 0;          // of those, equal top-k sets before balancing
+  int64_t agree_after = 0;           // ... and for the stored LUT
+  int64_t calibrated_tokens = 0;     // token ids routed from calibration records
+};
+
+// INVALID_ARGUMENT for a calibration token id outside [0, vocab_size) (naming
+// the record) or a negative/non-finite balance weight.
+absl::StatusOr<LutResult> BuildLut(const LutInputs& in);
+
+}  // namespace tools
+}  // namespace colibri
+
+#endif  // COLIBRI_TOOLS_LUT_BUILDER_H_
