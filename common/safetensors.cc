@@ -163,8 +163,8 @@ const SafetensorsTensor* SafetensorsFile::Find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
-void SafetensorsFile::Release(const SafetensorsTensor& tensor) const {
-  file_->DropPages(tensor.offset, tensor.nbytes);
+void SafetensorsFile::ReleaseRange(uint64_t offset, uint64_t length) const {
+  file_->DropPages(offset, length);
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(

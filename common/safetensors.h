@@ -59,8 +59,9 @@ class SafetensorsFile {
   // nullptr if absent.
   const SafetensorsTensor* Find(const std::string& name) const;
   const std::string& path() const { return file_->path(); }
-  // Drops the tensor's pages from this process's RSS (see MappedFile).
-  void Release(const SafetensorsTensor& tensor) const;
+  // Drops bytes [offset, offset + length) of the file from this process's
+  // RSS (see MappedFile::DropPages).
+  void ReleaseRange(uint64_t offset, uint64_t length) const;
 
  private:
   SafetensorsFile(std::unique_ptr<MappedFile> file, std::vector<SafetensorsTensor> tensors);

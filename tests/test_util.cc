@@ -78,6 +78,14 @@ void FlipByte(const std::string& path, uint64_t offset) {
   REQUIRE(f.good());
 }
 
+void WriteBytesAt(const std::string& path, uint64_t offset, const std::string& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekp(offset);
+  f.write(bytes.data(), bytes.size());
+  REQUIRE(f.good());
+}
+
 void TruncateFile(const std::string& path, uint64_t size) {
   REQUIRE(::truncate(path.c_str(), static_cast<off_t>(size)) == 0);
 }

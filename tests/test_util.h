@@ -37,10 +37,11 @@ tools::SynthOptions SmallSynth(const std::string& out_dir, const std::string& na
 // REQUIREs (Catch2) that both succeed.
 void MakeModel(const tools::SynthOptions& synth, const std::string& model_dir, common::DType weight_type);
 
-// Reads a whole file / overwrites one byte (XOR 0xff) / truncates.
+// Reads a whole file / overwrites one byte (XOR 0xff) / truncates / overwrites bytes.
 std::string ReadFile(const std::string& path);
 void FlipByte(const std::string& path, uint64_t offset);
 void TruncateFile(const std::string& path, uint64_t size);
+void WriteBytesAt(const std::string& path, uint64_t offset, const std::string& bytes);
 
 // Reads an F32 or I32 tensor of a safetensors file; REQUIREs it exists.
 std::vector<float> ReadF32(const std::string& path, const std::string& name);

@@ -137,6 +137,7 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
     for (int64_t first = 0; first < src.rows; first += chunk_rows) {
       const int64_t n = std::min(chunk_rows, src.rows - first);
       HfCheckpoint::RowsToFloat(*tensor, first, n, rows.data());
+      ckpt.ReleaseRows(*tensor, first, n);
       float* chunk_scales = scales.empty() ? nullptr : scales.data() + first * l.groups;
       uint8_t* chunk_zeros = zeros.empty() ? nullptr : zeros.data() + first * l.groups;
       common::EncodeRows(l, rows.data(), 0, n, encoded.data(), chunk_scales, chunk_zeros);
@@ -163,7 +164,6 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
       COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find(src.name + ".zeros")->offset));
       COLIBRI_RETURN_IF_ERROR(w->Write(zeros.data(), l.zero_bytes));
     }
-    ckpt.Release(*tensor);
   }
   COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.file_size));
   return w->Close(rel);
@@ -301,6 +301,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     in.vocab_size = s.vocab_size;
     in.embedding_rows = [&](int64_t first, int64_t n, float* out) {
       HfCheckpoint::RowsToFloat(*embedding, first, n, out);
+      ckpt->ReleaseRows(*embedding, first, n);
     };
     in.balance_loss_weight = o.balance_loss_weight;
     std::vector<float> hidden;
@@ -348,8 +349,6 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     PrintLayer(lr, o.weight_type, log);
     rep.layers.push_back(std::move(lr));
   }
-  ckpt->Release(*embedding);
-
   const std::string manifest = common::ManifestToJson(m);
   const std::string tmp = absl::StrCat(o.out_dir, "/", common::kManifestFileName, ".tmp");
   {

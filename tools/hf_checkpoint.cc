@@ -226,9 +226,10 @@ void HfCheckpoint::RowsToFloat(const common::SafetensorsTensor& t, int64_t first
   }
 }
 
-void HfCheckpoint::Release(const common::SafetensorsTensor& tensor) const {
+void HfCheckpoint::ReleaseRows(const common::SafetensorsTensor& t, int64_t first, int64_t n) const {
+  const uint64_t row_bytes = t.nbytes / std::max<int64_t>(1, t.shape[0]);
   for (const auto& file : files_) {
-    if (file->Find(tensor.name) == &tensor) file->Release(tensor);
+    if (file->Find(t.name) == &t) file->ReleaseRange(t.offset + first * row_bytes, n * row_bytes);
   }
 }
 

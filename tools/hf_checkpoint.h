@@ -62,8 +62,9 @@ class HfCheckpoint {
   static void RowsToFloat(const common::SafetensorsTensor& tensor, int64_t first, int64_t n,
                           float* out);
 
-  // Drops the tensor's pages from this process's memory.
-  void Release(const common::SafetensorsTensor& tensor) const;
+  // Drops rows [first, first + n) of a matrix from Matrix() from this
+  // process's memory (they are read again from the page cache if touched).
+  void ReleaseRows(const common::SafetensorsTensor& tensor, int64_t first, int64_t n) const;
 
  private:
   HfCheckpoint() = default;

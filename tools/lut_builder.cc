@@ -19,6 +19,13 @@ bool SameSet(const int32_t* a, const int32_t* b, int64_t k) {
   return x == y;
 }
 
+bool AllFinite(const double* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<LutResult> BuildLut(const LutInputs& in) {
@@ -40,6 +47,9 @@ absl::StatusOr<LutResult> BuildLut(const LutInputs& in) {
     }
     double* l = &record_logits[r * n];
     common::GateLogits(in.gate, n, d, in.calibration_hidden + r * d, l);
+    if (!AllFinite(l, n)) {
+      return absl::InvalidArgumentError(absl::StrCat("calibration record ", r, "'s hidden state is not finite"));
+    }
     const double max_logit = *std::max_element(l, l + n);
     double total = 0.0;
     for (int64_t e = 0; e < n; ++e) total += std::exp(l[e] - max_logit);
@@ -55,6 +65,9 @@ absl::StatusOr<LutResult> BuildLut(const LutInputs& in) {
     for (int64_t v = first; v < first + count; ++v) {
       if (records[v] == 0) {
         common::GateLogits(in.gate, n, d, &rows[(v - first) * d], &logits[v * n]);
+        if (!AllFinite(&logits[v * n], n)) {
+          return absl::InvalidArgumentError(absl::StrCat("embedding row ", v, " is not finite"));
+        }
       } else {
         for (int64_t e = 0; e < n; ++e) {
           logits[v * n + e] = std::log(std::max(prob_sum[v * n + e] / records[v], 1e-300));

@@ -287,6 +287,30 @@ TEST_CASE("the converter refuses bad checkpoints with a clear message") {
   }
   {
     TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    uint64_t offset = 0;
+    {
+      auto file = common::SafetensorsFile::Open(dir / "ckpt/model.safetensors");
+      REQUIRE(file.ok());
+      offset = (*file)->Find("model.embed_tokens.weight")->offset;
+    }
+    colibri::testing::WriteBytesAt(dir / "ckpt/model.safetensors", offset + 32, std::string(4, '\xff'));  // NaN
+    CHECK(Contains(ConvertHand(dir), "embedding row 1 is not finite"));
+  }
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    uint64_t offset = 0;
+    {
+      auto file = common::SafetensorsFile::Open(dir / "ckpt/model.safetensors");
+      REQUIRE(file.ok());
+      offset = (*file)->Find("model.layers.0.block_sparse_moe.experts.1.w2.weight")->offset;
+    }
+    colibri::testing::WriteBytesAt(dir / "ckpt/model.safetensors", offset + 4, std::string(4, '\xff'));  // NaN
+    CHECK(Contains(ConvertHand(dir), "experts.1.w2.weight' has a non-finite value at [0, 1]"));
+  }
+  {
+    TempDir dir;
     CHECK(ConvertHand(dir).code() == absl::StatusCode::kNotFound);  // no checkpoint at all
   }
 }
