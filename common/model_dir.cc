@@ -40,12 +40,12 @@ absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFil
   COLIBRI_ASSIGN_OR_RETURN(view.data, SectionData(file, layout, name, dtype, rows, cols, l.data_bytes));
   if (l.scale_bytes > 0) {
     COLIBRI_ASSIGN_OR_RETURN(const uint8_t* scales,
-                             SectionData(file, layout, name + ".scales", DType::kF32, rows, l.groups,
+                             SectionData(file, layout, name + ".scales", DType::kF32, l.padded_rows, l.groups,
                                          l.scale_bytes));
     view.scales = reinterpret_cast<const float*>(scales);
   }
   if (l.zero_bytes > 0) {
-    COLIBRI_ASSIGN_OR_RETURN(view.zeros, SectionData(file, layout, name + ".zeros", DType::kU8, rows,
+    COLIBRI_ASSIGN_OR_RETURN(view.zeros, SectionData(file, layout, name + ".zeros", DType::kU8, l.padded_rows,
                                                      l.groups, l.zero_bytes));
   }
   return view;

@@ -116,8 +116,10 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
   for (const Source& src : sources) {
     const common::MatrixLayout l = common::ComputeMatrixLayout(type, src.rows, src.cols);
     sections.push_back({src.name, type, 0, l.data_bytes, src.rows, src.cols});
-    if (l.scale_bytes > 0) sections.push_back({src.name + ".scales", DType::kF32, 0, l.scale_bytes, src.rows, l.groups});
-    if (l.zero_bytes > 0) sections.push_back({src.name + ".zeros", DType::kU8, 0, l.zero_bytes, src.rows, l.groups});
+    if (l.scale_bytes > 0) {
+      sections.push_back({src.name + ".scales", DType::kF32, 0, l.scale_bytes, l.padded_rows, l.groups});
+    }
+    if (l.zero_bytes > 0) sections.push_back({src.name + ".zeros", DType::kU8, 0, l.zero_bytes, l.padded_rows, l.groups});
   }
   const common::WeightFileLayout layout = common::PlanWeightFile(common::FileKind::kExpert, layer, expert, sections);
   const std::string rel = common::ExpertFilePath(layer, expert);
@@ -130,19 +132,26 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
     const common::MatrixLayout l = common::ComputeMatrixLayout(type, src.rows, src.cols);
     std::vector<float> scales(l.scale_bytes / sizeof(float));
     std::vector<uint8_t> zeros(l.zero_bytes);
-    const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / (src.cols * sizeof(float)));
+    // Whole 64-row blocks at a time, about kChunkBytes of f32 source.
+    const int64_t chunk_blocks = std::max<int64_t>(1, kChunkBytes / (src.cols * sizeof(float) * common::kBlockRows));
+    const int64_t chunk_rows = chunk_blocks * common::kBlockRows;
     std::vector<float> rows(chunk_rows * src.cols), decoded(src.cols);
-    std::vector<uint8_t> encoded(chunk_rows * l.row_bytes);
+    std::vector<uint8_t> encoded(chunk_blocks * l.block_bytes);
     COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find(src.name)->offset));
-    for (int64_t first = 0; first < src.rows; first += chunk_rows) {
-      const int64_t n = std::min(chunk_rows, src.rows - first);
+    for (int64_t first = 0; first < l.padded_rows; first += chunk_rows) {
+      const int64_t n = std::max<int64_t>(0, std::min(chunk_rows, src.rows - first));  // real rows
+      const int64_t blocks = std::min(chunk_blocks, l.num_blocks() - first / common::kBlockRows);
       HfCheckpoint::RowsToFloat(*tensor, first, n, rows.data());
       ckpt.ReleaseRows(*tensor, first, n);
-      float* chunk_scales = scales.empty() ? nullptr : scales.data() + first * l.groups;
-      uint8_t* chunk_zeros = zeros.empty() ? nullptr : zeros.data() + first * l.groups;
-      common::EncodeRows(l, rows.data(), 0, n, encoded.data(), chunk_scales, chunk_zeros);
-      const common::MatrixView view{l, encoded.data(), chunk_scales, chunk_zeros};
-      for (int64_t r = 0; r < n; ++r) {  // measure what the encoding lost
+      for (int64_t b = 0; b < blocks; ++b) {
+        common::EncodeBlock(l, rows.data() + b * common::kBlockRows * src.cols, first / common::kBlockRows + b,
+                            encoded.data() + b * l.block_bytes, scales.data(), zeros.data());
+      }
+      // Measure what the encoding lost: decode the chunk through a view whose
+      // row 0 is the chunk's first row (layouts repeat every 64 rows).
+      const common::MatrixView view{l, encoded.data(), scales.empty() ? nullptr : scales.data() + first * l.groups,
+                                    zeros.empty() ? nullptr : zeros.data() + first * l.groups};
+      for (int64_t r = 0; r < n; ++r) {
         common::DecodeRow(view, r, decoded.data());
         for (int64_t c = 0; c < src.cols; ++c) {
           const double orig = rows[r * src.cols + c];
@@ -154,7 +163,7 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
           report->max_abs_weight = std::max(report->max_abs_weight, std::fabs(orig));
         }
       }
-      COLIBRI_RETURN_IF_ERROR(w->Write(encoded.data(), n * l.row_bytes));
+      COLIBRI_RETURN_IF_ERROR(w->Write(encoded.data(), blocks * l.block_bytes));
     }
     if (!scales.empty()) {
       COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find(src.name + ".scales")->offset));

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -22,7 +23,10 @@ Encoded Encode(DType type, int64_t rows, int64_t cols, const std::vector<float>&
   e.data.assign(l.data_bytes, 0xAB);
   e.scales.assign(l.scale_bytes / 4, -1.f);
   e.zeros.assign(l.zero_bytes, 0xAB);
-  EncodeRows(l, w.data(), 0, rows, e.data.data(), e.scales.data(), e.zeros.data());
+  for (int64_t b = 0; b < l.num_blocks(); ++b) {
+    EncodeBlock(l, w.data() + b * kBlockRows * cols, b, e.data.data() + b * l.block_bytes, e.scales.data(),
+                e.zeros.data());
+  }
   e.view = {l, e.data.data(), e.scales.data(), e.zeros.data()};
   return e;
 }
@@ -31,8 +35,7 @@ TEST_CASE("every weight type decodes within its documented error bound") {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.f, 0.05f);
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
-    for (int64_t cols : {1, 63, 64, 65, 130}) {
-      const int64_t rows = 5;
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{5, 1}, {5, 63}, {70, 64}, {64, 65}, {130, 130}}) {
       std::vector<float> w(rows * cols);
       for (float& v : w) v = normal(rng);
       w[0] = 0.3f;  // an outlier in the first group
@@ -56,19 +59,50 @@ TEST_CASE("every weight type decodes within its documented error bound") {
   }
 }
 
-TEST_CASE("quantized layouts pad rows to 64 and store scales and zero points") {
+TEST_CASE("layouts pad rows and columns to 64 and store scales and zero points") {
   const MatrixLayout i8 = ComputeMatrixLayout(DType::kInt8, 3, 65);
+  CHECK(i8.padded_rows == 64);
   CHECK(i8.padded_cols == 128);
-  CHECK(i8.row_bytes == 128);
-  CHECK(i8.scale_bytes == 3 * 4);
+  CHECK(i8.block_bytes == 64 * 128);
+  CHECK(i8.scale_bytes == 64 * 4);
   CHECK(i8.zero_bytes == 0);
   const MatrixLayout i4 = ComputeMatrixLayout(DType::kInt4, 3, 65);
   CHECK(i4.groups == 2);
-  CHECK(i4.row_bytes == 64);
-  CHECK(i4.scale_bytes == 3 * 2 * 4);
-  CHECK(i4.zero_bytes == 3 * 2);
+  CHECK(i4.block_bytes == 64 * 64);
+  CHECK(i4.scale_bytes == 64 * 2 * 4);
+  CHECK(i4.zero_bytes == 64 * 2);
   const MatrixLayout bf = ComputeMatrixLayout(DType::kBF16, 14336, 4096);
   CHECK(bf.data_bytes == size_t{14336} * 4096 * 2);
+  CHECK(bf.num_blocks() == 224);
+}
+
+TEST_CASE("float layouts are oneDNN's blocked formats") {
+  // Small integers: exact in every float type.
+  const int64_t rows = 70, cols = 40;
+  std::vector<float> w(rows * cols);
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t k = 0; k < cols; ++k) w[n * cols + k] = static_cast<float>((n % 31) * 4 + k % 4);
+  }
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Encoded e = Encode(type, rows, cols, w);
+    const int64_t K = 64;  // padded cols
+    for (int64_t n : {0, 5, 63, 64, 69}) {
+      for (int64_t k : {0, 1, 2, 39}) {
+        float v = 0;
+        if (type == DType::kF32) {
+          std::memcpy(&v, &e.data[((n / 64 * K + k) * 64 + n % 64) * 4], 4);  // BA16a64b
+        } else {
+          uint16_t h;
+          const size_t i = type == DType::kBF16 ? ((n / 64 * (K / 2) + k / 2) * 64 + n % 64) * 2 + k % 2  // BA16a64b2a
+                                                : (n / 64 * K + k) * 64 + n % 64;
+          std::memcpy(&h, &e.data[i * 2], 2);
+          v = type == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+        }
+        INFO(DTypeName(type) << " n " << n << " k " << k);
+        CHECK(v == w[n * cols + k]);
+      }
+    }
+  }
 }
 
 TEST_CASE("int4 keeps zero exact, packs low nibble first and pads with the zero point") {
@@ -82,11 +116,13 @@ TEST_CASE("int4 keeps zero exact, packs low nibble first and pads with the zero 
   CHECK(out[20] == 0.f);
   CHECK(out[69] == 0.f);
   const int q0 = e.data[0] & 0x0f, q1 = e.data[0] >> 4;
-  CHECK(q0 == 0);  // the minimum of the group
-  CHECK(q1 >= q0);
+  CHECK(q0 == 0);   // input 0, the minimum of the group, in the low nibble of byte 0
+  CHECK(q1 == 5);   // input 32 (= 0.0) in its high nibble: the zero point
+  CHECK(e.zeros[0] == 5);
+  CHECK((e.data[1] & 0x0f) == 1);  // input 1 = -0.8 -> q = 1
   // Padding (cols 70..127) decodes to exactly zero: q == zero point.
   const int zero_second_group = e.zeros[1];
-  CHECK((e.data[127 / 2] >> 4) == zero_second_group);
+  CHECK((e.data[32 + 31] >> 4) == zero_second_group);
 }
 
 TEST_CASE("all-zero and constant rows encode without dividing by zero") {
