@@ -1,0 +1,66 @@
+#ifndef COLIBRI_KERNELS_BLOCK_KERNEL_H_
+#define COLIBRI_KERNELS_BLOCK_KERNEL_H_
+
+// The one primitive every weight type and ISA implements (vocabulary in
+// kernels/README.md): one 64-row block of a weight matrix times T tokens.
+//
+//   out[t * 64 + j] = Σ_{k < x.cols} W[64·block + j][k] · x[t][k]   (t < T, j < 64)
+//
+// W is a common::MatrixView in the stored layout (common/weight_matrix.h):
+// dequantization happens in registers, nothing is written but `out`.
+// Activations are read as f32, except that bf16 weights multiply the bf16
+// copy x.bf16 (every variant, the scalar one included, so all bf16 variants
+// compute the same products). Accumulation is f32 in an order fixed by the
+// variant: the same inputs always give the same bits. Pure compute: no
+// allocation, no threads, no Status; thread-safe.
+
+#include <cstdint>
+
+#include "common/weight_matrix.h"
+
+namespace colibri {
+namespace kernels {
+
+// The activations of T tokens, prepared once and read by every block.
+struct Activations {
+  int64_t num_tokens = 0;  // T
+  int64_t cols = 0;        // padded K (a multiple of 64); entries past the real K are 0
+  const float* f32 = nullptr;         // [T][cols], rows 64-byte aligned
+  const uint16_t* bf16 = nullptr;     // [T][cols], f32 rounded to bf16 (nearest even)
+  const float* group_sums = nullptr;  // [T][cols / 64]: Σ_k of f32 over each 64-input group
+};
+
+// REQUIRES: w.layout.padded_cols == x.cols, block < w.layout.num_blocks(),
+// out has T * 64 floats, and the pointers of x that the dtype reads are set.
+using BlockKernelFn = void (*)(const common::MatrixView& w, int64_t block, const Activations& x,
+                               float* out);
+
+// The readable scalar reference of every block kernel (kernels/block_scalar.cc):
+// the oracle the ISA variants are tested against.
+void BlockF32Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockBf16Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockF16Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt8Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt4Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+
+// AVX2 + FMA + F16C (kernels/block_avx2.cc).
+void BlockF32Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockBf16Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockF16Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt8Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt4Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+
+// AVX-512 F/BW/VL/DQ (kernels/block_avx512.cc).
+void BlockF32Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockBf16Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockF16Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt8Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt4Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+
+// AVX-512 with AVX512_BF16 (vdpbf16ps) (kernels/block_avx512_bf16.cc).
+void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_KERNELS_BLOCK_KERNEL_H_

@@ -1,0 +1,120 @@
+#include "kernels/dispatch.h"
+
+#include <cpuid.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+using common::DType;
+
+uint64_t Xgetbv() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (uint64_t{edx} << 32) | eax;
+}
+
+KernelTable MakeTable(Isa isa) {
+  KernelTable t;
+  t.isa = isa;
+  auto set = [&](DType type, BlockKernelFn fn) { t.block[static_cast<int>(type)] = fn; };
+  switch (isa) {
+    case Isa::kScalar:
+      t.swiglu = SwiGluScalar;
+      set(DType::kF32, BlockF32Scalar);
+      set(DType::kBF16, BlockBf16Scalar);
+      set(DType::kF16, BlockF16Scalar);
+      set(DType::kInt8, BlockInt8Scalar);
+      set(DType::kInt4, BlockInt4Scalar);
+      break;
+    case Isa::kAvx2:
+      t.swiglu = SwiGluAvx2;
+      set(DType::kF32, BlockF32Avx2);
+      set(DType::kBF16, BlockBf16Avx2);
+      set(DType::kF16, BlockF16Avx2);
+      set(DType::kInt8, BlockInt8Avx2);
+      set(DType::kInt4, BlockInt4Avx2);
+      break;
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16:
+      t.swiglu = SwiGluAvx512;
+      set(DType::kF32, BlockF32Avx512);
+      set(DType::kBF16, isa == Isa::kAvx512Bf16 ? BlockBf16Avx512Bf16 : BlockBf16Avx512);
+      set(DType::kF16, BlockF16Avx512);
+      set(DType::kInt8, BlockInt8Avx512);
+      set(DType::kInt4, BlockInt4Avx512);
+      break;
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Bf16: return "avx512_bf16";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Isa> ParseIsa(const std::string& name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    if (name == IsaName(isa)) return isa;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown ISA '", name, "' (expected scalar, avx2, avx512 or avx512_bf16)"));
+}
+
+Isa DetectIsa() {
+  static const Isa detected = [] {
+    uint32_t a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::kScalar;
+    const bool osxsave = c & bit_OSXSAVE, fma = c & bit_FMA, f16c = c & bit_F16C, avx = c & bit_AVX;
+    if (!osxsave || !avx) return Isa::kScalar;
+    const uint64_t xcr0 = Xgetbv();
+    const bool ymm_state = (xcr0 & 0x6) == 0x6, zmm_state = (xcr0 & 0xe6) == 0xe6;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::kScalar;
+    const bool avx2 = b & bit_AVX2;
+    const bool avx512 = (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ);
+    if (!(ymm_state && avx2 && fma && f16c)) return Isa::kScalar;
+    if (!(zmm_state && avx512)) return Isa::kAvx2;
+    uint32_t a1 = 0, b1, c1, d1;
+    __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+    const bool avx512_bf16 = a1 & (1u << 5);
+    return avx512_bf16 ? Isa::kAvx512Bf16 : Isa::kAvx512;
+  }();
+  return detected;
+}
+
+const KernelTable& KernelsFor(Isa isa) {
+  static const KernelTable tables[] = {MakeTable(Isa::kScalar), MakeTable(Isa::kAvx2), MakeTable(Isa::kAvx512),
+                                       MakeTable(Isa::kAvx512Bf16)};
+  return tables[static_cast<int>(isa)];
+}
+
+const KernelTable& SelectedKernels() {
+  static const KernelTable& selected = [&]() -> const KernelTable& {
+    Isa isa = DetectIsa();
+    if (const char* cap = std::getenv("COLIBRI_MAX_ISA"); cap != nullptr && *cap != '\0') {
+      auto parsed = ParseIsa(cap);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "colibri: ignoring COLIBRI_MAX_ISA: %s\n", std::string(parsed.status().message()).c_str());
+      } else if (*parsed < isa) {
+        isa = *parsed;
+      }
+    }
+    return KernelsFor(isa);
+  }();
+  return selected;
+}
+
+}  // namespace kernels
+}  // namespace colibri

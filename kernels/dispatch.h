@@ -1,0 +1,47 @@
+#ifndef COLIBRI_KERNELS_DISPATCH_H_
+#define COLIBRI_KERNELS_DISPATCH_H_
+
+// Runtime ISA dispatch: one binary runs on AVX2-only and AVX-512 machines.
+// The CPU's best ISA comes from cpuid (and the OS's xgetbv); the environment
+// variable COLIBRI_MAX_ISA=scalar|avx2|avx512|avx512_bf16 caps it, so every
+// variant can be tested on one machine. Tables are immutable; thread-safe.
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "kernels/block_kernel.h"
+#include "kernels/swiglu.h"
+
+namespace colibri {
+namespace kernels {
+
+// Ordered: a higher ISA implies every lower one.
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+
+std::string IsaName(Isa isa);                            // "scalar", "avx2", ...
+absl::StatusOr<Isa> ParseIsa(const std::string& name);  // INVALID_ARGUMENT naming it
+
+// The best ISA this CPU and OS support.
+Isa DetectIsa();
+
+struct KernelTable {
+  Isa isa = Isa::kScalar;
+  // Indexed by common::DType code; null for non-weight types.
+  BlockKernelFn block[8] = {};
+  SwiGluFn swiglu = nullptr;
+
+  BlockKernelFn For(common::DType type) const { return block[static_cast<int>(type)]; }
+};
+
+// The table of `isa`. REQUIRES: isa <= DetectIsa().
+const KernelTable& KernelsFor(Isa isa);
+
+// min(DetectIsa(), COLIBRI_MAX_ISA), decided once per process. An unknown
+// COLIBRI_MAX_ISA value is reported on stderr once and ignored.
+const KernelTable& SelectedKernels();
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_KERNELS_DISPATCH_H_

@@ -1,0 +1,227 @@
+#include "kernels/expert_executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "kernels/onednn_matmul.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+using common::kBlockRows;
+
+constexpr size_t kAlign = 64;
+
+size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Carves typed, aligned arrays out of one workspace region.
+class Arena {
+ public:
+  template <typename T>
+  size_t Add(size_t count) {
+    const size_t offset = size_;
+    size_ = AlignUp(size_ + count * sizeof(T));
+    return offset;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+// Where each array of a call lives in the workspace.
+struct Plan {
+  struct Task {
+    size_t x_f32, x_bf16, x_sums, h_f32, h_bf16, h_sums;
+    bool onednn;
+  };
+  std::vector<Task> tasks;
+  size_t tile1, tile3, tile2;  // per worker, `tile_stride` bytes apart
+  size_t tile_stride;
+};
+
+// Activations over `cols` columns of T rows stored at the given offsets.
+Activations Acts(uint8_t* base, size_t f32, size_t bf16, size_t sums, int64_t rows, int64_t cols) {
+  Activations a;
+  a.num_tokens = rows;
+  a.cols = cols;
+  a.f32 = reinterpret_cast<const float*>(base + f32);
+  a.bf16 = reinterpret_cast<const uint16_t*>(base + bf16);
+  a.group_sums = reinterpret_cast<const float*>(base + sums);
+  return a;
+}
+
+// Fills the bf16 copy and the 64-group sums of `count` f32 values (count % 64 == 0).
+void Derive(const float* f32, int64_t count, uint16_t* bf16, float* sums) {
+  for (int64_t i = 0; i < count; ++i) bf16[i] = common::FloatToBf16(f32[i]);
+  for (int64_t g = 0; g < count / 64; ++g) {
+    float s = 0.f;
+    for (int64_t i = 0; i < 64; ++i) s += f32[g * 64 + i];
+    sums[g] = s;
+  }
+}
+
+// h = silu(a) ⊙ b over `count` values of one token, plus h's bf16 copy and
+// 64-group sums. (count % 64 == 0.)
+void SwiGlu(SwiGluFn fn, const float* a, const float* b, int64_t count, float* h, uint16_t* h_bf16,
+            float* h_sums) {
+  for (int64_t i = 0; i < count; i += 64) fn(a + i, b + i, h + i, h_bf16 + i, h_sums + i / 64);
+}
+
+// Splits [0, total) of items with the given prefix costs into `parts`
+// contiguous ranges of about equal cost; returns part p's [begin, end).
+std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int parts, int p) {
+  const double total = prefix.back();
+  auto first_at = [&](double cost) {
+    return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), cost) - prefix.begin());
+  };
+  const int64_t n = static_cast<int64_t>(prefix.size()) - 1;
+  const int64_t begin = p == 0 ? 0 : std::min(n, first_at(total * p / parts));
+  const int64_t end = p == parts - 1 ? n : std::min(n, first_at(total * (p + 1) / parts));
+  return {begin, end};
+}
+
+}  // namespace
+
+uint8_t* Workspace::Reserve(size_t bytes) {
+  if (bytes > capacity_) {
+    buffer_.reset(new uint8_t[bytes + kAlign]);
+    capacity_ = bytes;
+  }
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buffer_.get());
+  return reinterpret_cast<uint8_t*>((p + kAlign - 1) / kAlign * kAlign);
+}
+
+void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model,
+                float* dst, Workspace& workspace, const ExecutorOptions& options) {
+  if (tasks.empty()) return;
+  const KernelTable& kernels = options.kernels != nullptr ? *options.kernels : SelectedKernels();
+  const common::MatrixLayout& l1 = tasks[0].expert->w1.layout;  // [d_ff][d_model]
+  const common::MatrixLayout& l2 = tasks[0].expert->w2.layout;  // [d_model][d_ff]
+  const common::DType type = l1.dtype;
+  const int64_t k1 = l1.padded_cols, k2 = l2.padded_cols;  // padded d_model, d_ff
+  const int64_t blocks1 = l1.num_blocks(), blocks2 = l2.num_blocks();
+  const BlockKernelFn block_kernel = kernels.For(type);
+  const bool onednn_type = type == common::DType::kBF16 || type == common::DType::kF32;
+
+  Arena arena;
+  Plan plan;
+  int64_t max_rows = 0;
+  for (const ExpertTask& t : tasks) {
+    Plan::Task p;
+    p.x_f32 = arena.Add<float>(t.num_rows * k1);
+    p.x_bf16 = arena.Add<uint16_t>(t.num_rows * k1);
+    p.x_sums = arena.Add<float>(t.num_rows * k1 / 64);
+    p.h_f32 = arena.Add<float>(t.num_rows * k2);
+    p.h_bf16 = arena.Add<uint16_t>(t.num_rows * k2);
+    p.h_sums = arena.Add<float>(t.num_rows * k2 / 64);
+    p.onednn = onednn_type && options.onednn_min_tokens > 0 && t.num_rows >= options.onednn_min_tokens;
+    plan.tasks.push_back(p);
+    max_rows = std::max(max_rows, t.num_rows);
+  }
+  const int workers = pool.size();
+  Arena tiles;
+  plan.tile1 = tiles.Add<float>(max_rows * k2);
+  plan.tile3 = tiles.Add<float>(max_rows * k2);
+  plan.tile2 = tiles.Add<float>(max_rows * l2.padded_rows);
+  plan.tile_stride = tiles.size();
+  const size_t tiles_at = arena.size();
+  uint8_t* base = workspace.Reserve(tiles_at + tiles.size() * workers);
+
+  // Cost of phase-1 items (expert e, block b): weight bytes, plus compute
+  // that grows with the rows.
+  std::vector<double> prefix1 = {0.0};
+  for (const ExpertTask& t : tasks) {
+    for (int64_t b = 0; b < blocks1; ++b) prefix1.push_back(prefix1.back() + 1.0 + t.num_rows / 8.0);
+  }
+  std::vector<double> prefix2(blocks2 + 1);
+  for (int64_t c = 0; c <= blocks2; ++c) prefix2[c] = static_cast<double>(c);
+
+  pool.Run([&](int w) {
+    uint8_t* tile_base = base + tiles_at + plan.tile_stride * w;
+    float* tile1 = reinterpret_cast<float*>(tile_base + plan.tile1);
+    float* tile3 = reinterpret_cast<float*>(tile_base + plan.tile3);
+    float* tile2 = reinterpret_cast<float*>(tile_base + plan.tile2);
+
+    // Phase 0: gather each expert's rows of x (zero padded) with their bf16 copy and sums.
+    for (size_t e = w; e < tasks.size(); e += workers) {
+      const ExpertTask& t = tasks[e];
+      const Plan::Task& p = plan.tasks[e];
+      float* xf = reinterpret_cast<float*>(base + p.x_f32);
+      for (int64_t r = 0; r < t.num_rows; ++r) {
+        std::memcpy(xf + r * k1, x + t.rows[r] * d_model, d_model * sizeof(float));
+        std::fill(xf + r * k1 + d_model, xf + (r + 1) * k1, 0.f);
+      }
+      Derive(xf, t.num_rows * k1, reinterpret_cast<uint16_t*>(base + p.x_bf16),
+             reinterpret_cast<float*>(base + p.x_sums));
+    }
+    pool.Barrier();
+
+    // Phase 1: h = silu(W1·x) ⊙ W3·x for this worker's share of (expert, block) items.
+    const auto [begin1, end1] = Share(prefix1, workers, w);
+    for (int64_t item = begin1; item < end1;) {
+      const int64_t e = item / blocks1, b0 = item % blocks1;
+      const int64_t b1 = std::min(blocks1, b0 + (end1 - item));  // this expert's run of blocks
+      item += b1 - b0;
+      const ExpertTask& t = tasks[e];
+      const Plan::Task& p = plan.tasks[e];
+      const Activations xa = Acts(base, p.x_f32, p.x_bf16, p.x_sums, t.num_rows, k1);
+      float* h = reinterpret_cast<float*>(base + p.h_f32);
+      uint16_t* h_bf16 = reinterpret_cast<uint16_t*>(base + p.h_bf16);
+      float* h_sums = reinterpret_cast<float*>(base + p.h_sums);
+      if (p.onednn) {
+        const int64_t n = (b1 - b0) * kBlockRows;
+        const void* src = type == common::DType::kBF16 ? static_cast<const void*>(xa.bf16) : xa.f32;
+        OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w1.data + b0 * l1.block_bytes, tile1, n);
+        OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w3.data + b0 * l1.block_bytes, tile3, n);
+        for (int64_t r = 0; r < t.num_rows; ++r) {
+          SwiGlu(kernels.swiglu, tile1 + r * n, tile3 + r * n, n, h + r * k2 + b0 * kBlockRows, h_bf16 + r * k2 + b0 * kBlockRows,
+                 h_sums + r * (k2 / 64) + b0);
+        }
+        continue;
+      }
+      for (int64_t b = b0; b < b1; ++b) {
+        block_kernel(t.expert->w1, b, xa, tile1);
+        block_kernel(t.expert->w3, b, xa, tile3);
+        for (int64_t r = 0; r < t.num_rows; ++r) {
+          SwiGlu(kernels.swiglu, tile1 + r * kBlockRows, tile3 + r * kBlockRows, kBlockRows, h + r * k2 + b * kBlockRows,
+                 h_bf16 + r * k2 + b * kBlockRows, h_sums + r * (k2 / 64) + b);
+        }
+      }
+    }
+    pool.Barrier();
+
+    // Phase 2: this worker's columns of dst, every expert in task order.
+    const auto [c0, c1] = Share(prefix2, workers, w);
+    if (c0 == c1) return;
+    const int64_t n = (c1 - c0) * kBlockRows;
+    const int64_t col_end = std::min(d_model, c1 * kBlockRows);
+    for (size_t e = 0; e < tasks.size(); ++e) {
+      const ExpertTask& t = tasks[e];
+      const Plan::Task& p = plan.tasks[e];
+      const Activations ha = Acts(base, p.h_f32, p.h_bf16, p.h_sums, t.num_rows, k2);
+      if (p.onednn) {
+        const void* src = type == common::DType::kBF16 ? static_cast<const void*>(ha.bf16) : ha.f32;
+        OnednnMatmul(type, t.num_rows, k2, n, src, t.expert->w2.data + c0 * l2.block_bytes, tile2, n);
+      } else {
+        for (int64_t c = c0; c < c1; ++c) {
+          block_kernel(t.expert->w2, c, ha, tile1);
+          for (int64_t r = 0; r < t.num_rows; ++r) {
+            std::memcpy(tile2 + r * n + (c - c0) * kBlockRows, tile1 + r * kBlockRows, kBlockRows * sizeof(float));
+          }
+        }
+      }
+      for (int64_t r = 0; r < t.num_rows; ++r) {
+        float* out = dst + t.rows[r] * d_model;
+        const float weight = t.weights[r];
+        const float* y = tile2 + r * n;  // column c0 * 64 + i at y[i]
+        for (int64_t c = c0 * kBlockRows; c < col_end; ++c) out[c] += weight * y[c - c0 * kBlockRows];
+      }
+    }
+  });
+}
+
+}  // namespace kernels
+}  // namespace colibri

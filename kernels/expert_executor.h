@@ -1,0 +1,73 @@
+#ifndef COLIBRI_KERNELS_EXPERT_EXECUTOR_H_
+#define COLIBRI_KERNELS_EXPERT_EXECUTOR_H_
+
+// Runs the SwiGLU experts of one call on a thread pool, all experts in one
+// pass:  dst[row] += weight · W2·(silu(W1·x[row]) ⊙ W3·x[row])  for every
+// (expert, row, weight) of the call.
+//
+// One job on the pool, three phases separated by two barriers per call (not
+// per expert): (0) each expert's rows of x are gathered with their bf16 copy
+// and group sums; (1) the 64-row blocks of every expert's W1 and W3 are split
+// over the workers, each computing h = silu(W1·x) ⊙ W3·x for its blocks
+// (fused: both matrices in one pass, SiLU and the product on the fly);
+// (2) the 64-column blocks of dst are split over the workers, each running
+// every expert's W2 for its columns and accumulating into dst in task order.
+// Every output element is computed by one worker in an order fixed by the
+// inputs, so results are bitwise identical run to run and independent of the
+// number of threads.
+//
+// Kernels: the dispatch table's block kernels (hand-written, ISA-specific);
+// bf16/f32 experts with at least `onednn_min_tokens` rows use oneDNN matmul
+// on the same stored bytes instead.
+//
+// The caller owns `Workspace` (grown to the largest call seen, then reused:
+// no allocation in steady state). Not thread-safe per Workspace; the pool
+// serializes jobs.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "common/model_dir.h"
+#include "kernels/dispatch.h"
+#include "kernels/thread_pool.h"
+
+namespace colibri {
+namespace kernels {
+
+struct ExpertTask {
+  const common::ExpertWeights* expert = nullptr;  // lives until Run returns
+  const int32_t* rows = nullptr;                  // [num_rows] indices into x / dst
+  const float* weights = nullptr;                 // [num_rows] routing weights
+  int64_t num_rows = 0;
+};
+
+// Scratch memory for Run, owned by the caller and reused across calls.
+class Workspace {
+ public:
+  // A 64-byte aligned region of at least `bytes`, growing (and losing its
+  // contents) only when a call needs more than any before.
+  uint8_t* Reserve(size_t bytes);
+  size_t capacity() const { return capacity_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> buffer_;
+  size_t capacity_ = 0;
+};
+
+struct ExecutorOptions {
+  // bf16/f32 experts with at least this many rows go through oneDNN; 0 = never.
+  int64_t onednn_min_tokens = 16;
+  const KernelTable* kernels = nullptr;  // null: SelectedKernels()
+};
+
+// REQUIRES: every task's expert has the same shape (d_model x d_ff) and
+// weight type; rows < the number of rows of x and dst ([rows][d_model], f32).
+void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model,
+                float* dst, Workspace& workspace, const ExecutorOptions& options = {});
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_KERNELS_EXPERT_EXECUTOR_H_

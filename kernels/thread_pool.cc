@@ -1,0 +1,142 @@
+#include "kernels/x86_simd.h"
+#include "kernels/thread_pool.h"
+
+#include <numa.h>
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+// How long an idle worker spins for the next job before it sleeps: long
+// enough to catch back-to-back layer calls, short enough not to burn a core.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
+
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+void Pause() { _mm_pause(); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& options) {
+  std::vector<int> cpus = AllowedCpus();
+  if (options.numa_node >= 0) {
+    if (numa_available() < 0) {
+      return absl::UnavailableError(absl::StrCat("NUMA node ", options.numa_node,
+                                                 " requested but libnuma reports no NUMA support"));
+    }
+    if (options.numa_node > numa_max_node()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NUMA node ", options.numa_node, " does not exist (max ", numa_max_node(), ")"));
+    }
+    bitmask* mask = numa_allocate_cpumask();
+    numa_node_to_cpus(options.numa_node, mask);
+    std::vector<int> node_cpus;
+    for (int c : cpus) {
+      if (numa_bitmask_isbitset(mask, c)) node_cpus.push_back(c);
+    }
+    numa_free_cpumask(mask);
+    if (node_cpus.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NUMA node ", options.numa_node, " has no CPUs this process may use"));
+    }
+    cpus = node_cpus;
+  }
+  const int n = options.num_threads > 0 ? options.num_threads : static_cast<int>(std::max<size_t>(1, cpus.size()));
+  if (!options.pin) cpus.clear();
+  return std::unique_ptr<ThreadPool>(new ThreadPool(std::move(cpus), n));
+}
+
+ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads) : cpus_(std::move(cpus)) {
+  for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    ++generation_;
+    published_generation_.store(generation_, std::memory_order_release);
+  }
+  start_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::WorkerLoop(int index) {
+  if (!cpus_.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus_[index % cpus_.size()], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
+  }
+  omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin briefly for the next job, then sleep.
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+    while (published_generation_.load(std::memory_order_acquire) == seen &&
+           std::chrono::steady_clock::now() < spin_until) {
+      Pause();
+    }
+    const std::function<void(int)>* job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (stop_) return;
+      job = job_;
+    }
+    (*job)(index);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--remaining_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::Run(const std::function<void(int)>& job) {
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  job_ = &job;
+  remaining_ = size();
+  ++generation_;
+  published_generation_.store(generation_, std::memory_order_release);
+  start_cv_.notify_all();
+  done_cv_.wait(lock, [&] { return remaining_ == 0; });
+  job_ = nullptr;
+}
+
+void ThreadPool::Barrier() {
+  const uint64_t phase = barrier_phase_.load(std::memory_order_acquire);
+  if (barrier_count_.fetch_add(1, std::memory_order_acq_rel) + 1 == size()) {
+    barrier_count_.store(0, std::memory_order_relaxed);
+    barrier_phase_.store(phase + 1, std::memory_order_release);
+    return;
+  }
+  int spins = 0;
+  while (barrier_phase_.load(std::memory_order_acquire) == phase) {
+    if (++spins < 4096) {
+      Pause();
+    } else {
+      std::this_thread::yield();  // an oversubscribed machine: let the others run
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace colibri

@@ -1,0 +1,82 @@
+#ifndef COLIBRI_KERNELS_THREAD_POOL_H_
+#define COLIBRI_KERNELS_THREAD_POOL_H_
+
+// The compute threads of whoever owns the weights (an expert node, or the
+// embedded engine): N workers started once, pinned to CPUs (the CPUs of one
+// NUMA node when asked), which run one parallel job at a time.
+//
+// Threading model (docs/KERNELS.md): this pool is the only source of
+// parallelism. oneDNN runs inside each worker on that worker's share of the
+// work with its OpenMP team limited to the one calling thread, so oneDNN's
+// threads never compete with ours.
+//
+// Run() is thread-safe (jobs from several callers are serialized). The caller
+// waits; it never computes, so a gRPC thread never runs kernels.
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace colibri {
+namespace kernels {
+
+class ThreadPool {
+ public:
+  struct Options {
+    int num_threads = 0;  // 0: one per CPU allowed (of the NUMA node, if set)
+    int numa_node = -1;   // >= 0: pin to that node's CPUs (libnuma)
+    bool pin = true;      // pin worker i to the i-th allowed CPU (round robin)
+  };
+
+  // INVALID_ARGUMENT for a NUMA node that does not exist or has no CPUs
+  // allowed to this process; UNAVAILABLE if libnuma reports no NUMA support
+  // while a node was asked for.
+  static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(const Options& options);
+  ~ThreadPool();  // joins the workers
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()); }
+  // The CPUs workers are pinned to (empty when not pinned).
+  const std::vector<int>& cpus() const { return cpus_; }
+
+  // Runs job(worker_index) on every worker and returns when all returned.
+  void Run(const std::function<void(int)>& job);
+
+  // Called from inside a job by every worker: returns when all workers of
+  // the current job have arrived. Reusable any number of times per job.
+  void Barrier();
+
+ private:
+  explicit ThreadPool(std::vector<int> cpus, int num_threads);
+  void WorkerLoop(int index);
+
+  std::vector<int> cpus_;
+  std::vector<std::thread> workers_;
+
+  std::mutex run_mu_;  // one job at a time
+
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int)>* job_ = nullptr;  // guarded by mu_
+  uint64_t generation_ = 0;                         // guarded by mu_
+  int remaining_ = 0;                               // guarded by mu_
+  bool stop_ = false;                               // guarded by mu_
+  std::atomic<uint64_t> published_generation_{0};   // spin-read copy of generation_
+
+  // Sense-reversing barrier.
+  std::atomic<int> barrier_count_{0};
+  std::atomic<uint64_t> barrier_phase_{0};
+};
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_KERNELS_THREAD_POOL_H_

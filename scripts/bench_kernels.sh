@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The kernels benchmark of docs/PERFORMANCE.md, side by side with PyTorch in
+# the same run: builds, synthesizes a full Mixtral-8x7B-shaped MoE layer
+# (d_model 4096, d_ff 14336, 8 experts, top-2; cached in the work dir),
+# converts it to each weight type, runs `colibri-bench kernels` on each, then
+# times the same layer with PyTorch (scripts/bench_torch.py), and prints the
+# bandwidth it measured before and after.
+#
+# Usage: bash scripts/bench_kernels.sh [--types bf16,int8,int4,f32] [--tokens 1,8,32,128]
+#                                      [--repeat 30] [--torch_dtypes bf16] [--small]
+# --small runs a d_model 1024 / d_ff 2816 layer instead (quick smoke run).
+# Work files: ${COLIBRI_BENCH_DIR:-build/bench} (needs ~10 GB of disk for all types).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+types=bf16,int8,int4
+tokens=1,8,32,128
+repeat=30
+torch_dtypes=bf16
+shape=(--d_model 4096 --d_ff 14336)
+torch_shape=(--d_model 4096 --d_ff 14336)
+name=mixtral_8x7b_layer
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --types) types=$2; shift 2 ;;
+    --tokens) tokens=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --torch_dtypes) torch_dtypes=$2; shift 2 ;;
+    --small) shape=(--d_model 1024 --d_ff 2816); torch_shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "bench_kernels: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+bash "$root/scripts/build.sh" >/dev/null
+bin=${COLIBRI_BUILD_DIR:-$root/build}/tools
+work=${COLIBRI_BENCH_DIR:-${COLIBRI_BUILD_DIR:-$root/build}/bench}/$name
+mkdir -p "$work"
+if [ ! -f "$work/checkpoint/config.json" ]; then
+  "$bin/colibri-synth" --out "$work/checkpoint" --naming mixtral "${shape[@]}" --layers 1 --experts 8 --top_k 2 \
+    --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
+fi
+echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
+for type in ${types//,/ }; do
+  if [ ! -f "$work/$type/manifest.json" ]; then
+    "$bin/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/$type" --weight_type "$type" \
+      --progress=false --overwrite >/dev/null
+  fi
+  "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat"
+  if [ "$type" = bf16 ] || [ "$type" = f32 ]; then
+    echo "# the same, hand-written kernels only (no oneDNN):"
+    "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 0 \
+      --single_expert=false | grep -v '^#'
+    echo "# the same, oneDNN for every T:"
+    "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 1 \
+      --single_expert=false | grep -v '^#'
+  fi
+done
+echo "# PyTorch baseline, same layer shape, same thread count:"
+/usr/bin/python3 "$root/scripts/bench_torch.py" "${torch_shape[@]}" --experts 8 --top_k 2 --tokens "$tokens" \
+  --dtypes "$torch_dtypes" --threads "$(nproc)" --repeat "$repeat" --routing gate

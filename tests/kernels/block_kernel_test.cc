@@ -1,0 +1,180 @@
+// Every block kernel variant the CPU allows, against the scalar reference:
+// every weight type, ragged shapes (padded rows and columns), T from 1 to
+// 129; a named tolerance, a guard against all-zero outputs, bitwise reruns.
+
+#include "kernels/block_kernel.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/dispatch.h"
+#include "kernels/swiglu.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+using common::DType;
+
+// |variant − reference| ≤ kRelTolerance · Σ_k |w_k · x_k| (kernels/README.md).
+constexpr double kRelTolerance = 1e-5;
+
+struct Matrix {
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  std::vector<uint8_t> zeros;
+  common::MatrixView view;
+};
+
+Matrix MakeMatrix(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.f, 0.1f);
+  std::vector<float> w(rows * cols);
+  for (float& v : w) v = normal(rng);
+  Matrix m;
+  const common::MatrixLayout l = common::ComputeMatrixLayout(type, rows, cols);
+  m.data.resize(l.data_bytes);
+  m.scales.resize(l.scale_bytes / 4);
+  m.zeros.resize(l.zero_bytes);
+  std::vector<float> block_src(common::kBlockRows * cols, 0.f);
+  for (int64_t b = 0; b < l.num_blocks(); ++b) {
+    common::EncodeBlock(l, w.data() + b * common::kBlockRows * cols, b, m.data.data() + b * l.block_bytes,
+                        m.scales.data(), m.zeros.data());
+  }
+  m.view = {l, m.data.data(), m.scales.empty() ? nullptr : m.scales.data(), m.zeros.empty() ? nullptr : m.zeros.data()};
+  return m;
+}
+
+struct Inputs {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  std::vector<float> sums;
+  Activations acts;
+};
+
+Inputs MakeInputs(int64_t tokens, int64_t cols, int64_t padded_cols, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  Inputs in;
+  in.f32.assign(tokens * padded_cols, 0.f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < cols; ++k) in.f32[t * padded_cols + k] = normal(rng);
+  }
+  for (float v : in.f32) in.bf16.push_back(common::FloatToBf16(v));
+  for (int64_t g = 0; g < tokens * padded_cols / 64; ++g) {
+    float s = 0;
+    for (int i = 0; i < 64; ++i) s += in.f32[g * 64 + i];
+    in.sums.push_back(s);
+  }
+  in.acts = {tokens, padded_cols, in.f32.data(), in.bf16.data(), in.sums.data()};
+  return in;
+}
+
+// Σ_k |w_k x_k| for output j of block b, token t (the scale of rounding errors).
+double Magnitude(const common::MatrixView& w, int64_t row, const Inputs& in, int64_t t, bool bf16) {
+  if (row >= w.layout.rows) return 0.0;
+  std::vector<float> decoded(w.layout.cols);
+  common::DecodeRow(w, row, decoded.data());
+  double m = 0;
+  for (int64_t k = 0; k < w.layout.cols; ++k) {
+    const size_t i = t * w.layout.padded_cols + k;
+    const double xv = bf16 ? common::Bf16ToFloat(in.bf16[i]) : in.f32[i];
+    m += std::fabs(decoded[k] * xv);
+  }
+  return m;
+}
+
+TEST_CASE("every block kernel variant matches the scalar reference") {
+  std::mt19937 rng(1234);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {130, 200}, {70, 1000}};
+  int variants_tested = 0;
+  for (int isa_code = static_cast<int>(Isa::kAvx2); isa_code <= static_cast<int>(DetectIsa()); ++isa_code) {
+    const KernelTable& table = KernelsFor(static_cast<Isa>(isa_code));
+    const KernelTable& reference = KernelsFor(Isa::kScalar);
+    for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
+      ++variants_tested;
+      for (const auto& [rows, cols] : shapes) {
+        const Matrix m = MakeMatrix(type, rows, cols, rng);
+        for (int64_t tokens : {1, 2, 3, 7, 8, 64, 129}) {
+          if (cols == 1000 && tokens > 8) continue;  // keep the scalar oracle quick
+          const Inputs in = MakeInputs(tokens, cols, m.view.layout.padded_cols, rng);
+          std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64);
+          bool nonzero = false;
+          for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+            reference.For(type)(m.view, b, in.acts, expected.data());
+            table.For(type)(m.view, b, in.acts, actual.data());
+            table.For(type)(m.view, b, in.acts, again.data());
+            REQUIRE(actual == again);  // bitwise deterministic
+            for (int64_t t = 0; t < tokens; ++t) {
+              for (int64_t j = 0; j < 64; ++j) {
+                const int64_t row = b * 64 + j;
+                const double bound = kRelTolerance * Magnitude(m.view, row, in, t, type == DType::kBF16) + 1e-30;
+                const float e = expected[t * 64 + j], a = actual[t * 64 + j];
+                if (std::fabs(double(a) - e) > bound) {
+                  FAIL(IsaName(static_cast<Isa>(isa_code)) << " " << common::DTypeName(type) << " [" << rows << " x "
+                       << cols << "] T=" << tokens << " block " << b << " token " << t << " row " << j
+                       << ": " << a << " vs reference " << e << " (bound " << bound << ")");
+                }
+                if (row >= rows) REQUIRE(a == 0.f);  // padding rows stay zero
+                nonzero |= a != 0.f;
+              }
+            }
+          }
+          REQUIRE(nonzero);
+        }
+      }
+    }
+  }
+  if (DetectIsa() == Isa::kScalar) WARN("this CPU has no AVX2: only the scalar kernels exist here");
+  CHECK(variants_tested == 5 * static_cast<int>(DetectIsa()));
+}
+
+TEST_CASE("every SwiGLU variant matches the scalar one") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  float a[64], b[64];
+  for (int round = 0; round < 50; ++round) {
+    for (int i = 0; i < 64; ++i) {
+      a[i] = normal(rng);
+      b[i] = normal(rng);
+    }
+    if (round == 0) {  // the extremes of SiLU
+      a[0] = 0.f, a[1] = 100.f, a[2] = -100.f, a[3] = 1000.f, a[4] = -1000.f, a[5] = 1e-30f;
+    }
+    float h_ref[64], sum_ref;
+    uint16_t bf_ref[64];
+    SwiGluScalar(a, b, h_ref, bf_ref, &sum_ref);
+    for (int isa_code = static_cast<int>(Isa::kAvx2); isa_code <= static_cast<int>(DetectIsa()); ++isa_code) {
+      const KernelTable& table = KernelsFor(static_cast<Isa>(isa_code));
+      float h[64], sum;
+      uint16_t bf[64];
+      table.swiglu(a, b, h, bf, &sum);
+      double magnitude = 0;
+      for (int i = 0; i < 64; ++i) {
+        INFO(IsaName(table.isa) << " a=" << a[i] << " b=" << b[i]);
+        REQUIRE(std::isfinite(h[i]));
+        REQUIRE(std::fabs(h[i] - h_ref[i]) <= 5e-7 * std::fabs(h_ref[i]) + 1e-30);
+        REQUIRE(bf[i] == common::FloatToBf16(h[i]));  // its own h, rounded to nearest even
+        magnitude += std::fabs(h_ref[i]);
+      }
+      REQUIRE(std::fabs(sum - sum_ref) <= 1e-5 * magnitude);
+    }
+  }
+}
+
+TEST_CASE("ISA names parse and the cap never exceeds the CPU") {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    auto parsed = ParseIsa(IsaName(isa));
+    REQUIRE(parsed.ok());
+    CHECK(*parsed == isa);
+  }
+  CHECK_FALSE(ParseIsa("sse9").ok());
+  CHECK(SelectedKernels().isa <= DetectIsa());
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
+    CHECK(SelectedKernels().For(type) != nullptr);
+  }
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace colibri

@@ -1,0 +1,195 @@
+// The expert executor (block kernels or oneDNN, thread pool, SwiGLU fusion,
+// weighted accumulation) against the scalar reference MoE layer. Runs under
+// the default ISA and, as separate ctest entries, under COLIBRI_MAX_ISA=avx2
+// and =scalar.
+
+#include "kernels/expert_executor.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "common/model_dir.h"
+#include "kernels/reference_moe.h"
+#include "tests/test_util.h"
+#include "tools/convert.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+using colibri::testing::TempDir;
+using common::DType;
+
+// Relative L2 error of the layer output against the double-precision
+// reference. Every kernel multiplies the exact stored weights; bf16 weights
+// multiply the bf16-rounded activations (and h), hence the looser bound.
+double Tolerance(DType type) { return type == DType::kBF16 ? 1e-2 : 2e-5; }
+
+struct Layer {
+  std::unique_ptr<common::ModelDir> model;
+  std::vector<std::unique_ptr<common::ExpertWeights>> experts;
+  std::unique_ptr<common::LayerRouting> routing;
+};
+
+Layer LoadLayer(const std::string& dir) {
+  Layer l;
+  auto model = common::ModelDir::Open(dir);
+  REQUIRE(model.ok());
+  l.model = std::move(model).value();
+  for (int64_t e = 0; e < l.model->manifest().n_experts; ++e) {
+    auto w = l.model->LoadExpert(0, e, false);
+    REQUIRE(w.ok());
+    l.experts.push_back(std::move(w).value());
+  }
+  auto routing = l.model->LoadRouting(0, false);
+  REQUIRE(routing.ok());
+  l.routing = std::move(routing).value();
+  return l;
+}
+
+// Groups routes by expert into tasks (expert order), as the router will.
+struct Tasks {
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<float>> weights;
+  std::vector<ExpertTask> tasks;
+};
+
+Tasks MakeTasks(const Layer& layer, const common::Routes& routes) {
+  Tasks t;
+  const size_t n = layer.experts.size();
+  t.rows.resize(n);
+  t.weights.resize(n);
+  for (int64_t s = 0; s < static_cast<int64_t>(routes.expert_ids.size()); ++s) {
+    t.rows[routes.expert_ids[s]].push_back(static_cast<int32_t>(s / routes.top_k));
+    t.weights[routes.expert_ids[s]].push_back(routes.weights[s]);
+  }
+  for (size_t e = 0; e < n; ++e) {
+    if (t.rows[e].empty()) continue;
+    t.tasks.push_back({layer.experts[e].get(), t.rows[e].data(), t.weights[e].data(),
+                       static_cast<int64_t>(t.rows[e].size())});
+  }
+  return t;
+}
+
+double RelativeL2(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  REQUIRE(norm > 0);
+  return std::sqrt(diff / norm);
+}
+
+TEST_CASE("the expert executor matches the reference layer for every weight type and token count") {
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  synth.d_model = 200;  // pads to 256
+  synth.d_ff = 300;     // pads to 320
+  synth.n_layers = 1;
+  synth.n_experts = 6;
+  synth.top_k = 2;
+  std::ostringstream log;
+  REQUIRE(tools::WriteSyntheticCheckpoint(synth, log).ok());
+  auto pool1 = ThreadPool::Create({1, -1, false});
+  auto pool2 = ThreadPool::Create({2, -1, true});
+  auto pool3 = ThreadPool::Create({3, -1, false});
+  REQUIRE(pool1.ok());
+  REQUIRE(pool2.ok());
+  REQUIRE(pool3.ok());
+  INFO("kernels: " << IsaName(SelectedKernels().isa));
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
+    tools::ConvertOptions convert;
+    convert.checkpoint_dir = synth.out_dir;
+    convert.out_dir = dir / common::DTypeName(type);
+    convert.weight_type = type;
+    convert.progress = false;
+    REQUIRE(tools::ConvertCheckpoint(convert, log).ok());
+    const Layer layer = LoadLayer(convert.out_dir);
+    std::vector<const common::ExpertWeights*> experts;
+    for (const auto& e : layer.experts) experts.push_back(e.get());
+    for (int64_t tokens : {1, 3, 17, 129}) {
+      std::mt19937 rng(tokens);
+      std::normal_distribution<float> normal;
+      std::vector<float> x(tokens * synth.d_model);
+      for (float& v : x) v = normal(rng);
+      const common::Routes routes = common::RouteByGate(layer.routing->gate, synth.n_experts, synth.d_model,
+                                                        synth.top_k, true, x.data(), tokens);
+      std::vector<float> expected(x.size());
+      ReferenceMoeLayer(experts, routes, x.data(), synth.d_model, expected.data());
+      const Tasks tasks = MakeTasks(layer, routes);
+      for (int64_t onednn_min : {int64_t{0}, int64_t{16}}) {
+        ExecutorOptions options;
+        options.onednn_min_tokens = onednn_min;
+        std::vector<float> y1(x.size(), 0.f), y2(x.size(), 0.f), y3(x.size(), 0.f), again(x.size(), 0.f);
+        Workspace ws;
+        RunExperts(**pool1, tasks.tasks, x.data(), synth.d_model, y1.data(), ws, options);
+        RunExperts(**pool2, tasks.tasks, x.data(), synth.d_model, y2.data(), ws, options);
+        RunExperts(**pool2, tasks.tasks, x.data(), synth.d_model, again.data(), ws, options);
+        RunExperts(**pool3, tasks.tasks, x.data(), synth.d_model, y3.data(), ws, options);
+        INFO(common::DTypeName(type) << " T=" << tokens << " onednn_min_tokens=" << onednn_min);
+        const double err = RelativeL2(y2, expected);
+        INFO("relative L2 error " << err);
+        CHECK(err <= Tolerance(type));
+        CHECK(y2 == again);  // bitwise rerun
+        const bool uses_onednn = onednn_min > 0 && tokens >= onednn_min &&
+                                 (type == DType::kBF16 || type == DType::kF32);
+        if (!uses_onednn) {
+          CHECK(y1 == y2);  // independent of the thread count
+          CHECK(y3 == y2);
+        } else {
+          CHECK(RelativeL2(y1, expected) <= Tolerance(type));
+          CHECK(RelativeL2(y3, expected) <= Tolerance(type));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the executor accumulates into dst and leaves unrouted rows alone") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt8);
+  const Layer layer = LoadLayer(dir / "model");
+  auto pool = ThreadPool::Create({2, -1, true});
+  REQUIRE(pool.ok());
+  std::vector<float> x(3 * 48, 0.5f), dst(3 * 48, 1.0f);
+  const int32_t rows[1] = {1};
+  const float weights[1] = {0.25f};
+  const ExpertTask task{layer.experts[2].get(), rows, weights, 1};
+  Workspace ws;
+  RunExperts(**pool, {task}, x.data(), 48, dst.data(), ws);
+  for (int i = 0; i < 48; ++i) {
+    CHECK(dst[i] == 1.0f);
+    CHECK(dst[2 * 48 + i] == 1.0f);
+  }
+  bool changed = false;
+  for (int i = 48; i < 96; ++i) changed |= dst[i] != 1.0f;
+  CHECK(changed);
+  RunExperts(**pool, {}, x.data(), 48, dst.data(), ws);  // no tasks: nothing to do
+}
+
+TEST_CASE("a thread pool runs every worker and its barrier orders phases") {
+  auto pool = ThreadPool::Create({3, -1, false});
+  REQUIRE(pool.ok());
+  for (int round = 0; round < 50; ++round) {
+    std::vector<int> stage(3, 0);
+    std::atomic<int> violations{0};
+    (*pool)->Run([&](int w) {
+      stage[w] = 1;
+      (*pool)->Barrier();
+      for (int v : stage) violations += v != 1;
+      (*pool)->Barrier();
+      stage[w] = 2;
+    });
+    CHECK(violations == 0);
+    CHECK(stage == std::vector<int>{2, 2, 2});
+  }
+  CHECK_FALSE(ThreadPool::Create({1, 4096, true}).ok());  // no such NUMA node
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace colibri

@@ -1,0 +1,63 @@
+// colibri-bench: Colibri's benchmarks. `colibri-bench kernels --model DIR`
+// times the expert kernels on one layer next to the measured bandwidth.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/flags.h"
+#include "tools/kernel_bench.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output). Required.");
+ABSL_FLAG(int64_t, layer, 0, "MoE layer to time.");
+ABSL_FLAG(std::string, tokens, "1,8,32,128", "Comma-separated token counts T.");
+ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU).");
+ABSL_FLAG(int, warmup, 3, "Untimed calls before each measurement.");
+ABSL_FLAG(int, repeat, 30, "Timed calls per measurement (median and p99 are over these).");
+ABSL_FLAG(int64_t, onednn_min_tokens, 16, "bf16/f32 experts with at least this many rows use oneDNN; 0 = never.");
+ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
+ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
+ABSL_FLAG(bool, json, false, "One JSON object per result instead of the table.");
+
+int main(int argc, char** argv) {
+  std::vector<char*> args = colibri::common::ParseFlags(argc, argv,
+      "Colibri benchmarks. Subcommands:\n"
+      "  kernels  time the expert executor on one layer (one expert alone, then the full layer with real\n"
+      "           top-k routes) at each --tokens, next to this machine's read bandwidth measured in the\n"
+      "           same run. Example: colibri-bench kernels --model model/ --tokens 1,8,32,128");
+  if (args.size() != 2 || std::string(args[1]) != "kernels") {
+    std::cerr << "colibri-bench: expected the subcommand 'kernels' (see --help)\n";
+    return 2;
+  }
+  colibri::tools::KernelBenchOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model);
+  if (options.model_dir.empty()) {
+    std::cerr << "colibri-bench: --model is required\n";
+    return 2;
+  }
+  options.tokens.clear();
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
+    int64_t t = 0;
+    if (!absl::SimpleAtoi(part, &t) || t < 1) {
+      std::cerr << "colibri-bench: --tokens: '" << part << "' is not a positive integer\n";
+      return 2;
+    }
+    options.tokens.push_back(t);
+  }
+  options.layer = absl::GetFlag(FLAGS_layer);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.warmup = absl::GetFlag(FLAGS_warmup);
+  options.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  options.onednn_min_tokens = absl::GetFlag(FLAGS_onednn_min_tokens);
+  options.hugepages = absl::GetFlag(FLAGS_hugepages);
+  options.single_expert = absl::GetFlag(FLAGS_single_expert);
+  options.json = absl::GetFlag(FLAGS_json);
+  const absl::Status status = colibri::tools::RunKernelBench(options, std::cout);
+  if (!status.ok()) {
+    std::cerr << "colibri-bench: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

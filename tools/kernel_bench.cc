@@ -1,0 +1,175 @@
+#include "tools/kernel_bench.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_format.h"
+#include "common/model_dir.h"
+#include "common/routing.h"
+#include "common/status_macros.h"
+#include "kernels/bandwidth.h"
+#include "kernels/dispatch.h"
+#include "kernels/expert_executor.h"
+#include "kernels/thread_pool.h"
+
+namespace colibri {
+namespace tools {
+namespace {
+
+// Anonymous memory advised for transparent huge pages, unmapped on destruction.
+class HugeBuffer {
+ public:
+  explicit HugeBuffer(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+    if (data_ != nullptr) madvise(data_, bytes, MADV_HUGEPAGE);
+  }
+  ~HugeBuffer() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  uint8_t* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  uint8_t* data_;
+};
+
+size_t MatrixBytes(const common::MatrixView& m) {
+  return m.layout.data_bytes + m.layout.scale_bytes + m.layout.zero_bytes;
+}
+
+size_t ExpertBytes(const common::ExpertWeights& e) { return MatrixBytes(e.w1) + MatrixBytes(e.w3) + MatrixBytes(e.w2); }
+
+// Copies an expert's file into huge-page memory and rebases its views there.
+void MoveToHugePages(common::ExpertWeights* e, std::vector<std::unique_ptr<HugeBuffer>>* keep) {
+  const uint8_t* base = e->file->data();
+  auto buffer = std::make_unique<HugeBuffer>(e->file->size());
+  if (buffer->data() == nullptr) return;
+  std::memcpy(buffer->data(), base, e->file->size());
+  auto rebase = [&](common::MatrixView* m) {
+    m->data = buffer->data() + (m->data - base);
+    if (m->scales != nullptr) m->scales = reinterpret_cast<const float*>(buffer->data() + (reinterpret_cast<const uint8_t*>(m->scales) - base));
+    if (m->zeros != nullptr) m->zeros = buffer->data() + (m->zeros - base);
+  };
+  rebase(&e->w1);
+  rebase(&e->w3);
+  rebase(&e->w2);
+  keep->push_back(std::move(buffer));
+}
+
+struct Timing {
+  double median_ms = 0, p99_ms = 0, max_ms = 0;
+};
+
+Timing Time(const std::function<void()>& fn, int warmup, int repeat) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.median_ms = ms[ms.size() / 2];
+  t.p99_ms = ms[std::min(ms.size() - 1, static_cast<size_t>(std::ceil(0.99 * ms.size())) - 1)];
+  t.max_ms = ms.back();
+  return t;
+}
+
+}  // namespace
+
+absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
+  COLIBRI_ASSIGN_OR_RETURN(auto model, common::ModelDir::Open(o.model_dir));
+  const common::Manifest& m = model->manifest();
+  COLIBRI_ASSIGN_OR_RETURN(auto routing, model->LoadRouting(o.layer, false));
+  std::vector<std::unique_ptr<common::ExpertWeights>> experts;
+  std::vector<std::unique_ptr<HugeBuffer>> huge;
+  for (int64_t e = 0; e < m.n_experts; ++e) {
+    COLIBRI_ASSIGN_OR_RETURN(auto w, model->LoadExpert(o.layer, e, false));
+    if (o.hugepages) MoveToHugePages(w.get(), &huge);
+    experts.push_back(std::move(w));
+  }
+  COLIBRI_ASSIGN_OR_RETURN(auto pool, kernels::ThreadPool::Create({o.threads, -1, true}));
+  const kernels::KernelTable& table = kernels::SelectedKernels();
+  const kernels::BandwidthResult before = kernels::MeasureReadBandwidth(*pool);
+  out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d, %s weights%s\n",
+                         o.model_dir, o.layer, m.architecture, m.n_experts, m.top_k, m.d_model, m.d_ff,
+                         common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
+  out << absl::StrFormat("# %d threads, kernels %s, oneDNN from %d tokens (bf16/f32)\n", pool->size(),
+                         kernels::IsaName(table.isa), o.onednn_min_tokens);
+  out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
+                         before.median_gbps);
+  if (!o.json) {
+    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s\n", "impl", "dtype", "case", "T",
+                           "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s");
+  }
+  kernels::Workspace workspace;
+  kernels::ExecutorOptions exec;
+  exec.onednn_min_tokens = o.onednn_min_tokens;
+  const double flops_per_row = 2.0 * 3.0 * m.d_model * m.d_ff;
+  auto report = [&](const char* label, int64_t tokens, const Timing& t, size_t bytes, double flops) {
+    const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;
+    const double gflops = flops / (t.median_ms * 1e-3) / 1e9;
+    if (o.json) {
+      out << absl::StrFormat(
+          "{\"impl\":\"colibri-%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"T\":%d,\"median_ms\":%.4f,\"p99_ms\":%.4f,"
+          "\"max_ms\":%.4f,\"gbps\":%.2f,\"frac_bw\":%.3f,\"gflops\":%.1f,\"bw_gbps\":%.2f}\n",
+          kernels::IsaName(table.isa), common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms,
+          t.max_ms, gbps, gbps / before.best_gbps, gflops, before.best_gbps);
+    } else {
+      out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.2f %9.1f\n", "colibri",
+                             common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms,
+                             t.p99_ms / t.median_ms, gbps, gbps / before.best_gbps, gflops);
+    }
+    out.flush();
+  };
+
+  for (int64_t tokens : o.tokens) {
+    std::mt19937 rng(o.seed + tokens);
+    std::normal_distribution<float> normal;
+    std::vector<float> x(tokens * m.d_model), dst(tokens * m.d_model);
+    for (float& v : x) v = normal(rng);
+    if (o.single_expert) {
+      std::vector<int32_t> rows(tokens);
+      std::vector<float> ones(tokens, 1.0f);
+      for (int64_t t = 0; t < tokens; ++t) rows[t] = static_cast<int32_t>(t);
+      const kernels::ExpertTask task{experts[0].get(), rows.data(), ones.data(), tokens};
+      const Timing t = Time([&] { kernels::RunExperts(*pool, {task}, x.data(), m.d_model, dst.data(), workspace, exec); },
+                            o.warmup, o.repeat);
+      report("expert", tokens, t, ExpertBytes(*experts[0]), flops_per_row * tokens);
+    }
+    // The full layer with the gate's real top-k routes, one task per routed expert.
+    const common::Routes routes = common::RouteByGate(routing->gate, m.n_experts, m.d_model, m.top_k,
+                                                      m.norm_topk_prob, x.data(), tokens);
+    std::vector<std::vector<int32_t>> rows(m.n_experts);
+    std::vector<std::vector<float>> weights(m.n_experts);
+    for (size_t s = 0; s < routes.expert_ids.size(); ++s) {
+      rows[routes.expert_ids[s]].push_back(static_cast<int32_t>(s / m.top_k));
+      weights[routes.expert_ids[s]].push_back(routes.weights[s]);
+    }
+    std::vector<kernels::ExpertTask> tasks;
+    size_t bytes = 0;
+    for (int64_t e = 0; e < m.n_experts; ++e) {
+      if (rows[e].empty()) continue;
+      tasks.push_back({experts[e].get(), rows[e].data(), weights[e].data(), static_cast<int64_t>(rows[e].size())});
+      bytes += ExpertBytes(*experts[e]);
+    }
+    const Timing t = Time([&] { kernels::RunExperts(*pool, tasks, x.data(), m.d_model, dst.data(), workspace, exec); },
+                          o.warmup, o.repeat);
+    report("layer", tokens, t, bytes, flops_per_row * tokens * m.top_k);
+  }
+  const kernels::BandwidthResult after = kernels::MeasureReadBandwidth(*pool);
+  out << absl::StrFormat("# read bandwidth after: best %.1f GB/s, median %.1f GB/s (frac_bw uses 'before')\n",
+                         after.best_gbps, after.median_gbps);
+  return absl::OkStatus();
+}
+
+}  // namespace tools
+}  // namespace colibri

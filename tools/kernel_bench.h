@@ -1,0 +1,40 @@
+#ifndef COLIBRI_TOOLS_KERNEL_BENCH_H_
+#define COLIBRI_TOOLS_KERNEL_BENCH_H_
+
+// `colibri-bench kernels`: times the expert executor on one layer of a model
+// directory — one expert alone, and the full layer with real top-k routes —
+// at several token counts, next to this machine's read bandwidth measured in
+// the same run (before and after). Prints median/p99 latency, GB/s of weight
+// bytes read, GFLOP/s and the fraction of the bandwidth. No assertion: a
+// benchmark reports, it does not judge.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace colibri {
+namespace tools {
+
+struct KernelBenchOptions {
+  std::string model_dir;
+  int64_t layer = 0;
+  std::vector<int64_t> tokens = {1, 8, 32, 128};
+  int threads = 0;                 // 0: one per allowed CPU
+  int warmup = 3;
+  int repeat = 30;
+  uint64_t seed = 1;
+  int64_t onednn_min_tokens = 16;  // as ExecutorOptions; 0 never uses oneDNN
+  bool hugepages = true;           // copy weights to MADV_HUGEPAGE anonymous memory
+  bool single_expert = true;       // also time expert 0 alone
+  bool json = false;               // one JSON object per result line
+};
+
+absl::Status RunKernelBench(const KernelBenchOptions& options, std::ostream& out);
+
+}  // namespace tools
+}  // namespace colibri
+
+#endif  // COLIBRI_TOOLS_KERNEL_BENCH_H_
