@@ -5,19 +5,19 @@
 //
 // Two loop shapes, one per family of stored layouts:
 //  * k-major blocks (f32 and f16 [K][64], bf16 [K/2][64][2]): a register tile
-//    of NT tokens x 8·NV outputs. Per k, the NV weight vectors are loaded (and
-//    widened) once and multiplied by broadcast x[t][k] of every token. Each
-//    output has a single accumulator summed in increasing k.
-//  * row-major blocks (int8, int4): a tile of R rows x NT tokens. Per 8 inputs
-//    each row's weights are widened to f32 once and multiplied by x of every
-//    token into 8-lane accumulators (lane l sums the k ≡ l mod 8); a row is
-//    reduced horizontally once, at the end.
-// K is walked in chunks of kChunk inputs so that with many tokens the chunk's
-// weights and activations stay in cache between token tiles; partial sums
-// cross chunks exactly (k-major: through `out`, row-major: through a stack
-// buffer of 8-lane vectors). The summation order of an output therefore
-// depends on K only — not on T, on the tiling or on the other tokens of the
-// batch — and every rerun gives the same bits.
+//    of NT tokens x 8·NV outputs; per k, weight vectors are loaded (and
+//    widened) once for all NT tokens and multiplied by broadcast x[t][k].
+//    Each output has one accumulator summed in increasing k. At T = 1 this is
+//    a single in-order pass over the block: memory bound.
+//  * row-major blocks (int8, int4): a tile of R rows x NT tokens with per-row
+//    8-lane accumulators, reduced horizontally once (see RowTile). Widening
+//    8 weights to f32 costs 2-3.5 vector ops, so at T = 1 these are bound by
+//    the core about as much as by memory.
+// K is walked in chunks of kChunk inputs so that a chunk's weights stay in
+// L2 while every token tile uses them; partial sums cross chunks exactly (in
+// `out`, or in a stack buffer of 8-lane vectors). So the summation order of
+// an output depends on K only — not on T, on the tiling or on the other
+// tokens of the batch — and the same inputs always give the same bits.
 
 #include "kernels/x86_simd.h"
 
@@ -71,6 +71,10 @@ struct KMajorFloat {
   static constexpr int kMaxTokens = 6;  // 6 x 16 outputs: 12 accumulators
   static constexpr int64_t kBytes = kHalf ? 2 : 4;
 
+  static __m256 LoadWeights(const uint8_t* p) {
+    return kHalf ? LoadF16x8(p) : _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+
   template <int NT, int NV>
   static void Tile(const KMajorArgs& a, int64_t t0, int v0, int64_t k0, int64_t k1, bool first) {
     const int64_t K = a.x->cols;
@@ -84,17 +88,28 @@ struct KMajorFloat {
         acc[t][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + t * kBlockRows + 8 * v);
     const uint8_t* wk = a.block + (k0 * kBlockRows + 8 * v0) * kBytes;
     for (int64_t k = k0; k < k1; ++k, wk += kBlockRows * kBytes) {
-      __m256 w[NV];
+      // Hold the smaller operand set (NT broadcasts or NV weight vectors) in
+      // registers and load the other just before use: <= 16 ymm live.
+      if constexpr (NT <= NV) {
+        __m256 xt[NT];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const uint8_t* p = wk + 8 * v * kBytes;
-        w[v] = kHalf ? LoadF16x8(p) : _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-      }
+        for (int t = 0; t < NT; ++t) xt[t] = _mm256_broadcast_ss(x + t * K + k);
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        const __m256 xt = _mm256_broadcast_ss(x + t * K + k);
+        for (int v = 0; v < NV; ++v) {
+          const __m256 w = LoadWeights(wk + 8 * v * kBytes);
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) acc[t][v] = _mm256_fmadd_ps(w[v], xt, acc[t][v]);
+          for (int t = 0; t < NT; ++t) acc[t][v] = _mm256_fmadd_ps(w, xt[t], acc[t][v]);
+        }
+      } else {
+        __m256 w[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) w[v] = LoadWeights(wk + 8 * v * kBytes);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const __m256 xt = _mm256_broadcast_ss(x + t * K + k);
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) acc[t][v] = _mm256_fmadd_ps(w[v], xt, acc[t][v]);
+        }
       }
     }
 #pragma GCC unroll 8
@@ -167,22 +182,28 @@ void KMajorBlock(const common::MatrixView& w, int64_t block, const Activations& 
   const KMajorArgs a{w.data + block * w.layout.block_bytes, &x, out};
   for (int64_t k0 = 0; k0 < x.cols; k0 += kChunk) {
     const int64_t k1 = std::min(x.cols, k0 + kChunk);
-    for (int64_t t0 = 0; t0 < x.num_tokens; t0 += P::kMaxTokens) {
+    // Token 0 alone (all 64 outputs in one pass) reads the chunk from memory
+    // in order; the other tokens find it in L2.
+    KMajorTokens<P, 1>(1, a, 0, k0, k1);
+    for (int64_t t0 = 1; t0 < x.num_tokens; t0 += P::kMaxTokens) {
       const int64_t tokens = std::min<int64_t>(P::kMaxTokens, x.num_tokens - t0);
       KMajorTokens<P, P::kMaxTokens>(tokens, a, t0, k0, k1);
     }
   }
 }
 
-// Row-major kernels (int8, int4): a tile is one row x NT tokens, so that with
-// T <= kStreamTokens the block is read in memory order (rows are contiguous),
-// the hardware prefetcher's best case. Per 64-input group the row's weights
-// come as 4 pairs of 8-lane vectors (a, b); for each token, the a and b
-// products go to two partial sums (two short FMA chains), then
-// acc += (scale ·) (Σa + Σb). A row's acc is reduced horizontally once.
-// With more tokens, K is chunked so x of the token tile stays in L1, and acc
-// waits in `state` between chunks: state[(row * kRowTokens + t) * 8 + lane].
-constexpr int64_t kStreamTokens = 2;  // up to this many tokens: no chunking
+// Row-major kernels (int8, int4): a tile is R rows x NT tokens (R = 4, 2, 1
+// for NT = 1, 2, 3+: R rows share each x load). Per 64-input group a row's
+// weights come as 4 pairs of 8-lane vectors (a, b); per row and token the a
+// and b products go to two partial sums (two short FMA chains, independent
+// across groups), then acc += (scale ·) (Σa + Σb); acc is reduced
+// horizontally once. While a tile runs, the same groups of the next tile's
+// rows are prefetched into L2, so the weights stream at the rate they are
+// used. Up to kStreamTokens tokens a tile runs over the whole K (the block
+// is read once, in memory order); with more, K is chunked so x of the token
+// tile stays in L1, and acc waits between chunks in `state`,
+// state[(row * kRowTokens + t) * 8 + lane].
+constexpr int64_t kStreamTokens = 2;
 
 struct RowArgs {
   const uint8_t* block;  // row r at block + r * row_bytes
@@ -223,50 +244,71 @@ struct Int4Group {
   }
 };
 
-// acc[t] of row `r` (+)= the groups [g0, g1) (`first`: from 0, else from state).
-template <typename P, int NT>
-void RowTile(const RowArgs& a, int r, int64_t g0, int64_t g1, bool first) {
-  float* state = a.state + r * kRowTokens * 8;
-  __m256 acc[NT];
+// acc of rows [r0, r0 + R) x NT tokens (+)= the groups [g0, g1) (`first`:
+// from 0, else from state).
+template <typename P, int R, int NT>
+void RowTile(const RowArgs& a, int r0, int64_t g0, int64_t g1, bool first) {
+  __m256 acc[R][NT];
 #pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) acc[t] = first ? _mm256_setzero_ps() : _mm256_load_ps(state + 8 * t);
-  const uint8_t* q = a.block + r * a.row_bytes;
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t)
+      acc[r][t] = first ? _mm256_setzero_ps() : _mm256_load_ps(a.state + ((r0 + r) * kRowTokens + t) * 8);
+  const uint8_t* q = a.block + r0 * a.row_bytes;
+  const uint8_t* next = r0 + R < kBlockRows ? q + R * a.row_bytes : nullptr;
   for (int64_t g = g0; g < g1; ++g) {
+    if (next != nullptr) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + r * a.row_bytes + g * P::kBytes), _MM_HINT_T1);
+      }
+    }
     const float* xg = a.x + g * 64;
-    __m256 sa[NT], sb[NT];
+    __m256 sa[R][NT], sb[R][NT];
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      __m256 wa, wb;
-      P::Pair(q + g * P::kBytes, c, &wa, &wb);
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        const __m256 xa = _mm256_loadu_ps(xg + t * a.K + P::OffsetA(c));
-        const __m256 xb = _mm256_loadu_ps(xg + t * a.K + P::OffsetB(c));
-        sa[t] = c == 0 ? _mm256_mul_ps(wa, xa) : _mm256_fmadd_ps(wa, xa, sa[t]);
-        sb[t] = c == 0 ? _mm256_mul_ps(wb, xb) : _mm256_fmadd_ps(wb, xb, sb[t]);
+      for (int r = 0; r < R; ++r) {
+        __m256 wa, wb;
+        P::Pair(q + r * a.row_bytes + g * P::kBytes, c, &wa, &wb);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const __m256 xa = _mm256_loadu_ps(xg + t * a.K + P::OffsetA(c));
+          const __m256 xb = _mm256_loadu_ps(xg + t * a.K + P::OffsetB(c));
+          sa[r][t] = c == 0 ? _mm256_mul_ps(wa, xa) : _mm256_fmadd_ps(wa, xa, sa[r][t]);
+          sb[r][t] = c == 0 ? _mm256_mul_ps(wb, xb) : _mm256_fmadd_ps(wb, xb, sb[r][t]);
+        }
       }
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      const __m256 sum = _mm256_add_ps(sa[t], sb[t]);
-      if constexpr (P::kScaled) {
-        acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(a.scales + r * a.groups + g), sum, acc[t]);
-      } else {
-        acc[t] = _mm256_add_ps(acc[t], sum);
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        const __m256 sum = _mm256_add_ps(sa[r][t], sb[r][t]);
+        if constexpr (P::kScaled) {
+          const __m256 scale = _mm256_broadcast_ss(a.scales + (r0 + r) * a.groups + g);
+          acc[r][t] = _mm256_fmadd_ps(scale, sum, acc[r][t]);
+        } else {
+          acc[r][t] = _mm256_add_ps(acc[r][t], sum);
+        }
       }
     }
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) _mm256_store_ps(state + 8 * t, acc[t]);
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) _mm256_store_ps(a.state + ((r0 + r) * kRowTokens + t) * 8, acc[r][t]);
 }
 
 // Runs `tokens` (<= NT) tokens over all rows and the groups [g0, g1).
+// 3·R·NT accumulators and a pair of weights fit in 16 ymm.
 template <typename P, int NT>
 void RowTokens(int tokens, const RowArgs& a, int64_t g0, int64_t g1) {
   if constexpr (NT > 1) {
     if (tokens < NT) return RowTokens<P, NT - 1>(tokens, a, g0, g1);
   }
-  for (int r = 0; r < kBlockRows; ++r) RowTile<P, NT>(a, r, g0, g1, g0 == 0);
+  constexpr int R = NT == 1 ? 4 : NT == 2 ? 2 : 1;
+  for (int r0 = 0; r0 < kBlockRows; r0 += R) RowTile<P, R, NT>(a, r0, g0, g1, g0 == 0);
 }
 
 // Σ_g scale_g · zero_g · group_sum_g of one row and token, 8 groups at a time.
