@@ -26,6 +26,7 @@ KernelTable MakeTable(Isa isa) {
   switch (isa) {
     case Isa::kScalar:
       t.swiglu = SwiGluScalar;
+      t.dequant_bf16 = DequantBf16Scalar;
       set(DType::kF32, BlockF32Scalar);
       set(DType::kBF16, BlockBf16Scalar);
       set(DType::kF16, BlockF16Scalar);
@@ -34,6 +35,7 @@ KernelTable MakeTable(Isa isa) {
       break;
     case Isa::kAvx2:
       t.swiglu = SwiGluAvx2;
+      t.dequant_bf16 = DequantBf16Avx2;
       set(DType::kF32, BlockF32Avx2);
       set(DType::kBF16, BlockBf16Avx2);
       set(DType::kF16, BlockF16Avx2);
@@ -43,6 +45,7 @@ KernelTable MakeTable(Isa isa) {
     case Isa::kAvx512:
     case Isa::kAvx512Bf16:
       t.swiglu = SwiGluAvx512;
+      t.dequant_bf16 = DequantBf16Avx512;
       set(DType::kF32, BlockF32Avx512);
       set(DType::kBF16, isa == Isa::kAvx512Bf16 ? BlockBf16Avx512Bf16 : BlockBf16Avx512);
       set(DType::kF16, BlockF16Avx512);

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "kernels/block_kernel.h"
+#include "kernels/dequant.h"
 #include "kernels/swiglu.h"
 
 namespace colibri {
@@ -30,6 +31,7 @@ struct KernelTable {
   // Indexed by common::DType code; null for non-weight types.
   BlockKernelFn block[8] = {};
   SwiGluFn swiglu = nullptr;
+  DequantBf16Fn dequant_bf16 = nullptr;  // int8/int4 block -> bf16 tile
 
   BlockKernelFn For(common::DType type) const { return block[static_cast<int>(type)]; }
 };

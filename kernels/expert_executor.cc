@@ -36,9 +36,10 @@ struct Plan {
   struct Task {
     size_t x_f32, x_bf16, x_sums, h_f32, h_bf16, h_sums;
     bool onednn;
+    bool dequant;
   };
   std::vector<Task> tasks;
-  size_t tile1, tile3, tile2;  // per worker, `tile_stride` bytes apart
+  size_t tile1, tile3, tile2, dequant1, dequant3;  // per worker, `tile_stride` bytes apart
   size_t tile_stride;
 };
 
@@ -105,6 +106,11 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
   const int64_t blocks1 = l1.num_blocks(), blocks2 = l2.num_blocks();
   const BlockKernelFn block_kernel = kernels.For(type);
   const bool onednn_type = type == common::DType::kBF16 || type == common::DType::kF32;
+  const bool quantized_type = type == common::DType::kInt8 || type == common::DType::kInt4;
+  const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
+  // A dequantized 64-row block in the bf16 stored layout, as a one-block matrix.
+  const common::MatrixLayout tile_layout1 = common::ComputeMatrixLayout(common::DType::kBF16, kBlockRows, k1);
+  const common::MatrixLayout tile_layout2 = common::ComputeMatrixLayout(common::DType::kBF16, kBlockRows, k2);
 
   Arena arena;
   Plan plan;
@@ -118,6 +124,7 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
     p.h_bf16 = arena.Add<uint16_t>(t.num_rows * k2);
     p.h_sums = arena.Add<float>(t.num_rows * k2 / 64);
     p.onednn = onednn_type && options.onednn_min_tokens > 0 && t.num_rows >= options.onednn_min_tokens;
+    p.dequant = quantized_type && options.dequant_min_tokens > 0 && t.num_rows >= options.dequant_min_tokens;
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);
   }
@@ -126,6 +133,8 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
   plan.tile1 = tiles.Add<float>(max_rows * k2);
   plan.tile3 = tiles.Add<float>(max_rows * k2);
   plan.tile2 = tiles.Add<float>(max_rows * l2.padded_rows);
+  plan.dequant1 = tiles.Add<uint16_t>(kBlockRows * std::max(k1, k2));
+  plan.dequant3 = tiles.Add<uint16_t>(kBlockRows * k1);
   plan.tile_stride = tiles.size();
   const size_t tiles_at = arena.size();
   uint8_t* base = workspace.Reserve(tiles_at + tiles.size() * workers);
@@ -144,6 +153,19 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
     float* tile1 = reinterpret_cast<float*>(tile_base + plan.tile1);
     float* tile3 = reinterpret_cast<float*>(tile_base + plan.tile3);
     float* tile2 = reinterpret_cast<float*>(tile_base + plan.tile2);
+    uint16_t* dequant1 = reinterpret_cast<uint16_t*>(tile_base + plan.dequant1);
+    uint16_t* dequant3 = reinterpret_cast<uint16_t*>(tile_base + plan.dequant3);
+    // out[T][64] = block b of `w` times `acts`, directly or through a dequantized tile.
+    auto run_block = [&](bool dequant, const common::MatrixView& matrix, int64_t b, const Activations& acts,
+                         uint16_t* tile, const common::MatrixLayout& tile_layout, float* out) {
+      if (!dequant) {
+        block_kernel(matrix, b, acts, out);
+        return;
+      }
+      kernels.dequant_bf16(matrix, b, tile);
+      bf16_kernel(common::MatrixView{tile_layout, reinterpret_cast<const uint8_t*>(tile), nullptr, nullptr}, 0,
+                  acts, out);
+    };
 
     // Phase 0: gather each expert's rows of x (zero padded) with their bf16 copy and sums.
     for (size_t e = w; e < tasks.size(); e += workers) {
@@ -183,8 +205,8 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
         continue;
       }
       for (int64_t b = b0; b < b1; ++b) {
-        block_kernel(t.expert->w1, b, xa, tile1);
-        block_kernel(t.expert->w3, b, xa, tile3);
+        run_block(p.dequant, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
+        run_block(p.dequant, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
         for (int64_t r = 0; r < t.num_rows; ++r) {
           SwiGlu(kernels.swiglu, tile1 + r * kBlockRows, tile3 + r * kBlockRows, kBlockRows, h + r * k2 + b * kBlockRows,
                  h_bf16 + r * k2 + b * kBlockRows, h_sums + r * (k2 / 64) + b);
@@ -207,7 +229,7 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
         OnednnMatmul(type, t.num_rows, k2, n, src, t.expert->w2.data + c0 * l2.block_bytes, tile2, n);
       } else {
         for (int64_t c = c0; c < c1; ++c) {
-          block_kernel(t.expert->w2, c, ha, tile1);
+          run_block(p.dequant, t.expert->w2, c, ha, dequant1, tile_layout2, tile1);
           for (int64_t r = 0; r < t.num_rows; ++r) {
             std::memcpy(tile2 + r * n + (c - c0) * kBlockRows, tile1 + r * kBlockRows, kBlockRows * sizeof(float));
           }

@@ -46,6 +46,11 @@ for type in ${types//,/ }; do
       --progress=false --overwrite >/dev/null
   fi
   "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat"
+  if [ "$type" = int8 ] || [ "$type" = int4 ]; then
+    echo "# the same, without bf16 tiles (dequantization in registers for every T):"
+    "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --dequant_min_tokens 0 \
+      --single_expert=false | grep -v '^#'
+  fi
   if [ "$type" = bf16 ] || [ "$type" = f32 ]; then
     echo "# the same, hand-written kernels only (no oneDNN):"
     "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 0 \

@@ -17,6 +17,8 @@ ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU).");
 ABSL_FLAG(int, warmup, 3, "Untimed calls before each measurement.");
 ABSL_FLAG(int, repeat, 30, "Timed calls per measurement (median and p99 are over these).");
 ABSL_FLAG(int64_t, onednn_min_tokens, 16, "bf16/f32 experts with at least this many rows use oneDNN; 0 = never.");
+ABSL_FLAG(int64_t, dequant_min_tokens, 8,
+          "int8/int4 experts with at least this many rows dequantize each block once to a bf16 tile; 0 = never.");
 ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
 ABSL_FLAG(bool, json, false, "One JSON object per result instead of the table.");
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
   options.warmup = absl::GetFlag(FLAGS_warmup);
   options.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
   options.onednn_min_tokens = absl::GetFlag(FLAGS_onednn_min_tokens);
+  options.dequant_min_tokens = absl::GetFlag(FLAGS_dequant_min_tokens);
   options.hugepages = absl::GetFlag(FLAGS_hugepages);
   options.single_expert = absl::GetFlag(FLAGS_single_expert);
   options.json = absl::GetFlag(FLAGS_json);

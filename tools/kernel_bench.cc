@@ -102,8 +102,9 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d, %s weights%s\n",
                          o.model_dir, o.layer, m.architecture, m.n_experts, m.top_k, m.d_model, m.d_ff,
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
-  out << absl::StrFormat("# %d threads, kernels %s, oneDNN from %d tokens (bf16/f32)\n", pool->size(),
-                         kernels::IsaName(table.isa), o.onednn_min_tokens);
+  out << absl::StrFormat("# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows "
+                         "(int8/int4); 0 = never\n",
+                         pool->size(), kernels::IsaName(table.isa), o.onednn_min_tokens, o.dequant_min_tokens);
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {
@@ -113,6 +114,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   kernels::Workspace workspace;
   kernels::ExecutorOptions exec;
   exec.onednn_min_tokens = o.onednn_min_tokens;
+  exec.dequant_min_tokens = o.dequant_min_tokens;
   const double flops_per_row = 2.0 * 3.0 * m.d_model * m.d_ff;
   auto report = [&](const char* label, int64_t tokens, const Timing& t, size_t bytes, double flops) {
     const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;

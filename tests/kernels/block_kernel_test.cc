@@ -162,6 +162,31 @@ TEST_CASE("every SwiGLU variant matches the scalar one") {
   }
 }
 
+TEST_CASE("int8 and int4 blocks dequantize to bf16 tiles exactly, in every variant") {
+  std::mt19937 rng(77);
+  for (DType type : {DType::kInt8, DType::kInt4}) {
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {130, 200}, {64, 4096}}) {
+      const Matrix m = MakeMatrix(type, rows, cols, rng);
+      const int64_t k = m.view.layout.padded_cols;
+      std::vector<float> decoded(cols);
+      for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+        std::vector<uint16_t> expected(64 * k, 0);
+        for (int64_t j = 0; j < 64 && b * 64 + j < rows; ++j) {
+          common::DecodeRow(m.view, b * 64 + j, decoded.data());
+          for (int64_t c = 0; c < cols; ++c) expected[((c / 2) * 64 + j) * 2 + c % 2] = common::FloatToBf16(decoded[c]);
+        }
+        for (int isa_code = 0; isa_code <= static_cast<int>(DetectIsa()); ++isa_code) {
+          const KernelTable& table = KernelsFor(static_cast<Isa>(isa_code));
+          std::vector<uint16_t> tile(64 * k, 0xffff);
+          table.dequant_bf16(m.view, b, tile.data());
+          INFO(IsaName(table.isa) << " " << common::DTypeName(type) << " [" << rows << " x " << cols << "] block " << b);
+          REQUIRE(tile == expected);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("ISA names parse and the cap never exceeds the CPU") {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
     auto parsed = ParseIsa(IsaName(isa));
