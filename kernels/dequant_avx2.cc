@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C dequantization to a bf16 tile (contract in
 // kernels/dequant.h). Compiled with -mavx2 -mfma -mf16c only: no AVX-512.
-// bf16 rounding is integer arithmetic (bits + 0x7fff + lsb, high half), the
-// same as common::FloatToBf16 on finite values, and each f32 is computed as
+// bf16 rounding is integer arithmetic (RoundBf16High), the same bits as
+// common::FloatToBf16 on finite values, and each f32 is computed as
 // scale * float(q) (int8) or scale * float(q - zero) (int4), exactly as
 // common::DecodeRow does, so every bit matches the scalar oracle.
 //
@@ -9,13 +9,14 @@
 // on 8 rows at a time and transpose:
 //  * int8: an in-lane 8 x 8 transpose of 16-bit words (each word = the
 //    (k, k+1) byte pair of one row) turns 8 rows x 32 inputs into 16 vectors
-//    of one pair x 8 rows; each is widened, split into even / odd k,
+//    of one pair x 8 rows; each is widened, split into even / odd k by shifts,
 //    converted, scaled by the 8 row scales, rounded and merged.
 //  * int4: per (row, group) there are only 16 values: the row's table
 //    bf16(scale * (q - zero)), q < 16, is computed once as two 16-byte vpshufb
 //    tables (low and high bytes of the bf16), the 64 nibbles of the group are
 //    looked up and the bytes interleaved into (k, k+1) pairs; an 8 x 8
 //    transpose of 32-bit pairs then gives the stores.
+// The next 8-row group is prefetched into L2 along the way (see PrefetchL2).
 
 #include "kernels/x86_simd.h"
 
@@ -31,12 +32,18 @@ using common::kBlockRows;
 
 constexpr int64_t kPairStride = 2 * kBlockRows;  // uint16_t between the pairs p and p+1 of a row
 
-// f32 -> bf16, round to nearest even: the result is the high 16 bits of each
-// lane (the low 16 are garbage). Finite inputs only.
+// f32 -> bf16, round to nearest even, with the result in the high 16 bits of
+// each lane (the low 16 are garbage). Finite inputs only. Same bits as
+// FloatToBf16's bits + 0x7fff + lsb, without a shift: t = bits + 0x8000 rounds
+// every case right except an exact tie (low half 0x8000), which it rounds up;
+// a tie leaves t's low half 0, so y = t + 0xffff has bit 16 equal to t's
+// exactly for ties (else flipped), and clearing t's bit 16 there rounds the
+// tie to even.
 inline __m256i RoundBf16High(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i t = _mm256_add_epi32(bits, _mm256_set1_epi32(0x8000));
+  const __m256i y = _mm256_add_epi32(bits, _mm256_set1_epi32(0x17fff));  // t + 0xffff
+  return _mm256_andnot_si256(_mm256_and_si256(y, _mm256_set1_epi32(0x10000)), t);
 }
 
 // The first two stages of an 8 x 8 transpose of 32-bit lanes, in-lane:
@@ -59,15 +66,24 @@ inline void Transpose32Stage12(const __m256i (&v)[8], __m256i (&u)[8]) {
 
 inline void Store(uint16_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 
+// Prefetches into L2 `lines` 64-byte lines from base + offset (may lie past
+// the block, even past the matrix: a prefetch never faults). The rows of an
+// 8-row group are contiguous, so each step prefetches its share of the next
+// group.
+inline void PrefetchL2(const void* base, int64_t offset, int lines) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(base) + offset;  // no out-of-range pointer
+  for (int i = 0; i < lines; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * i), _MM_HINT_T1);
+}
+
 void DequantInt8(const common::MatrixView& w, int64_t block, uint16_t* tile) {
   const int64_t K = w.layout.padded_cols;
   const int8_t* data = reinterpret_cast<const int8_t*>(w.data + block * w.layout.block_bytes);
   const float* scales = w.scales + block * kBlockRows;
-  const __m256i odd_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t j0 = 0; j0 < kBlockRows; j0 += 8) {
     const __m256 scale = _mm256_loadu_ps(scales + j0);
     const int8_t* rows = data + j0 * K;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      PrefetchL2(rows, 8 * K + 8 * k0, 4);  // 8K bytes in K/32 steps
       // 8 rows x 16 words (word c = inputs k0+2c, k0+2c+1), transposed in
       // lane: col[c] lane L = word 8L+c of rows 0..7.
       __m256i v[8], t[8], col[8];
@@ -100,7 +116,7 @@ void DequantInt8(const common::MatrixView& w, int64_t block, uint16_t* tile) {
         const __m256 odd = _mm256_cvtepi32_ps(_mm256_srai_epi32(x, 8));
         const __m256i re = RoundBf16High(_mm256_mul_ps(scale, even));
         const __m256i ro = RoundBf16High(_mm256_mul_ps(scale, odd));
-        Store(out + c * kPairStride, _mm256_or_si256(_mm256_srli_epi32(re, 16), _mm256_and_si256(ro, odd_mask)));
+        Store(out + c * kPairStride, _mm256_blend_epi16(_mm256_srli_epi32(re, 16), ro, 0xaa));
       }
     }
   }
@@ -125,6 +141,7 @@ void DequantInt4(const common::MatrixView& w, int64_t block, uint16_t* tile) {
   for (int64_t j0 = 0; j0 < kBlockRows; j0 += 8) {
     const int64_t n0 = block * kBlockRows + j0;
     for (int64_t g = 0; g < groups; ++g) {
+      PrefetchL2(data, (j0 + 8) * (K / 2) + 256 * g, 4);  // 4K bytes in K/64 steps
       __m256i a[4][8];  // [set][row]: 32-bit (k, k+1) pairs, see kFirstPair
 #pragma GCC unroll 8
       for (int r = 0; r < 8; ++r) {

@@ -106,7 +106,9 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
   const int64_t blocks1 = l1.num_blocks(), blocks2 = l2.num_blocks();
   const BlockKernelFn block_kernel = kernels.For(type);
   const bool onednn_type = type == common::DType::kBF16 || type == common::DType::kF32;
-  const bool quantized_type = type == common::DType::kInt8 || type == common::DType::kInt4;
+  const int64_t tile_min_tokens = type == common::DType::kInt8   ? options.int8_tile_min_tokens
+                                  : type == common::DType::kInt4 ? options.int4_tile_min_tokens
+                                                                 : 0;
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
   // A dequantized 64-row block in the bf16 stored layout, as a one-block matrix.
   const common::MatrixLayout tile_layout1 = common::ComputeMatrixLayout(common::DType::kBF16, kBlockRows, k1);
@@ -124,7 +126,7 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
     p.h_bf16 = arena.Add<uint16_t>(t.num_rows * k2);
     p.h_sums = arena.Add<float>(t.num_rows * k2 / 64);
     p.onednn = onednn_type && options.onednn_min_tokens > 0 && t.num_rows >= options.onednn_min_tokens;
-    p.dequant = quantized_type && options.dequant_min_tokens > 0 && t.num_rows >= options.dequant_min_tokens;
+    p.dequant = tile_min_tokens > 0 && t.num_rows >= tile_min_tokens;
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);
   }

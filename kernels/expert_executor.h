@@ -19,7 +19,8 @@
 // Kernels: the dispatch table's block kernels (hand-written, ISA-specific);
 // bf16/f32 experts with at least `onednn_min_tokens` rows use oneDNN matmul
 // on the same stored bytes instead; int8/int4 experts with at least
-// `dequant_min_tokens` rows use the bf16 kernel on blocks dequantized once.
+// `int8_tile_min_tokens` / `int4_tile_min_tokens` rows use the bf16 kernel on
+// blocks dequantized once.
 //
 // The caller owns `Workspace` (grown to the largest call seen, then reused:
 // no allocation in steady state). Not thread-safe per Workspace; the pool
@@ -60,11 +61,13 @@ class Workspace {
 struct ExecutorOptions {
   // bf16/f32 experts with at least this many rows go through oneDNN; 0 = never.
   int64_t onednn_min_tokens = 16;
-  // int8/int4 experts with at least this many rows dequantize each 64-row
-  // block once per call into a per-worker bf16 tile (a few hundred KiB, in
+  // int8 / int4 experts with at least this many rows dequantize each 64-row
+  // block once per call into a per-worker bf16 tile (64 x K x 2 bytes, in
   // cache; never the whole matrix) and run the bf16 block kernel on it, so
-  // the conversion is amortized over the rows; 0 = never.
-  int64_t dequant_min_tokens = 8;
+  // the conversion is amortized over the rows; 0 = never. The defaults are
+  // the measured break-even points (docs/KERNELS.md).
+  int64_t int8_tile_min_tokens = 12;
+  int64_t int4_tile_min_tokens = 4;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
 };
 

@@ -17,8 +17,9 @@ ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU).");
 ABSL_FLAG(int, warmup, 3, "Untimed calls before each measurement.");
 ABSL_FLAG(int, repeat, 30, "Timed calls per measurement (median and p99 are over these).");
 ABSL_FLAG(int64_t, onednn_min_tokens, 16, "bf16/f32 experts with at least this many rows use oneDNN; 0 = never.");
-ABSL_FLAG(int64_t, dequant_min_tokens, 8,
-          "int8/int4 experts with at least this many rows dequantize each block once to a bf16 tile; 0 = never.");
+ABSL_FLAG(int64_t, dequant_min_tokens, -1,
+          "int8/int4 experts with at least this many rows dequantize each block once to a bf16 tile; 0 = never; "
+          "-1 = the executor's per-type defaults.");
 ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
 ABSL_FLAG(bool, json, false, "One JSON object per result instead of the table.");

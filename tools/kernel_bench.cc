@@ -98,23 +98,27 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   }
   COLIBRI_ASSIGN_OR_RETURN(auto pool, kernels::ThreadPool::Create({o.threads, -1, true}));
   const kernels::KernelTable& table = kernels::SelectedKernels();
+  kernels::Workspace workspace;
+  kernels::ExecutorOptions exec;
+  exec.onednn_min_tokens = o.onednn_min_tokens;
+  if (o.dequant_min_tokens >= 0) {
+    exec.int8_tile_min_tokens = o.dequant_min_tokens;
+    exec.int4_tile_min_tokens = o.dequant_min_tokens;
+  }
   const kernels::BandwidthResult before = kernels::MeasureReadBandwidth(*pool);
   out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d, %s weights%s\n",
                          o.model_dir, o.layer, m.architecture, m.n_experts, m.top_k, m.d_model, m.d_ff,
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
-  out << absl::StrFormat("# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows "
-                         "(int8/int4); 0 = never\n",
-                         pool->size(), kernels::IsaName(table.isa), o.onednn_min_tokens, o.dequant_min_tokens);
+  out << absl::StrFormat("# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows (int8) "
+                         "/ %d rows (int4); 0 = never\n",
+                         pool->size(), kernels::IsaName(table.isa), exec.onednn_min_tokens, exec.int8_tile_min_tokens,
+                         exec.int4_tile_min_tokens);
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {
     out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s\n", "impl", "dtype", "case", "T",
                            "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s");
   }
-  kernels::Workspace workspace;
-  kernels::ExecutorOptions exec;
-  exec.onednn_min_tokens = o.onednn_min_tokens;
-  exec.dequant_min_tokens = o.dequant_min_tokens;
   const double flops_per_row = 2.0 * 3.0 * m.d_model * m.d_ff;
   auto report = [&](const char* label, int64_t tokens, const Timing& t, size_t bytes, double flops) {
     const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;

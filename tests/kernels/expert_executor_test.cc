@@ -126,7 +126,8 @@ TEST_CASE("the expert executor matches the reference layer for every weight type
       for (int64_t fast_min : {int64_t{0}, int64_t{16}}) {
         ExecutorOptions options;  // fast paths off, or on from 16 rows (oneDNN or dequantized tiles)
         options.onednn_min_tokens = fast_min;
-        options.dequant_min_tokens = fast_min;
+        options.int8_tile_min_tokens = fast_min;
+        options.int4_tile_min_tokens = fast_min;
         const bool quantized = type == DType::kInt8 || type == DType::kInt4;
         const bool fast = fast_min > 0 && tokens >= fast_min;
         const bool bf16_math = type == DType::kBF16 || (quantized && fast);
