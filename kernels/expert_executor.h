@@ -59,8 +59,11 @@ class Workspace {
 };
 
 struct ExecutorOptions {
-  // bf16/f32 experts with at least this many rows go through oneDNN; 0 = never.
-  int64_t onednn_min_tokens = 16;
+  // bf16/f32 experts with at least this many rows go through oneDNN; 0 =
+  // never. Off by default: on the machines we measured, the hand-written
+  // kernels match or beat oneDNN 2.6 at every T (docs/PERFORMANCE.md); enable
+  // it where oneDNN has an engine we lack (e.g. AMX).
+  int64_t onednn_min_tokens = 0;
   // int8 / int4 experts with at least this many rows dequantize each 64-row
   // block once per call into a per-worker bf16 tile (64 x K x 2 bytes, in
   // cache; never the whole matrix) and run the bf16 block kernel on it, so

@@ -52,10 +52,7 @@ for type in ${types//,/ }; do
       --single_expert=false | grep -v '^#'
   fi
   if [ "$type" = bf16 ] || [ "$type" = f32 ]; then
-    echo "# the same, hand-written kernels only (no oneDNN):"
-    "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 0 \
-      --single_expert=false | grep -v '^#'
-    echo "# the same, oneDNN for every T:"
+    echo "# the same, oneDNN for every T (default: hand-written kernels only):"
     "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 1 \
       --single_expert=false | grep -v '^#'
   fi
