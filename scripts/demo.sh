@@ -41,9 +41,9 @@ step "convert to a Colibri model directory ($weight_type weights)" \
   "$bin/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/model" --weight_type "$weight_type" \
   --progress=false
 step "validate the model directory" "$bin/colibri-validate" --model "$work/model"
-step "reference MoE layer, LUT routing, $tokens sample tokens, every layer" \
+step "reference MoE layer and the optimized expert kernels, LUT routing, $tokens sample tokens, every layer" \
   "$bin/colibri-reference" --model "$work/model" --routing lut --tokens "$tokens"
-step "reference MoE layer, exact gate routing, $tokens sample tokens, every layer" \
+step "reference MoE layer and the optimized expert kernels, exact gate routing, $tokens sample tokens" \
   "$bin/colibri-reference" --model "$work/model" --routing gate --tokens "$tokens"
 echo
 echo "demo finished; model directory: $work/model"

@@ -14,6 +14,8 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed for the sample tokens.");
 ABSL_FLAG(std::string, inputs, "", "Optional safetensors file with token_ids (I32 [T]) and hidden_states (F32 [T, d_model]).");
 ABSL_FLAG(std::string, output, "", "Optional safetensors file to write output, expert_ids and expert_weights to.");
 ABSL_FLAG(bool, verify_checksums, true, "Verify each mapped file's checksum against the manifest.");
+ABSL_FLAG(bool, compare_kernels, true, "Also run the optimized expert kernels on the same routes and print their "
+          "time and relative error against the reference.");
 
 int main(int argc, char** argv) {
   colibri::common::ParseFlags(argc, argv,
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
   options.inputs_path = absl::GetFlag(FLAGS_inputs);
   options.output_path = absl::GetFlag(FLAGS_output);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
+  options.compare_kernels = absl::GetFlag(FLAGS_compare_kernels);
   const absl::Status status = colibri::tools::RunReference(options, std::cout);
   if (!status.ok()) {
     std::cerr << "colibri-reference: " << status.message() << "\n";

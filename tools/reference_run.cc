@@ -10,7 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "kernels/expert_executor.h"
 #include "kernels/reference_moe.h"
+#include "kernels/thread_pool.h"
 
 namespace colibri {
 namespace tools {
@@ -50,6 +52,44 @@ absl::Status WriteOutputs(const std::string& path, const ReferenceResult& r, int
   COLIBRI_RETURN_IF_ERROR(w->Append(r.routes.weights.data(), r.routes.weights.size() * 4));
   COLIBRI_RETURN_IF_ERROR(w->Append(r.output.data(), r.output.size() * 4));
   return w->Close();
+}
+
+struct KernelCheck {
+  double seconds = 0;
+  double relative_l2 = 0;  // against the reference output
+};
+
+// Runs the layer again through the expert executor on the same routes.
+absl::StatusOr<KernelCheck> CheckKernels(const common::ModelDir& model, int64_t layer, const ReferenceResult& r,
+                                         const float* x, kernels::ThreadPool& pool) {
+  const common::Manifest& m = model.manifest();
+  std::vector<std::unique_ptr<common::ExpertWeights>> experts(m.n_experts);
+  std::vector<std::vector<int32_t>> rows(m.n_experts);
+  std::vector<std::vector<float>> weights(m.n_experts);
+  for (size_t s = 0; s < r.routes.expert_ids.size(); ++s) {
+    const int32_t e = r.routes.expert_ids[s];
+    rows[e].push_back(static_cast<int32_t>(s / m.top_k));
+    weights[e].push_back(r.routes.weights[s]);
+  }
+  std::vector<kernels::ExpertTask> tasks;
+  for (int64_t e = 0; e < m.n_experts; ++e) {
+    if (rows[e].empty()) continue;
+    COLIBRI_ASSIGN_OR_RETURN(experts[e], model.LoadExpert(layer, e, /*verify_checksum=*/false));
+    tasks.push_back({experts[e].get(), rows[e].data(), weights[e].data(), static_cast<int64_t>(rows[e].size())});
+  }
+  std::vector<float> y(r.output.size(), 0.f);
+  kernels::Workspace workspace;
+  const auto start = std::chrono::steady_clock::now();
+  kernels::RunExperts(pool, tasks, x, m.d_model, y.data(), workspace);
+  KernelCheck check;
+  check.seconds = Since(start);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    diff += (double(y[i]) - r.output[i]) * (double(y[i]) - r.output[i]);
+    norm += double(r.output[i]) * r.output[i];
+  }
+  check.relative_l2 = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  return check;
 }
 
 }  // namespace
@@ -118,11 +158,16 @@ absl::Status RunReference(const ReferenceRunOptions& o, std::ostream& log) {
   log << absl::StrFormat("%d tokens (ids %s%s), routing %s\n", tokens.size(),
                          absl::StrJoin(tokens.begin(), tokens.begin() + std::min<size_t>(8, tokens.size()), " "),
                          tokens.size() > 8 ? " ..." : "", o.routing == RoutingMode::kLut ? "lut" : "gate");
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run (--tokens must be at least 1)");
   if (o.layer < -1 || o.layer >= m.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("--layer ", o.layer, " is outside [0, ", m.n_layers, ")"));
   }
   const int64_t first = o.layer < 0 ? 0 : o.layer;
   const int64_t last = o.layer < 0 ? m.n_layers - 1 : o.layer;
+  std::unique_ptr<kernels::ThreadPool> pool;
+  if (o.compare_kernels) {
+    COLIBRI_ASSIGN_OR_RETURN(pool, kernels::ThreadPool::Create({}));
+  }
   ReferenceResult r;
   for (int64_t layer = first; layer <= last; ++layer) {
     COLIBRI_ASSIGN_OR_RETURN(r, ReferenceForward(*model, layer, o.routing, tokens, x.data(), o.verify_checksums));
@@ -136,6 +181,12 @@ absl::Status RunReference(const ReferenceRunOptions& o, std::ostream& log) {
                            absl::StrJoin(r.routes.weights.begin(), r.routes.weights.begin() + m.top_k, " ",
                                          [](std::string* out, float w) { absl::StrAppend(out, absl::StrFormat("%.4f", w)); }),
                            std::sqrt(norm));
+    if (pool != nullptr) {
+      COLIBRI_ASSIGN_OR_RETURN(const KernelCheck check, CheckKernels(*model, layer, r, x.data(), *pool));
+      log << absl::StrFormat("layer %d: expert kernels (%s, %d threads) %.3f s, relative L2 error vs reference %.3g\n",
+                             layer, kernels::IsaName(kernels::SelectedKernels().isa), pool->size(), check.seconds,
+                             check.relative_l2);
+    }
   }
   if (!o.output_path.empty()) {
     COLIBRI_RETURN_IF_ERROR(WriteOutputs(o.output_path, r, m.d_model));

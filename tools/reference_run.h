@@ -47,6 +47,9 @@ struct ReferenceRunOptions {
   std::string inputs_path;      // safetensors: token_ids I32 [T], hidden_states F32 [T, d_model]
   std::string output_path;      // safetensors: output, expert_ids, expert_weights (last layer run)
   bool verify_checksums = true;
+  // Also run the optimized expert executor (kernels/expert_executor.h) on
+  // the same routes and report its time and its error against the reference.
+  bool compare_kernels = true;
 };
 
 // Prints what it did and how long each step took.

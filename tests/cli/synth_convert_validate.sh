@@ -12,7 +12,8 @@ fail() { echo "FAIL: $*"; exit 1; }
   --top_k 2 --vocab 100 --dtype bf16 --shards 2 --seed 3
 "$bin/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type int4 --balance_loss_weight 100
 "$bin/colibri-validate" --model "$tmp/model"
-"$bin/colibri-reference" --model "$tmp/model" --tokens 4 --routing gate
+"$bin/colibri-reference" --model "$tmp/model" --tokens 4 --routing gate | tee "$tmp/reference.log"
+grep -q "relative L2 error vs reference" "$tmp/reference.log" || fail "no kernel comparison printed"
 "$bin/colibri-reference" --model "$tmp/model" --tokens 4 --routing lut --layer 1
 
 echo "--- converting over an existing model without --overwrite must fail"
