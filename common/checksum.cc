@@ -2,13 +2,6 @@
 
 #include <xxhash.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <vector>
-
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace colibri {
@@ -35,22 +28,6 @@ std::string Checksummer::Finish() const { return Format(XXH3_128bits_digest(stat
 
 std::string ChecksumBytes(const void* data, size_t size) {
   return Format(XXH3_128bits(data, size));
-}
-
-absl::StatusOr<std::string> ChecksumFile(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    const std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(errno));
-    return errno == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
-  }
-  Checksummer sum;
-  std::vector<char> buffer(1 << 20);
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), f)) > 0) sum.Update(buffer.data(), n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) return absl::InternalError(absl::StrCat("read error in ", path));
-  return sum.Finish();
 }
 
 }  // namespace common

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <string>
 
-#include "absl/status/statusor.h"
 
 struct XXH3_state_s;
 
@@ -34,9 +33,6 @@ class Checksummer {
 };
 
 std::string ChecksumBytes(const void* data, size_t size);
-
-// Reads the file sequentially. NOT_FOUND / INTERNAL with the path on I/O failure.
-absl::StatusOr<std::string> ChecksumFile(const std::string& path);
 
 }  // namespace common
 }  // namespace colibri

@@ -13,12 +13,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Limits that keep a hostile manifest from asking for absurd allocations.
-constexpr int64_t kMaxDim = int64_t{1} << 20;
-constexpr int64_t kMaxLayers = 4096;
-constexpr int64_t kMaxExperts = 4096;
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
-
 }  // namespace
 
 const ManifestFile* Manifest::FindFile(const std::string& path) const {
@@ -73,7 +67,9 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
     return absl::OkStatus();
   };
   Manifest m;
-  if (j.value("format", "") != "colibri-model") return bad("'format' is not \"colibri-model\"");
+  if (!j.contains("format") || !j["format"].is_string() || j["format"].get<std::string>() != "colibri-model") {
+    return bad("'format' is not \"colibri-model\"");
+  }
   int64_t version = 0;
   if (auto s = integer("format_version", 0, INT32_MAX, &version); !s.ok()) return s;
   if (version != kManifestFormatVersion) {
@@ -110,7 +106,8 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
     return bad(absl::StrCat("'hf_layers' has ", m.hf_layers.size(), " entries, n_layers is ", m.n_layers));
   }
   if (j.contains("lut") && j["lut"].is_object()) {
-    m.lut_source = j["lut"].value("source", "");
+    const Json& source = j["lut"]["source"];
+    if (source.is_string()) m.lut_source = source.get<std::string>();
     const Json& alpha = j["lut"]["balance_loss_weight"];
     if (alpha.is_number()) m.balance_loss_weight = alpha.get<double>();
   }
@@ -119,7 +116,8 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   for (const Json& f : j["files"]) {
     if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("size") ||
         !f["size"].is_number_unsigned() || !f.contains("checksum") || !f["checksum"].is_string()) {
-      return bad(absl::StrCat("malformed entry in 'files': ", f.dump()));
+      return bad(absl::StrCat("malformed entry ", seen.size(), " in 'files' (needs string path, unsigned size, "
+                              "string checksum)"));
     }
     ManifestFile file{f["path"].get<std::string>(), f["size"].get<uint64_t>(),
                       f["checksum"].get<std::string>()};

@@ -17,6 +17,13 @@ namespace colibri {
 namespace common {
 
 inline constexpr int kManifestFormatVersion = 1;
+
+// Limits of a model directory (they keep a hostile manifest from asking for
+// absurd allocations; the converter refuses checkpoints beyond them).
+inline constexpr int64_t kMaxDim = int64_t{1} << 20;  // d_model, d_ff
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxExperts = 4096;
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;
 inline constexpr char kManifestFileName[] = "manifest.json";
 
 struct ManifestFile {

@@ -43,10 +43,22 @@ absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFil
                              SectionData(file, layout, name + ".scales", DType::kF32, l.padded_rows, l.groups,
                                          l.scale_bytes));
     view.scales = reinterpret_cast<const float*>(scales);
+    for (int64_t i = 0; i < l.padded_rows * l.groups; ++i) {
+      if (!(std::isfinite(view.scales[i]) && view.scales[i] >= 0.f)) {
+        return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", name, ".scales[", i,
+                                                       "] is negative or not finite"));
+      }
+    }
   }
   if (l.zero_bytes > 0) {
     COLIBRI_ASSIGN_OR_RETURN(view.zeros, SectionData(file, layout, name + ".zeros", DType::kU8, l.padded_rows,
                                                      l.groups, l.zero_bytes));
+    for (int64_t i = 0; i < l.padded_rows * l.groups; ++i) {
+      if (view.zeros[i] > 15) {
+        return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", name, ".zeros[", i,
+                                                       "] = ", view.zeros[i], " is above 15"));
+      }
+    }
   }
   return view;
 }

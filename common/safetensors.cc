@@ -97,13 +97,13 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
     if (element_size == 0) return bad(absl::StrCat("unknown dtype '", t.dtype, "'"));
     for (const Json& d : *shape) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        return bad(absl::StrCat("shape entry ", d.dump(), " is not a non-negative integer"));
+        return bad(absl::StrCat("a shape entry (", d.type_name(), ") is not a non-negative integer"));
       }
       t.shape.push_back(d.get<int64_t>());
     }
     for (const Json& o : *offsets) {
       if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0)) {
-        return bad(absl::StrCat("data offset ", o.dump(), " is not a non-negative integer"));
+        return bad(absl::StrCat("a data offset (", o.type_name(), ") is not a non-negative integer"));
       }
     }
     const uint64_t begin = (*offsets)[0].get<uint64_t>();
@@ -128,12 +128,13 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
   for (const auto& t : tensors) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(),
             [](const auto* a, const auto* b) { return a->offset < b->offset; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const auto* prev = by_offset[i - 1];
-    const auto* cur = by_offset[i];
-    if (prev->nbytes > 0 && cur->nbytes > 0 && cur->offset < prev->offset + prev->nbytes) {
-      return Bad(what, absl::StrCat("tensors '", prev->name, "' and '", cur->name, "' overlap"));
+  const SafetensorsTensor* furthest = nullptr;  // the non-empty tensor reaching furthest so far
+  for (const SafetensorsTensor* cur : by_offset) {
+    if (cur->nbytes == 0) continue;
+    if (furthest != nullptr && cur->offset < furthest->offset + furthest->nbytes) {
+      return Bad(what, absl::StrCat("tensors '", furthest->name, "' and '", cur->name, "' overlap"));
     }
+    if (furthest == nullptr || cur->offset + cur->nbytes > furthest->offset + furthest->nbytes) furthest = cur;
   }
   std::sort(tensors.begin(), tensors.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });

@@ -11,7 +11,7 @@ namespace {
 constexpr char kMagic[8] = {'C', 'O', 'L', 'I', 'B', 'R', 'I', 'W'};
 constexpr size_t kFixedBytes = 32;
 constexpr size_t kEntryBytes = 64;
-constexpr size_t kMaxSections = (kWeightFileHeaderBytes - kFixedBytes) / kEntryBytes;
+static_assert(kMaxSections == (kWeightFileHeaderBytes - kFixedBytes) / kEntryBytes, "header capacity");
 
 uint64_t AlignUp(uint64_t x) { return (x + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment; }
 

@@ -31,6 +31,7 @@ inline constexpr size_t kWeightFileHeaderBytes = 4096;
 inline constexpr size_t kSectionAlignment = 4096;
 inline constexpr uint32_t kWeightFileVersion = 1;
 inline constexpr size_t kMaxSectionName = 23;
+inline constexpr size_t kMaxSections = 63;  // entries that fit the header
 
 enum class FileKind : uint32_t { kExpert = 1, kGate = 2, kLut = 3 };
 

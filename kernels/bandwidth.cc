@@ -58,7 +58,7 @@ BandwidthResult MeasureReadBandwidth(ThreadPool& pool, size_t bytes, int passes)
   constexpr size_t kHuge = size_t{2} << 20;
   bytes = (bytes + kHuge - 1) / kHuge * kHuge;
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) return {};
+  if (mem == MAP_FAILED || passes < 1) return {};
   madvise(mem, bytes, MADV_HUGEPAGE);
   auto* buffer = static_cast<uint8_t*>(mem);
   const int workers = pool.size();

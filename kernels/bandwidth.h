@@ -19,7 +19,8 @@ struct BandwidthResult {
   double median_gbps = 0;
 };
 
-// Streams `bytes` (split over the workers) `passes` times after one warm-up pass.
+// Streams `bytes` (split over the workers) `passes` times after one warm-up
+// pass. Returns zeros if the buffer cannot be mapped or passes < 1.
 BandwidthResult MeasureReadBandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int passes = 7);
 
 }  // namespace kernels

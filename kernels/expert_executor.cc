@@ -117,6 +117,7 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
   Arena arena;
   Plan plan;
   int64_t max_rows = 0;
+  bool any_onednn = false;
   for (const ExpertTask& t : tasks) {
     Plan::Task p;
     p.x_f32 = arena.Add<float>(t.num_rows * k1);
@@ -129,12 +130,14 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
     p.dequant = tile_min_tokens > 0 && t.num_rows >= tile_min_tokens;
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);
+    any_onednn |= p.onednn;
   }
   const int workers = pool.size();
   Arena tiles;
-  plan.tile1 = tiles.Add<float>(max_rows * k2);
-  plan.tile3 = tiles.Add<float>(max_rows * k2);
-  plan.tile2 = tiles.Add<float>(max_rows * l2.padded_rows);
+  // Output tiles: one 64-wide block per row, or a whole oneDNN slice.
+  plan.tile1 = tiles.Add<float>(max_rows * (any_onednn ? std::max(k2, l2.padded_rows) : kBlockRows));
+  plan.tile3 = tiles.Add<float>(max_rows * (any_onednn ? k2 : kBlockRows));
+  plan.tile2 = plan.tile1;  // phase 2 reuses phase 1's tile
   plan.dequant1 = tiles.Add<uint16_t>(kBlockRows * std::max(k1, k2));
   plan.dequant3 = tiles.Add<uint16_t>(kBlockRows * k1);
   plan.tile_stride = tiles.size();
@@ -220,28 +223,28 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
     // Phase 2: this worker's columns of dst, every expert in task order.
     const auto [c0, c1] = Share(prefix2, workers, w);
     if (c0 == c1) return;
-    const int64_t n = (c1 - c0) * kBlockRows;
-    const int64_t col_end = std::min(d_model, c1 * kBlockRows);
+    // dst[row][first, last) += weight · y[row][0, last - first) for the task's rows.
+    auto accumulate = [&](const ExpertTask& t, const float* y, int64_t stride, int64_t first, int64_t last) {
+      for (int64_t r = 0; r < t.num_rows; ++r) {
+        float* out = dst + t.rows[r] * d_model;
+        const float weight = t.weights[r];
+        for (int64_t c = first; c < last; ++c) out[c] += weight * y[r * stride + c - first];
+      }
+    };
     for (size_t e = 0; e < tasks.size(); ++e) {
       const ExpertTask& t = tasks[e];
       const Plan::Task& p = plan.tasks[e];
       const Activations ha = Acts(base, p.h_f32, p.h_bf16, p.h_sums, t.num_rows, k2);
       if (p.onednn) {
+        const int64_t n = (c1 - c0) * kBlockRows;
         const void* src = type == common::DType::kBF16 ? static_cast<const void*>(ha.bf16) : ha.f32;
         OnednnMatmul(type, t.num_rows, k2, n, src, t.expert->w2.data + c0 * l2.block_bytes, tile2, n);
-      } else {
-        for (int64_t c = c0; c < c1; ++c) {
-          run_block(p.dequant, t.expert->w2, c, ha, dequant1, tile_layout2, tile1);
-          for (int64_t r = 0; r < t.num_rows; ++r) {
-            std::memcpy(tile2 + r * n + (c - c0) * kBlockRows, tile1 + r * kBlockRows, kBlockRows * sizeof(float));
-          }
-        }
+        accumulate(t, tile2, n, c0 * kBlockRows, std::min(d_model, c1 * kBlockRows));
+        continue;
       }
-      for (int64_t r = 0; r < t.num_rows; ++r) {
-        float* out = dst + t.rows[r] * d_model;
-        const float weight = t.weights[r];
-        const float* y = tile2 + r * n;  // column c0 * 64 + i at y[i]
-        for (int64_t c = c0 * kBlockRows; c < col_end; ++c) out[c] += weight * y[c - c0 * kBlockRows];
+      for (int64_t c = c0; c < c1; ++c) {
+        run_block(p.dequant, t.expert->w2, c, ha, dequant1, tile_layout2, tile1);
+        accumulate(t, tile1, kBlockRows, c * kBlockRows, std::min(d_model, (c + 1) * kBlockRows));
       }
     }
   });

@@ -13,8 +13,9 @@
 // (2) the 64-column blocks of dst are split over the workers, each running
 // every expert's W2 for its columns and accumulating into dst in task order.
 // Every output element is computed by one worker in an order fixed by the
-// inputs, so results are bitwise identical run to run and independent of the
-// number of threads.
+// inputs, so results are bitwise identical run to run; with the hand-written
+// kernels (the default) they are also independent of the number of threads.
+// (oneDNN's slices depend on the thread count; we do not rely on its bits.)
 //
 // Kernels: the dispatch table's block kernels (hand-written, ISA-specific);
 // bf16/f32 experts with at least `onednn_min_tokens` rows use oneDNN matmul
@@ -22,9 +23,10 @@
 // `int8_tile_min_tokens` / `int4_tile_min_tokens` rows use the bf16 kernel on
 // blocks dequantized once.
 //
-// The caller owns `Workspace` (grown to the largest call seen, then reused:
-// no allocation in steady state). Not thread-safe per Workspace; the pool
-// serializes jobs.
+// The caller owns `Workspace` (grown to the largest call seen, then reused,
+// so no activation-sized allocation in steady state; a call still builds a
+// few small vectors of per-expert bookkeeping). Not thread-safe per
+// Workspace; the pool serializes jobs.
 
 #include <cstdint>
 #include <memory>

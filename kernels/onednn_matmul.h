@@ -21,8 +21,11 @@ namespace kernels {
 // is `weights`: n/64 consecutive 64-row blocks of a stored bf16 or f32
 // matrix with padded_cols K. src is bf16 [T][K] for bf16 weights, f32 [T][K]
 // for f32 weights. REQUIRES: type is kBF16 or kF32, n % 64 == 0, K % 64 == 0.
-// Aborts only if oneDNN rejects a shape it accepted at start-up (a broken
-// install); never on data.
+// Aborts, with a message, only if oneDNN cannot create a matmul for a shape
+// (a broken install: every shape the executor passes is a valid blocked
+// matmul); never on data. Each new (T, n) creates a primitive (milliseconds)
+// and caches it for the life of the process: fine for the opt-in use the
+// executor makes of it (docs/KERNELS.md), not for unbounded T variety.
 void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src,
                   const void* weights, float* dst, int64_t ldd);
 

@@ -31,8 +31,13 @@ step "install dependencies" bash "$root/scripts/install-deps.sh"
 step "build" bash "$root/scripts/build.sh"
 bin=${COLIBRI_BUILD_DIR:-$root/build}/tools
 work=${COLIBRI_DEMO_DIR:-${COLIBRI_BUILD_DIR:-$root/build}/demo}
+if [ -e "$work" ] && [ ! -f "$work/.colibri-demo" ]; then
+  echo "demo: $work exists and is not a demo directory; set COLIBRI_DEMO_DIR to a new path" >&2
+  exit 2
+fi
 rm -rf "$work"
 mkdir -p "$work"
+touch "$work/.colibri-demo"
 
 step "synthesize a Mixtral-naming checkpoint (2 MoE layers, d_model 1024, d_ff 2816, 8 experts, top-2, bf16)" \
   "$bin/colibri-synth" --out "$work/checkpoint" --naming mixtral --d_model 1024 --d_ff 2816 --layers 2 \

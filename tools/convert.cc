@@ -213,17 +213,19 @@ absl::StatusOr<Calibration> OpenCalibration(const std::string& path) {
 absl::Status PrepareOutputDir(const ConvertOptions& o) {
   std::error_code ec;
   const fs::path out(o.out_dir);
-  if (fs::exists(out / common::kManifestFileName) && !o.overwrite) {
+  if (fs::exists(out / common::kManifestFileName, ec) && !o.overwrite) {
     return absl::FailedPreconditionError(
         absl::StrCat(o.out_dir, " already holds a model directory; pass --overwrite to replace it"));
   }
   fs::create_directories(out, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out_dir, ": ", ec.message()));
   fs::remove(out / common::kManifestFileName, ec);
-  for (const auto& entry : fs::directory_iterator(out, ec)) {
-    const std::string name = entry.path().filename();
-    if (entry.is_directory() && name.rfind("layer_", 0) == 0) fs::remove_all(entry.path(), ec);
+  std::vector<fs::path> stale;
+  for (auto it = fs::directory_iterator(out, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename();
+    if (name.rfind("layer_", 0) == 0 && it->is_directory(ec)) stale.push_back(it->path());
   }
+  for (const fs::path& p : stale) fs::remove_all(p, ec);
   return absl::OkStatus();
 }
 
@@ -249,6 +251,10 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   }
   COLIBRI_ASSIGN_OR_RETURN(auto ckpt, HfCheckpoint::Open(o.checkpoint_dir));
   const HfModelShape& s = ckpt->shape();
+  if (ckpt->HasSharedExperts()) {
+    log << "WARNING: the checkpoint has shared-expert tensors (mlp.shared_expert*); they are not part of "
+           "Colibri's MoE layer and are not converted: the caller must run the shared expert itself\n";
+  }
   Calibration calibration;
   if (!o.calibration_path.empty()) {
     COLIBRI_ASSIGN_OR_RETURN(calibration, OpenCalibration(o.calibration_path));
@@ -281,7 +287,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
 
   for (int64_t layer = 0; layer < m.n_layers; ++layer) {
     const int64_t hf = s.moe_layers[layer];
-    const std::string dir = absl::StrFormat("%s/layer_%03d", o.out_dir, layer);
+    const std::string dir = (fs::path(o.out_dir) / common::GateFilePath(layer)).parent_path();
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
@@ -361,11 +367,9 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   const std::string manifest = common::ManifestToJson(m);
   const std::string tmp = absl::StrCat(o.out_dir, "/", common::kManifestFileName, ".tmp");
   {
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (f == nullptr || std::fwrite(manifest.data(), 1, manifest.size(), f) != manifest.size() ||
-        std::fclose(f) != 0) {
-      return absl::InternalError(absl::StrCat("cannot write ", tmp));
-    }
+    COLIBRI_ASSIGN_OR_RETURN(auto w, HashingWriter::Create(tmp));
+    COLIBRI_RETURN_IF_ERROR(w->Write(manifest.data(), manifest.size()));
+    COLIBRI_RETURN_IF_ERROR(w->Close(common::kManifestFileName).status());
   }
   std::error_code ec;
   fs::rename(tmp, absl::StrCat(o.out_dir, "/", common::kManifestFileName), ec);

@@ -7,12 +7,14 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/manifest.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -42,9 +44,13 @@ int64_t LayerOf(const std::string& name, absl::string_view suffix) {
   const size_t begin = kPrefix.size();
   if (name.size() < begin + suffix.size()) return -1;
   const std::string digits = name.substr(begin, name.size() - suffix.size() - begin);
+  // Canonical decimal only ("7", not "07" or "+7"): GateName() must rebuild the same name.
+  if (digits.empty() || digits.size() > 9 || (digits.size() > 1 && digits[0] == '0')) return -1;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return -1;
+  }
   int64_t layer = -1;
-  if (digits.empty() || !absl::SimpleAtoi(digits, &layer) || layer < 0) return -1;
-  return layer;
+  return absl::SimpleAtoi(digits, &layer) ? layer : -1;
 }
 
 constexpr absl::string_view kMixtralGate = ".block_sparse_moe.gate.weight";
@@ -60,7 +66,8 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   std::vector<std::string> shard_files;
   Json weight_map;
   const std::string index_path = dir + "/model.safetensors.index.json";
-  if (fs::exists(index_path)) {
+  std::error_code ec;
+  if (fs::exists(index_path, ec)) {
     COLIBRI_ASSIGN_OR_RETURN(Json index, ReadJson(index_path));
     if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(index_path, " has no 'weight_map' object"));
@@ -74,12 +81,11 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
       unique.insert(file.get<std::string>());
     }
     shard_files.assign(unique.begin(), unique.end());
-  } else if (fs::exists(dir + "/model.safetensors")) {
+  } else if (fs::exists(dir + "/model.safetensors", ec)) {
     shard_files.push_back("model.safetensors");
   } else {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      if (entry.path().extension() == ".safetensors") shard_files.push_back(entry.path().filename());
+    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      if (it->path().extension() == ".safetensors") shard_files.push_back(it->path().filename());
     }
     std::sort(shard_files.begin(), shard_files.end());
   }
@@ -115,10 +121,15 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   s.naming = mixtral.empty() ? Naming::kQwenMoe : Naming::kMixtral;
   const auto& layers = mixtral.empty() ? qwen : mixtral;
   s.moe_layers.assign(layers.begin(), layers.end());
-  s.model_type = config.value("model_type", std::string(mixtral.empty() ? "qwen2_moe" : "mixtral"));
+  s.model_type = config.contains("model_type") && config["model_type"].is_string()
+                     ? config["model_type"].get<std::string>()
+                     : std::string(mixtral.empty() ? "qwen2_moe" : "mixtral");
 
-  const common::SafetensorsTensor* gate = ckpt->FileOf(ckpt->GateName(s.moe_layers[0]))
-                                              ->Find(ckpt->GateName(s.moe_layers[0]));
+  const common::SafetensorsFile* gate_file = ckpt->FileOf(ckpt->GateName(s.moe_layers[0]));
+  if (gate_file == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("missing tensor '", ckpt->GateName(s.moe_layers[0]), "'"));
+  }
+  const common::SafetensorsTensor* gate = gate_file->Find(ckpt->GateName(s.moe_layers[0]));
   if (gate->shape.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", gate->name, "' is not a matrix"));
   }
@@ -142,6 +153,18 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   }
   s.vocab_size = embed->shape[0];
 
+  // Sizes a model directory can hold (common/manifest.h).
+  for (const auto& [what, value, limit] : {std::tuple{"n_experts", s.n_experts, common::kMaxExperts},
+                                           std::tuple{"d_model", s.d_model, common::kMaxDim},
+                                           std::tuple{"d_ff", s.d_ff, common::kMaxDim},
+                                           std::tuple{"vocab_size", s.vocab_size, common::kMaxVocab},
+                                           std::tuple{"MoE layers", static_cast<int64_t>(s.moe_layers.size()),
+                                                      common::kMaxLayers}}) {
+    if (value < 1 || value > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": ", what, " = ", value, " is outside [1, ", limit, "] (from the tensors' shapes)"));
+    }
+  }
   // config.json must agree with the tensors where it speaks.
   auto check = [&](const char* key, int64_t actual) -> absl::Status {
     if (config.contains(key) && config[key].is_number_integer() && config[key].get<int64_t>() != actual) {
@@ -167,7 +190,9 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
                                                    " is outside [1, ", s.n_experts, "]"));
   }
   // Mixtral always renormalizes the top-k weights; Qwen-MoE and OLMoE say so.
-  s.norm_topk_prob = s.naming == Naming::kMixtral || config.value("norm_topk_prob", false);
+  s.norm_topk_prob = s.naming == Naming::kMixtral ||
+                     (config.contains("norm_topk_prob") && config["norm_topk_prob"].is_boolean() &&
+                      config["norm_topk_prob"].get<bool>());
   return ckpt;
 }
 
@@ -184,6 +209,15 @@ std::string HfCheckpoint::ExpertName(int64_t layer, int64_t expert, ExpertMatrix
     return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
   }
   return absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".", kQwen[i], ".weight");
+}
+
+bool HfCheckpoint::HasSharedExperts() const {
+  for (const auto& file : files_) {
+    for (const auto& t : file->tensors()) {
+      if (absl::StrContains(t.name, ".mlp.shared_expert")) return true;
+    }
+  }
+  return false;
 }
 
 const common::SafetensorsFile* HfCheckpoint::FileOf(const std::string& name) const {

@@ -52,6 +52,10 @@ class HfCheckpoint {
   std::string ExpertName(int64_t hf_layer, int64_t expert, ExpertMatrix which) const;
   static std::string EmbeddingName() { return "model.embed_tokens.weight"; }
 
+  // True if any tensor is a Qwen-MoE shared expert (`mlp.shared_expert...`),
+  // which Colibri does not convert (the caller runs it).
+  bool HasSharedExperts() const;
+
   // The tensor named `name`, checked to be F32, BF16 or F16 and of shape
   // [rows, cols]. INVALID_ARGUMENT naming the tensor and file otherwise
   // (missing tensor, wrong shape, unsupported dtype).

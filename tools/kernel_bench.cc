@@ -106,6 +106,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
     exec.int4_tile_min_tokens = o.dequant_min_tokens;
   }
   const kernels::BandwidthResult before = kernels::MeasureReadBandwidth(*pool);
+  if (before.best_gbps <= 0) return absl::ResourceExhaustedError("cannot map 1 GiB for the bandwidth probe");
   out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d, %s weights%s\n",
                          o.model_dir, o.layer, m.architecture, m.n_experts, m.top_k, m.d_model, m.d_ff,
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");

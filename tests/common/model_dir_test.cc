@@ -88,6 +88,25 @@ TEST_CASE("a truncated weight file or damaged header is refused with the path an
   CHECK(Contains(missing.status(), "layer_001/lut.bin"));
 }
 
+TEST_CASE("negative or non-finite quantization scales are refused at load") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt8);
+  const std::string path = dir / "model/layer_000/expert_001.bin";
+  const std::string bytes = colibri::testing::ReadFile(path);
+  auto layout = ParseHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
+  REQUIRE(layout.ok());
+  const Section* scales = layout->Find("w3.scales");
+  REQUIRE(scales != nullptr);
+  const float negative = -1.0f;
+  colibri::testing::WriteBytesAt(path, scales->offset + 8, std::string(reinterpret_cast<const char*>(&negative), 4));
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  auto bad = (*model)->LoadExpert(0, 1, /*verify_checksum=*/false);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(bad.status(), "w3.scales[2]"));
+  CHECK(Contains(bad.status(), path));
+}
+
 TEST_CASE("a LUT routing to a nonexistent expert is refused at load") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
@@ -122,6 +141,12 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
 
   WriteText(path, absl::StrReplaceAll(good, {{"\"weight_type\": \"f32\"", "\"weight_type\": \"int3\""}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "int3"));
+
+  WriteText(path, absl::StrReplaceAll(good, {{"\"format\": \"colibri-model\"", "\"format\": 1"}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "'format'"));  // a wrong type, not an exception
+
+  WriteText(path, absl::StrReplaceAll(good, {{"\"source\": \"embedding\"", "\"source\": [1]"}}));
+  CHECK(ModelDir::Open(dir / "model").ok());  // informational field of the wrong type: ignored
 
   WriteText(path, good.substr(0, good.size() / 2));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "not a JSON object"));

@@ -99,6 +99,17 @@ TEST_CASE("malformed safetensors headers are refused with the reason") {
   ExpectRefused(WithHeader(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
                            std::string(8, '\0')),
                 "overflow");
+  // An empty tensor inside another must not hide an overlap with a third.
+  ExpectRefused(WithHeader(R"({"a":{"dtype":"U8","shape":[100],"data_offsets":[0,100]},)"
+                           R"("b":{"dtype":"U8","shape":[0],"data_offsets":[50,50]},)"
+                           R"("c":{"dtype":"U8","shape":[10],"data_offsets":[60,70]}})",
+                           std::string(100, '\0')),
+                "overlap");
+  // Deep nesting in a hostile header: a clear error, no stack exhaustion.
+  const std::string deep = std::string(100000, '[') + "1" + std::string(100000, ']');
+  ExpectRefused(WithHeader(R"({"t":{"dtype":"F32","shape":[)" + deep + R"(],"data_offsets":[0,4]}})",
+                           std::string(4, '\0')),
+                "shape entry");
   std::string huge(8, '\0');
   const uint64_t n = uint64_t{1} << 40;
   std::memcpy(&huge[0], &n, 8);

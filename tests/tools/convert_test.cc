@@ -302,6 +302,20 @@ TEST_CASE("the converter refuses bad checkpoints with a clear message") {
     CHECK(Contains(ConvertHand(dir), message));
   }
   {
+    TempDir dir;  // a non-canonical layer number: no gate recognized, no crash
+    WriteHandCheckpoint(dir / "ckpt", [](auto* specs) { (*specs)[1].name = "model.layers.00.block_sparse_moe.gate.weight"; });
+    CHECK(Contains(ConvertHand(dir), "expected MoE gate tensors in exactly one naming"));
+  }
+  {
+    TempDir dir;  // a config field of the wrong type
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    std::ofstream(dir / "ckpt/config.json", std::ios::trunc)
+        << R"({"model_type":7,"num_experts_per_tok":1,"norm_topk_prob":"yes"})";
+    const absl::Status s = ConvertHand(dir);
+    INFO(s.message());
+    CHECK(s.ok());  // informational fields of the wrong type are ignored; the tensors decide
+  }
+  {
     TempDir dir;
     CHECK(ConvertHand(dir).code() == absl::StatusCode::kNotFound);  // no checkpoint at all
   }
