@@ -1,6 +1,7 @@
 #include "common/model_dir.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -131,6 +132,25 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
   COLIBRI_ASSIGN_OR_RETURN(weights->w3, MatrixSection(file, layout, "w3", m.weight_type, m.d_ff, m.d_model));
   COLIBRI_ASSIGN_OR_RETURN(weights->w2, MatrixSection(file, layout, "w2", m.weight_type, m.d_model, m.d_ff));
   return weights;
+}
+
+absl::Status CopyExpertToMemory(ExpertWeights* e, const AnonymousMemory::Options& options) {
+  const uint8_t* base = e->file->data();
+  COLIBRI_ASSIGN_OR_RETURN(auto copy, AnonymousMemory::Create(e->file->size(), options));
+  std::memcpy(copy->data(), base, e->file->size());
+  auto rebase = [&](MatrixView* m) {
+    m->data = copy->data() + (m->data - base);
+    if (m->scales != nullptr) {
+      m->scales = reinterpret_cast<const float*>(copy->data() + (reinterpret_cast<const uint8_t*>(m->scales) - base));
+    }
+    if (m->zeros != nullptr) m->zeros = copy->data() + (m->zeros - base);
+  };
+  rebase(&e->w1);
+  rebase(&e->w3);
+  rebase(&e->w2);
+  e->copy = std::move(copy);
+  e->file.reset();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t layer,

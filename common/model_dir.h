@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/anonymous_memory.h"
 #include "common/manifest.h"
 #include "common/mapped_file.h"
 #include "common/weight_matrix.h"
@@ -25,7 +26,8 @@
 namespace colibri {
 namespace common {
 
-// One expert's three matrices, as views into the mapping `file` owns.
+// One expert's three matrices, as views into the mapping `file` owns, or
+// into `copy` after CopyExpertToMemory.
 struct ExpertWeights {
   int64_t layer = 0;
   int64_t expert = 0;
@@ -33,7 +35,13 @@ struct ExpertWeights {
   MatrixView w3;  // up_proj   [d_ff][d_model]
   MatrixView w2;  // down_proj [d_model][d_ff]
   std::unique_ptr<MappedFile> file;
+  std::unique_ptr<AnonymousMemory> copy;
 };
+
+// Copies the expert's file into anonymous memory (huge pages and/or one NUMA
+// node), points the views there and releases the file mapping. On failure
+// the expert is unchanged. REQUIRES: `expert` still has its file.
+absl::Status CopyExpertToMemory(ExpertWeights* expert, const AnonymousMemory::Options& options);
 
 // One layer's routing tables, as views into the mappings it owns.
 struct LayerRouting {

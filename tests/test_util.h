@@ -33,8 +33,8 @@ class TempDir {
 // 4 experts, top-2, 2 layers, vocab 64, f32, `naming`.
 tools::SynthOptions SmallSynth(const std::string& out_dir, const std::string& naming = "mixtral");
 
-// Writes the checkpoint and converts it to `model_dir` with `weight_type`;
-// REQUIREs (Catch2) that both succeed.
+// Writes the checkpoint (unless synth.out_dir already holds one) and converts
+// it to `model_dir` with `weight_type`; REQUIREs (Catch2) that both succeed.
 void MakeModel(const tools::SynthOptions& synth, const std::string& model_dir, common::DType weight_type);
 
 // Reads a whole file / overwrites one byte (XOR 0xff) / truncates / overwrites bytes.

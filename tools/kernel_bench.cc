@@ -1,7 +1,5 @@
 #include "tools/kernel_bench.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -22,46 +20,11 @@ namespace colibri {
 namespace tools {
 namespace {
 
-// Anonymous memory advised for transparent huge pages, unmapped on destruction.
-class HugeBuffer {
- public:
-  explicit HugeBuffer(size_t bytes) : bytes_(bytes) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    data_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
-    if (data_ != nullptr) madvise(data_, bytes, MADV_HUGEPAGE);
-  }
-  ~HugeBuffer() {
-    if (data_ != nullptr) munmap(data_, bytes_);
-  }
-  uint8_t* data() const { return data_; }
-
- private:
-  size_t bytes_;
-  uint8_t* data_;
-};
-
 size_t MatrixBytes(const common::MatrixView& m) {
   return m.layout.data_bytes + m.layout.scale_bytes + m.layout.zero_bytes;
 }
 
 size_t ExpertBytes(const common::ExpertWeights& e) { return MatrixBytes(e.w1) + MatrixBytes(e.w3) + MatrixBytes(e.w2); }
-
-// Copies an expert's file into huge-page memory and rebases its views there.
-void MoveToHugePages(common::ExpertWeights* e, std::vector<std::unique_ptr<HugeBuffer>>* keep) {
-  const uint8_t* base = e->file->data();
-  auto buffer = std::make_unique<HugeBuffer>(e->file->size());
-  if (buffer->data() == nullptr) return;
-  std::memcpy(buffer->data(), base, e->file->size());
-  auto rebase = [&](common::MatrixView* m) {
-    m->data = buffer->data() + (m->data - base);
-    if (m->scales != nullptr) m->scales = reinterpret_cast<const float*>(buffer->data() + (reinterpret_cast<const uint8_t*>(m->scales) - base));
-    if (m->zeros != nullptr) m->zeros = buffer->data() + (m->zeros - base);
-  };
-  rebase(&e->w1);
-  rebase(&e->w3);
-  rebase(&e->w2);
-  keep->push_back(std::move(buffer));
-}
 
 struct Timing {
   double median_ms = 0, p99_ms = 0, max_ms = 0;
@@ -90,10 +53,9 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   const common::Manifest& m = model->manifest();
   COLIBRI_ASSIGN_OR_RETURN(auto routing, model->LoadRouting(o.layer, false));
   std::vector<std::unique_ptr<common::ExpertWeights>> experts;
-  std::vector<std::unique_ptr<HugeBuffer>> huge;
   for (int64_t e = 0; e < m.n_experts; ++e) {
     COLIBRI_ASSIGN_OR_RETURN(auto w, model->LoadExpert(o.layer, e, false));
-    if (o.hugepages) MoveToHugePages(w.get(), &huge);
+    if (o.hugepages) COLIBRI_RETURN_IF_ERROR(common::CopyExpertToMemory(w.get(), {}));
     experts.push_back(std::move(w));
   }
   COLIBRI_ASSIGN_OR_RETURN(auto pool, kernels::ThreadPool::Create({o.threads, -1, true}));

@@ -1,0 +1,43 @@
+#include "common/anonymous_memory.h"
+
+#include <numa.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace colibri {
+namespace common {
+
+absl::StatusOr<std::unique_ptr<AnonymousMemory>> AnonymousMemory::Create(size_t bytes, const Options& options) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size = std::max(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+  if (options.numa_node >= 0 && numa_available() < 0) {
+    return absl::UnavailableError(absl::StrCat("NUMA node ", options.numa_node,
+                                               " requested but libnuma reports no NUMA support"));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes: ", std::strerror(errno)));
+  }
+  std::string description;
+  if (options.hugepages) {
+    description = madvise(p, size, MADV_HUGEPAGE) == 0 ? "huge pages advised"
+                                                        : absl::StrCat("huge pages refused (", std::strerror(errno), ")");
+  } else {
+    description = "4 KiB pages";
+  }
+  if (options.numa_node >= 0) {
+    numa_tonode_memory(p, size, options.numa_node);  // binds before the first touch
+    absl::StrAppend(&description, ", NUMA node ", options.numa_node);
+  }
+  return std::unique_ptr<AnonymousMemory>(new AnonymousMemory(static_cast<uint8_t*>(p), size, description));
+}
+
+AnonymousMemory::~AnonymousMemory() { munmap(data_, size_); }
+
+}  // namespace common
+}  // namespace colibri

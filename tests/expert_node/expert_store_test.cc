@@ -1,0 +1,133 @@
+#include "expert_node/expert_store.h"
+
+#include <catch2/catch.hpp>
+#include <sstream>
+
+#include "common/model_dir.h"
+#include "tests/test_util.h"
+
+namespace colibri {
+namespace expert_node {
+namespace {
+
+using colibri::testing::TempDir;
+using common::DType;
+
+using Pairs = std::vector<std::pair<int64_t, int64_t>>;
+
+Pairs Resolve(const std::string& text, int64_t layers, int64_t experts) {
+  auto spec = ShardSpec::Parse(text);
+  INFO(text << ": " << spec.status().message());
+  REQUIRE(spec.ok());
+  auto pairs = spec->Resolve(layers, experts);
+  INFO(pairs.status().message());
+  REQUIRE(pairs.ok());
+  return *pairs;
+}
+
+TEST_CASE("shard specs select experts per layer and refuse what the model lacks") {
+  CHECK(Resolve("all", 2, 2) == Pairs{{0, 0}, {0, 1}, {1, 0}, {1, 1}});
+  CHECK(Resolve("", 1, 2) == Pairs{{0, 0}, {0, 1}});
+  CHECK(Resolve("1-2", 2, 4) == Pairs{{0, 1}, {0, 2}, {1, 1}, {1, 2}});
+  CHECK(Resolve("0,3", 1, 4) == Pairs{{0, 0}, {0, 3}});
+  CHECK(Resolve("layer:1/expert:0-1;layer:0/expert:3", 2, 4) == Pairs{{0, 3}, {1, 0}, {1, 1}});
+  CHECK(Resolve("layer:1", 2, 2) == Pairs{{1, 0}, {1, 1}});
+  for (const char* bad : {"x", "3-1", "1-", "-1", "layer:a/expert:1", "1,,2"}) {
+    auto spec = ShardSpec::Parse(bad);
+    INFO(bad);
+    CHECK(spec.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  auto spec = ShardSpec::Parse("layer:0-5/expert:0");
+  REQUIRE(spec.ok());
+  auto out = spec->Resolve(2, 4);
+  REQUIRE(out.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(out.status().message().find("layer 5") != absl::string_view::npos);
+  auto experts = ShardSpec::Parse("9")->Resolve(2, 4);
+  CHECK(experts.status().message().find("expert 9") != absl::string_view::npos);
+}
+
+TEST_CASE("the store loads its shard and refuses experts it does not own, naming them") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
+  StoreOptions options;
+  options.shard = *ShardSpec::Parse("layer:1/expert:0-1");
+  std::ostringstream log;
+  auto store = ExpertStore::Create(dir / "model", options, &log);
+  INFO(store.status().message());
+  REQUIRE(store.ok());
+  auto set = (*store)->Current();
+  CHECK(set->version() == 1);
+  CHECK(set->owned() == Pairs{{1, 0}, {1, 1}});
+  CHECK(set->Find(1, 1).ok());
+  auto missing = set->Find(0, 1);
+  REQUIRE(missing.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(missing.status().message().find("layer 0 expert 1") != absl::string_view::npos);
+  CHECK(log.str().find("loaded 2 experts") != std::string::npos);
+  if (set->locked()) CHECK(set->placement().find("locked in RAM") != std::string::npos);
+}
+
+TEST_CASE("weights copied to huge-page memory decode exactly like the mapped file") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt4);
+  StoreOptions mapped, copied;
+  mapped.lock_memory = false;
+  copied.hugepages = true;
+  copied.lock_memory = false;
+  auto a = ExpertStore::Create(dir / "model", mapped, nullptr);
+  auto b = ExpertStore::Create(dir / "model", copied, nullptr);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK((*b)->Current()->placement().find("copied") != std::string::npos);
+  CHECK_FALSE((*a)->Current()->locked());
+  const common::ExpertWeights* x = *(*a)->Current()->Find(1, 3);
+  const common::ExpertWeights* y = *(*b)->Current()->Find(1, 3);
+  CHECK(y->file == nullptr);  // the mapping was released after the copy
+  std::vector<float> rx(48), ry(48);
+  for (int64_t r = 0; r < 80; ++r) {
+    common::DecodeRow(x->w1, r, rx.data());
+    common::DecodeRow(y->w1, r, ry.data());
+    REQUIRE(rx == ry);
+  }
+}
+
+TEST_CASE("reload swaps atomically, keeps in-flight sets alive, and a failed reload keeps the old weights") {
+  TempDir dir;
+  const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "bf16", DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "int8", DType::kInt8);
+  StoreOptions options;
+  options.lock_memory = false;
+  auto store = ExpertStore::Create(dir / "bf16", options, nullptr);
+  REQUIRE(store.ok());
+  std::shared_ptr<const WeightSet> in_flight = (*store)->Current();  // a call that started before the reload
+
+  REQUIRE((*store)->Reload(dir / "int8", std::nullopt).ok());
+  auto now = (*store)->Current();
+  CHECK(now->version() == 2);
+  CHECK(now->model().manifest().weight_type == DType::kInt8);
+  CHECK((*store)->model_dir() == dir / "int8");
+  // The old set is still fully usable by the call that holds it.
+  std::vector<float> row(48);
+  common::DecodeRow((*in_flight->Find(0, 0))->w1, 5, row.data());
+  CHECK(in_flight->model().manifest().weight_type == DType::kBF16);
+
+  // A reload onto a damaged directory fails with the file and reason; version 2 keeps serving.
+  colibri::testing::FlipByte(dir / "bf16/layer_001/expert_002.bin", 5000);
+  const absl::Status failed = (*store)->Reload(dir / "bf16", std::nullopt);
+  REQUIRE(failed.code() == absl::StatusCode::kDataLoss);
+  CHECK(failed.message().find("layer_001/expert_002.bin") != absl::string_view::npos);
+  CHECK((*store)->Current()->version() == 2);
+  CHECK((*store)->model_dir() == dir / "int8");
+
+  // A reload may change the shard; an impossible shard is refused.
+  REQUIRE((*store)->Reload("", *ShardSpec::Parse("layer:0/expert:2")).ok());
+  CHECK((*store)->Current()->owned() == Pairs{{0, 2}});
+  CHECK((*store)->Current()->version() == 3);
+  CHECK((*store)->Reload("", *ShardSpec::Parse("7")).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*store)->Current()->version() == 3);
+  CHECK((*store)->Reload(dir / "missing", std::nullopt).code() == absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace expert_node
+}  // namespace colibri
