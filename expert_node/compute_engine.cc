@@ -1,0 +1,91 @@
+#include "expert_node/compute_engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace colibri {
+namespace expert_node {
+
+ComputeEngine::ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limits limits)
+    : store_(store), pool_(pool), limits_(limits) {}
+
+absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
+  const std::shared_ptr<const WeightSet> set = store_->Current();  // held until we return
+  const common::Manifest& m = set->model().manifest();
+  if (!in.model_id.empty() && in.model_id != set->model().model_id()) {
+    return absl::FailedPreconditionError(absl::StrCat("model_id '", in.model_id, "' does not match this node's model '",
+                                                      set->model().model_id(), "'"));
+  }
+  if (in.layer < 0 || in.layer >= m.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", in.layer, " is outside [0, ", m.n_layers, ")"));
+  }
+  if (in.num_rows < 0 || in.num_rows > limits_.max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat("rows: ", in.num_rows, " rows exceed the limit of ",
+                                                     limits_.max_rows));
+  }
+  if (static_cast<int64_t>(in.rows.size()) != in.num_rows * m.d_model) {
+    return absl::InvalidArgumentError(absl::StrCat("rows: ", in.rows.size(), " values for ", in.num_rows,
+                                                   " rows of d_model ", m.d_model));
+  }
+  if (in.check_finite) {
+    for (size_t i = 0; i < in.rows.size(); ++i) {
+      if (!std::isfinite(in.rows[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("rows[", i / m.d_model, "][", i % m.d_model, "] is not finite"));
+      }
+    }
+  }
+  std::vector<kernels::ExpertTask> tasks;
+  std::set<int32_t> experts_seen;
+  int64_t indices = 0;
+  for (size_t w = 0; w < in.experts.size(); ++w) {
+    const ExpertWork& work = in.experts[w];
+    if (!experts_seen.insert(work.expert).second) {
+      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "]: expert ", work.expert, " is listed twice"));
+    }
+    auto weights = set->Find(in.layer, work.expert);
+    if (!weights.ok()) return weights.status();
+    if (work.row_indices.size() != work.weights.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "] (expert ", work.expert, "): ",
+                                                     work.row_indices.size(), " row indices but ",
+                                                     work.weights.size(), " weights"));
+    }
+    indices += static_cast<int64_t>(work.row_indices.size());
+    if (indices > limits_.max_row_indices) {
+      return absl::ResourceExhaustedError(absl::StrCat("experts: more than ", limits_.max_row_indices, " row indices"));
+    }
+    std::set<int32_t> rows_seen;
+    for (size_t i = 0; i < work.row_indices.size(); ++i) {
+      const int32_t r = work.row_indices[i];
+      if (r < 0 || r >= in.num_rows) {
+        return absl::InvalidArgumentError(absl::StrCat("experts[", w, "].row_indices[", i, "] = ", r,
+                                                       " is outside [0, ", in.num_rows, ")"));
+      }
+      if (!rows_seen.insert(r).second) {
+        return absl::InvalidArgumentError(absl::StrCat("experts[", w, "].row_indices[", i, "] = ", r, " is repeated"));
+      }
+      if (!std::isfinite(work.weights[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("experts[", w, "].weights[", i, "] is not finite"));
+      }
+    }
+    if (!work.row_indices.empty()) {
+      tasks.push_back({*weights, work.row_indices.data(), work.weights.data(),
+                       static_cast<int64_t>(work.row_indices.size())});
+    }
+  }
+  ComputeOutput out;
+  out.weights_version = set->version();
+  out.output.assign(in.num_rows * m.d_model, 0.f);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(workspace_mu_);
+    kernels::RunExperts(*pool_, tasks, in.rows.data(), m.d_model, out.output.data(), workspace_);
+  }
+  out.compute_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace expert_node
+}  // namespace colibri

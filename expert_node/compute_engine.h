@@ -1,0 +1,78 @@
+#ifndef COLIBRI_EXPERT_NODE_COMPUTE_ENGINE_H_
+#define COLIBRI_EXPERT_NODE_COMPUTE_ENGINE_H_
+
+// The expert node's core: validate one Compute call against the current
+// weight set and run it on the node's thread pool. Plain C++ types in and
+// out; no gRPC (expert_service.cc is the transport).
+//
+// The output is, per row, the weighted partial sum over the call's experts
+// (rows no expert references stay zero), computed by kernels::RunExperts in
+// the call's expert order — so a node's answer for a set of experts equals
+// the in-process executor's answer for the same tasks, bit for bit.
+// Thread-safe: calls are serialized on the pool; each holds its weight set
+// until it returns, so a reload never changes weights under a call.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "expert_node/expert_store.h"
+#include "kernels/expert_executor.h"
+#include "kernels/thread_pool.h"
+
+namespace colibri {
+namespace expert_node {
+
+struct ExpertWork {
+  int32_t expert = 0;
+  std::vector<int32_t> row_indices;  // into ComputeInput::rows
+  std::vector<float> weights;        // one per row index
+};
+
+struct ComputeInput {
+  int32_t layer = 0;
+  int64_t num_rows = 0;
+  std::vector<float> rows;  // [num_rows][d_model], f32
+  std::vector<ExpertWork> experts;
+  std::string model_id;     // empty, or must equal the loaded model's id
+  bool check_finite = false;  // refuse NaN/Inf in rows
+};
+
+struct ComputeOutput {
+  std::vector<float> output;  // [num_rows][d_model]
+  uint64_t weights_version = 0;
+  int64_t compute_nanos = 0;
+};
+
+class ComputeEngine {
+ public:
+  struct Limits {
+    int64_t max_rows = 65536;         // rows of one call
+    int64_t max_row_indices = 1 << 20;  // Σ over experts
+  };
+
+  // `store` and `pool` must outlive the engine.
+  ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limits limits);
+
+  // INVALID_ARGUMENT (bad layer, row count, d_model, row index, duplicate
+  // expert or index, weights length, non-finite weight or — with
+  // check_finite — row value), FAILED_PRECONDITION (expert not owned, naming
+  // it; model_id mismatch), RESOURCE_EXHAUSTED (over the limits). Each
+  // message names the field and the value.
+  absl::StatusOr<ComputeOutput> Compute(const ComputeInput& input);
+
+ private:
+  ExpertStore* const store_;
+  kernels::ThreadPool* const pool_;
+  const Limits limits_;
+  std::mutex workspace_mu_;
+  kernels::Workspace workspace_;  // guarded by workspace_mu_
+};
+
+}  // namespace expert_node
+}  // namespace colibri
+
+#endif  // COLIBRI_EXPERT_NODE_COMPUTE_ENGINE_H_

@@ -1,0 +1,65 @@
+#include "expert_node/expert_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "expert_node/expert_service.h"
+#include "kernels/dispatch.h"
+
+namespace colibri {
+namespace expert_node {
+
+absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerOptions& options, std::ostream* log) {
+  std::unique_ptr<ExpertServer> s(new ExpertServer());
+  COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(options.model_dir, options.store, log));
+  COLIBRI_ASSIGN_OR_RETURN(s->pool_,
+                           kernels::ThreadPool::Create({options.threads, options.store.numa_node, /*pin=*/true}));
+  s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits);
+  ExpertService::Options service_options;
+  service_options.model_root = options.model_root.empty()
+                                   ? std::filesystem::path(options.model_dir).parent_path().string()
+                                   : options.model_root;
+  if (service_options.model_root.empty()) service_options.model_root = ".";
+  service_options.check_finite = options.check_finite;
+  service_options.max_queued_calls = options.max_queued_calls;
+  service_options.threads = s->pool_->size();
+  service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
+  service_options.numa_node = options.store.numa_node;
+  s->service_ = std::make_unique<ExpertService>(s->store_.get(), s->engine_.get(), service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  // Every owned expert is mapped, verified (and locked when possible) by now.
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  return s;
+}
+
+void ExpertServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(deadline);
+  server_->Wait();
+  service_.reset();  // finishes anything still queued, joins its threads
+}
+
+ExpertServer::~ExpertServer() {
+  if (server_ != nullptr) Shutdown(std::chrono::system_clock::now());
+}
+
+}  // namespace expert_node
+}  // namespace colibri

@@ -1,0 +1,69 @@
+#ifndef COLIBRI_EXPERT_NODE_EXPERT_SERVER_H_
+#define COLIBRI_EXPERT_NODE_EXPERT_SERVER_H_
+
+// An expert node: the expert store, the compute pool and engine, and the
+// gRPC server that exposes them (ExpertNode service, grpc.health.v1 health
+// checking — SERVING once every owned expert is mapped, locked and verified —
+// and server reflection). Create() returns a started server.
+// Thread-safe; Shutdown() is idempotent and also run by the destructor.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "expert_node/compute_engine.h"
+#include "expert_node/expert_store.h"
+#include "kernels/thread_pool.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace colibri {
+namespace expert_node {
+
+class ExpertService;
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  std::string model_dir;
+  std::string model_root;              // Reload may only name directories inside it (default: model_dir's parent)
+  StoreOptions store;
+  int threads = 0;                     // compute threads (0: one per allowed CPU of the NUMA node)
+  bool check_finite = false;           // refuse NaN/Inf in request rows
+  int64_t max_message_bytes = 256 << 20;
+  int64_t max_queued_calls = 64;       // beyond: RESOURCE_EXHAUSTED
+  ComputeEngine::Limits limits;
+};
+
+class ExpertServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<ExpertServer>> Create(const ServerOptions& options, std::ostream* log);
+  ~ExpertServer();
+
+  int port() const { return port_; }
+  ExpertStore& store() { return *store_; }
+
+  // Stops accepting calls, lets in-flight calls finish until `deadline`,
+  // then cancels the rest.
+  void Shutdown(std::chrono::system_clock::time_point deadline);
+
+ private:
+  ExpertServer() = default;
+
+  std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<kernels::ThreadPool> pool_;
+  std::unique_ptr<ComputeEngine> engine_;
+  std::unique_ptr<ExpertService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace expert_node
+}  // namespace colibri
+
+#endif  // COLIBRI_EXPERT_NODE_EXPERT_SERVER_H_

@@ -1,0 +1,262 @@
+#include "expert_node/expert_service.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/grpc_status.h"
+
+namespace colibri {
+namespace expert_node {
+namespace {
+
+namespace v1 = colibri::v1;
+
+// rows: [R, d_model] f32 or bf16 -> f32.
+absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
+  if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
+    return absl::InvalidArgumentError(absl::StrCat("rows: shape must be [R, ", d_model, "]"));
+  }
+  const int64_t count = t.shape(0) * d_model;
+  in->num_rows = t.shape(0);
+  in->rows.resize(count);
+  if (t.dtype() == v1::DATA_TYPE_F32) {
+    if (static_cast<int64_t>(t.data().size()) != count * 4) {
+      return absl::InvalidArgumentError(absl::StrCat("rows: ", t.data().size(), " bytes for ", count, " f32 values"));
+    }
+    std::memcpy(in->rows.data(), t.data().data(), count * 4);
+    return absl::OkStatus();
+  }
+  if (t.dtype() == v1::DATA_TYPE_BF16) {
+    if (static_cast<int64_t>(t.data().size()) != count * 2) {
+      return absl::InvalidArgumentError(absl::StrCat("rows: ", t.data().size(), " bytes for ", count, " bf16 values"));
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data().data() + 2 * i, 2);
+      in->rows[i] = common::Bf16ToFloat(h);
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("rows: dtype ", v1::DataType_Name(t.dtype()), " is not supported (f32 or bf16)"));
+}
+
+void FillOutput(const ComputeOutput& out, int64_t rows, int64_t d_model, v1::DataType dtype, v1::Tensor* t) {
+  t->add_shape(rows);
+  t->add_shape(d_model);
+  if (dtype == v1::DATA_TYPE_BF16) {
+    t->set_dtype(v1::DATA_TYPE_BF16);
+    std::string* data = t->mutable_data();
+    data->resize(out.output.size() * 2);
+    for (size_t i = 0; i < out.output.size(); ++i) {
+      const uint16_t h = common::FloatToBf16(out.output[i]);
+      std::memcpy(&(*data)[2 * i], &h, 2);
+    }
+    return;
+  }
+  t->set_dtype(v1::DATA_TYPE_F32);
+  t->mutable_data()->assign(reinterpret_cast<const char*>(out.output.data()), out.output.size() * 4);
+}
+
+// True if `path` resolves inside `root` (both made canonical; a missing path is outside).
+bool InsideRoot(const std::string& path, const std::string& root) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::canonical(path, ec);
+  if (ec) return false;
+  const std::filesystem::path r = std::filesystem::canonical(root, ec);
+  if (ec) return false;
+  auto [end, unused] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
+  return end == r.end();
+}
+
+}  // namespace
+
+ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options options)
+    : store_(store), engine_(engine), options_(std::move(options)) {
+  compute_thread_ = std::thread([this] { ComputeLoop(); });
+}
+
+ExpertService::~ExpertService() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  compute_thread_.join();
+  if (reload_thread_.joinable()) reload_thread_.join();
+}
+
+void ExpertService::ComputeLoop() {
+  for (;;) {
+    std::function<void(bool)> job;
+    bool run = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      run = !stopping_;
+    }
+    job(run);
+  }
+}
+
+grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* context,
+                                                 const v1::ComputeRequest* request, v1::ComputeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const int64_t d_model = store_->Current()->model().manifest().d_model;
+  auto input = std::make_shared<ComputeInput>();
+  input->layer = request->layer();
+  input->model_id = request->model_id();
+  input->check_finite = options_.check_finite;
+  if (absl::Status s = ParseRows(request->rows(), d_model, input.get()); !s.ok()) {
+    reactor->Finish(common::ToGrpcStatus(s));
+    return reactor;
+  }
+  for (const v1::ExpertWork& w : request->experts()) {
+    input->experts.push_back({w.expert(), {w.row_indices().begin(), w.row_indices().end()},
+                              {w.weights().begin(), w.weights().end()}});
+  }
+  const v1::DataType output_dtype = request->output_dtype();
+  if (output_dtype != v1::DATA_TYPE_UNSPECIFIED && output_dtype != v1::DATA_TYPE_F32 &&
+      output_dtype != v1::DATA_TYPE_BF16) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("output_dtype ", v1::DataType_Name(output_dtype), " is not f32 or bf16")));
+    return reactor;
+  }
+  const auto queued = std::chrono::steady_clock::now();
+  auto job = [this, context, reactor, response, input, output_dtype, d_model, queued](bool run) {
+    if (!run) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+      return;
+    }
+    if (context->IsCancelled()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
+      return;
+    }
+    if (context->deadline() < std::chrono::system_clock::now()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
+      return;
+    }
+    const int64_t queue_nanos =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - queued).count();
+    absl::StatusOr<ComputeOutput> out = engine_->Compute(*input);
+    if (!out.ok()) {
+      reactor->Finish(common::ToGrpcStatus(out.status()));
+      return;
+    }
+    FillOutput(*out, input->num_rows, d_model, output_dtype, response->mutable_output());
+    response->set_weights_version(out->weights_version);
+    v1::StageTiming* q = response->add_timings();
+    q->set_stage("queue");
+    q->set_nanos(queue_nanos);
+    v1::StageTiming* c = response->add_timings();
+    c->set_stage("compute");
+    c->set_nanos(out->compute_nanos);
+    reactor->Finish(grpc::Status::OK);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+      return reactor;
+    }
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_calls) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
+      return reactor;
+    }
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext* context,
+                                                     const v1::GetNodeInfoRequest*, v1::GetNodeInfoResponse* response) {
+  const std::shared_ptr<const WeightSet> set = store_->Current();
+  const common::Manifest& m = set->model().manifest();
+  response->set_model_id(set->model().model_id());
+  response->set_model_dir(store_->model_dir());
+  v1::OwnedExperts* owned = nullptr;
+  for (const auto& [layer, expert] : set->owned()) {
+    if (owned == nullptr || owned->layer() != layer) {
+      owned = response->add_owned();
+      owned->set_layer(static_cast<int32_t>(layer));
+    }
+    owned->add_experts(static_cast<int32_t>(expert));
+  }
+  response->set_weight_type(common::DTypeName(m.weight_type));
+  response->set_d_model(static_cast<int32_t>(m.d_model));
+  response->set_d_ff(static_cast<int32_t>(m.d_ff));
+  response->set_n_layers(static_cast<int32_t>(m.n_layers));
+  response->set_n_experts(static_cast<int32_t>(m.n_experts));
+  response->set_top_k(static_cast<int32_t>(m.top_k));
+  response->set_numa_node(options_.numa_node);
+  response->set_threads(options_.threads);
+  response->set_kernel_isa(options_.kernel_isa);
+  response->set_state(v1::LOAD_STATE_READY);
+  response->set_weights_version(set->version());
+  response->set_weights_locked(set->locked());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    response->set_last_reload_error(last_reload_error_);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* context, const v1::ReloadRequest* request,
+                                                v1::ReloadResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const std::string dir = request->model_dir();
+  if (!dir.empty() && !InsideRoot(dir, options_.model_root)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                 "model_dir is not an existing directory inside the node's --model_root"));
+    return reactor;
+  }
+  std::optional<ShardSpec> shard;
+  if (!request->experts().empty()) {
+    absl::StatusOr<ShardSpec> parsed = ShardSpec::Parse(request->experts());
+    if (!parsed.ok()) {
+      reactor->Finish(common::ToGrpcStatus(parsed.status()));
+      return reactor;
+    }
+    shard = *parsed;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+    return reactor;
+  }
+  if (reload_running_) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::ABORTED, "another reload is in progress"));
+    return reactor;
+  }
+  // The previous reload thread has cleared reload_running_ and takes mu_ no more: joining is quick.
+  if (reload_thread_.joinable()) reload_thread_.join();
+  reload_running_ = true;
+  // Loading takes seconds: never on a gRPC thread, never on the compute thread.
+  reload_thread_ = std::thread([this, reactor, response, dir, shard] {
+    const absl::Status s = store_->Reload(dir, shard);
+    {
+      std::lock_guard<std::mutex> guard(mu_);
+      last_reload_error_ = s.ok() ? "" : std::string(s.message());
+      reload_running_ = false;
+    }
+    if (s.ok()) {
+      const std::shared_ptr<const WeightSet> set = store_->Current();
+      response->set_weights_version(set->version());
+      response->set_model_id(set->model().model_id());
+    }
+    reactor->Finish(common::ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
+}  // namespace expert_node
+}  // namespace colibri

@@ -1,0 +1,66 @@
+#ifndef COLIBRI_EXPERT_NODE_EXPERT_SERVICE_H_
+#define COLIBRI_EXPERT_NODE_EXPERT_SERVICE_H_
+
+// Transport for the ExpertNode service (proto/colibri/v1/expert_node.proto):
+// parse and validate requests, hand the work to one compute thread (never
+// computing on gRPC's threads), convert the status once, finish the reactor.
+// Thread-safe.
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "expert_node/compute_engine.h"
+#include "expert_node/expert_store.h"
+
+namespace colibri {
+namespace expert_node {
+
+class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
+ public:
+  struct Options {
+    std::string model_root;  // Reload's model_dir must resolve inside it
+    bool check_finite = false;
+    int64_t max_queued_calls = 64;
+    int threads = 0;
+    std::string kernel_isa;
+    int numa_node = -1;
+  };
+
+  // `store` and `engine` must outlive the service.
+  ExpertService(ExpertStore* store, ComputeEngine* engine, Options options);
+  ~ExpertService() override;  // finishes queued calls with UNAVAILABLE, joins threads
+
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const colibri::v1::ComputeRequest* request,
+                                    colibri::v1::ComputeResponse* response) override;
+  grpc::ServerUnaryReactor* GetNodeInfo(grpc::CallbackServerContext* context,
+                                        const colibri::v1::GetNodeInfoRequest* request,
+                                        colibri::v1::GetNodeInfoResponse* response) override;
+  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* context, const colibri::v1::ReloadRequest* request,
+                                   colibri::v1::ReloadResponse* response) override;
+
+ private:
+  void ComputeLoop();
+
+  ExpertStore* const store_;
+  ComputeEngine* const engine_;
+  const Options options_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void(bool run)>> queue_;  // guarded by mu_; run=false: shutting down
+  bool stopping_ = false;                            // guarded by mu_
+  std::string last_reload_error_;                    // guarded by mu_
+  bool reload_running_ = false;                      // guarded by mu_
+  std::thread compute_thread_;
+  std::thread reload_thread_;  // guarded by mu_: the last reload's worker, joined before the next
+};
+
+}  // namespace expert_node
+}  // namespace colibri
+
+#endif  // COLIBRI_EXPERT_NODE_EXPERT_SERVICE_H_

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# colibri-expert as a real process on 127.0.0.1 with port 0: it starts, prints
+# its port, reloads on SIGHUP, refuses a bad model with a clear message, and
+# drains and exits 0 on SIGTERM. Every process it starts is stopped on exit.
+# Usage: expert_node_process.sh BUILD_DIR
+set -euo pipefail
+build=$1
+tmp=$(mktemp -d)
+pid=""
+cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; cat "$tmp/out" "$tmp/err" 2>/dev/null; exit 1; }
+
+"$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 64 --d_ff 96 --layers 2 --experts 4 --vocab 50 --dtype bf16 >/dev/null
+"$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type int8 --progress=false >/dev/null
+
+echo "--- a bad model directory is refused at start with the reason"
+if "$build/expert_node/colibri-expert" --model "$tmp/nowhere" 2>"$tmp/err"; then fail "started without a model"; fi
+grep -q "manifest" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
+
+echo "--- start, SIGHUP, SIGTERM"
+"$build/expert_node/colibri-expert" --model "$tmp/model" --experts "layer:1/expert:0-1" --listen 127.0.0.1:0 \
+  --nomlock >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+for _ in $(seq 1 100); do
+  grep -q "listening on port" "$tmp/out" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || fail "colibri-expert exited early"
+  sleep 0.1
+done
+port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/out")
+[ -n "$port" ] && [ "$port" -gt 0 ] || fail "no port printed"
+echo "listening on port $port"
+kill -HUP "$pid"
+for _ in $(seq 1 100); do grep -q "SIGHUP reload" "$tmp/err" && break; sleep 0.1; done
+grep -q "SIGHUP reload: ok" "$tmp/err" || fail "SIGHUP reload did not succeed"
+kill -TERM "$pid"
+for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$pid" 2>/dev/null; then fail "still running 10 s after SIGTERM"; fi
+wait "$pid" && status=0 || status=$?
+pid=""
+[ "$status" -eq 0 ] || fail "exit status $status after SIGTERM"
+echo "PASS"

@@ -1,0 +1,228 @@
+// The expert node over real gRPC on 127.0.0.1 (port 0): answers equal the
+// in-process executor bit for bit; bad requests get the documented status
+// naming the field; GetNodeInfo and Reload behave as the proto says.
+
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <sstream>
+
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "expert_node/expert_server.h"
+#include "kernels/expert_executor.h"
+#include "tests/test_util.h"
+
+namespace colibri {
+namespace expert_node {
+namespace {
+
+using colibri::testing::TempDir;
+namespace v1 = colibri::v1;
+
+constexpr int64_t kDModel = 48;
+
+struct Node {
+  std::unique_ptr<std::ostringstream> log = std::make_unique<std::ostringstream>();  // outlives the server
+  std::unique_ptr<ExpertServer> server;
+  std::unique_ptr<v1::ExpertNode::Stub> stub;
+};
+
+Node Start(const std::string& model_dir, const std::string& experts) {
+  ServerOptions options;
+  options.model_dir = model_dir;
+  options.store.shard = *ShardSpec::Parse(experts);
+  options.store.lock_memory = false;
+  options.threads = 2;
+  Node node;
+  auto server = ExpertServer::Create(options, node.log.get());
+  INFO(server.status().message());
+  REQUIRE(server.ok());
+  node.server = std::move(server).value();
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()),
+                                     grpc::InsecureChannelCredentials());
+  node.stub = v1::ExpertNode::NewStub(channel);
+  return node;
+}
+
+v1::ComputeRequest Request(const std::vector<float>& rows) {
+  v1::ComputeRequest r;
+  r.set_layer(0);
+  v1::Tensor* t = r.mutable_rows();
+  t->set_dtype(v1::DATA_TYPE_F32);
+  t->add_shape(static_cast<int64_t>(rows.size()) / kDModel);
+  t->add_shape(kDModel);
+  t->set_data(reinterpret_cast<const char*>(rows.data()), rows.size() * 4);
+  v1::ExpertWork* a = r.add_experts();
+  a->set_expert(0);
+  a->add_row_indices(0);
+  a->add_row_indices(2);
+  a->add_weights(0.6f);
+  a->add_weights(0.3f);
+  v1::ExpertWork* b = r.add_experts();
+  b->set_expert(1);
+  b->add_row_indices(1);
+  b->add_weights(1.0f);
+  return r;
+}
+
+grpc::Status Call(Node& node, const v1::ComputeRequest& request, v1::ComputeResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  return node.stub->Compute(&context, request, response);
+}
+
+TEST_CASE("an expert node answers Compute over gRPC exactly like the in-process executor") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1;layer:1");
+  std::vector<float> rows(3 * kDModel);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = std::cos(0.1 * i);
+
+  v1::ComputeResponse response;
+  const grpc::Status status = Call(node, Request(rows), &response);
+  INFO(status.error_message());
+  REQUIRE(status.ok());
+  REQUIRE(response.output().dtype() == v1::DATA_TYPE_F32);
+  REQUIRE(response.output().data().size() == rows.size() * 4);
+  CHECK(response.weights_version() == 1);
+  std::vector<float> remote(rows.size());
+  std::memcpy(remote.data(), response.output().data().data(), remote.size() * 4);
+
+  // The same tasks in-process, on the same files.
+  auto model = common::ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  auto e0 = (*model)->LoadExpert(0, 0, false);
+  auto e1 = (*model)->LoadExpert(0, 1, false);
+  REQUIRE(e0.ok());
+  REQUIRE(e1.ok());
+  const int32_t rows0[2] = {0, 2}, rows1[1] = {1};
+  const float w0[2] = {0.6f, 0.3f}, w1[1] = {1.0f};
+  auto pool = kernels::ThreadPool::Create({2, -1, false});
+  REQUIRE(pool.ok());
+  std::vector<float> local(rows.size(), 0.f);
+  kernels::Workspace ws;
+  kernels::RunExperts(**pool, {{e0->get(), rows0, w0, 2}, {e1->get(), rows1, w1, 1}}, rows.data(), kDModel,
+                      local.data(), ws);
+  CHECK(remote == local);  // bit for bit
+  bool nonzero = false;
+  for (float v : remote) nonzero |= v != 0.f;
+  CHECK(nonzero);
+
+  // bf16 rows in, bf16 out.
+  v1::ComputeRequest bf = Request(rows);
+  std::string bf_rows(rows.size() * 2, '\0');
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const uint16_t h = common::FloatToBf16(rows[i]);
+    std::memcpy(&bf_rows[2 * i], &h, 2);
+  }
+  bf.mutable_rows()->set_dtype(v1::DATA_TYPE_BF16);
+  bf.mutable_rows()->set_data(bf_rows);
+  bf.set_output_dtype(v1::DATA_TYPE_BF16);
+  v1::ComputeResponse bf_response;
+  REQUIRE(Call(node, bf, &bf_response).ok());
+  CHECK(bf_response.output().dtype() == v1::DATA_TYPE_BF16);
+  CHECK(bf_response.output().data().size() == rows.size() * 2);
+}
+
+TEST_CASE("an expert node refuses bad Compute requests with the documented status, naming the field") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kInt8);
+  Node node = Start(dir / "model", "layer:0/expert:0-1");
+  const std::vector<float> rows(3 * kDModel, 0.5f);
+  auto expect = [&](v1::ComputeRequest request, grpc::StatusCode code, const std::string& needle) {
+    v1::ComputeResponse response;
+    const grpc::Status s = Call(node, request, &response);
+    INFO("message: " << s.error_message());
+    CHECK(s.error_code() == code);
+    CHECK(s.error_message().find(needle) != std::string::npos);
+  };
+  v1::ComputeRequest r = Request(rows);
+  r.mutable_experts(1)->set_expert(2);
+  expect(r, grpc::StatusCode::FAILED_PRECONDITION, "layer 0 expert 2");
+  r = Request(rows);
+  r.mutable_experts(0)->set_row_indices(1, 3);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "experts[0].row_indices[1] = 3");
+  r = Request(rows);
+  r.mutable_experts(0)->add_weights(1.f);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "2 row indices but 3 weights");
+  r = Request(rows);
+  r.mutable_experts(0)->set_weights(0, std::nanf(""));
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "experts[0].weights[0] is not finite");
+  r = Request(rows);
+  r.mutable_rows()->set_shape(1, 47);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: shape must be [R, 48]");
+  r = Request(rows);
+  r.mutable_rows()->mutable_data()->resize(10);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: 10 bytes");
+  r = Request(rows);
+  r.mutable_rows()->set_dtype(v1::DATA_TYPE_F16);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "DATA_TYPE_F16");
+  r = Request(rows);
+  r.set_layer(7);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "layer 7");
+  r = Request(rows);
+  r.set_model_id("xxh3_128:00");
+  expect(r, grpc::StatusCode::FAILED_PRECONDITION, "model_id");
+  r = Request(rows);
+  *r.add_experts() = r.experts(0);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "listed twice");
+  // The node still serves after all that.
+  v1::ComputeResponse ok;
+  CHECK(Call(node, Request(rows), &ok).ok());
+}
+
+TEST_CASE("GetNodeInfo describes the shard and Reload swaps weights within the model root") {
+  TempDir dir;
+  const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "root/a", common::DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "root/b", common::DType::kInt4);
+  Node node = Start(dir / "root/a", "layer:1/expert:2-3");
+
+  v1::GetNodeInfoResponse info;
+  {
+    grpc::ClientContext context;
+    REQUIRE(node.stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+  }
+  CHECK(info.weight_type() == "bf16");
+  REQUIRE(info.owned_size() == 1);
+  CHECK(info.owned(0).layer() == 1);
+  CHECK(info.owned(0).experts_size() == 2);
+  CHECK(info.weights_version() == 1);
+  CHECK(info.d_model() == 48);
+  CHECK(info.state() == v1::LOAD_STATE_READY);
+  CHECK(info.model_id().rfind("xxh3_128:", 0) == 0);
+
+  auto reload = [&](const std::string& model_dir, const std::string& experts, v1::ReloadResponse* response) {
+    v1::ReloadRequest request;
+    request.set_model_dir(model_dir);
+    request.set_experts(experts);
+    grpc::ClientContext context;
+    return node.stub->Reload(&context, request, response);
+  };
+  v1::ReloadResponse response;
+  CHECK(reload(dir / "ckpt", "", &response).error_code() == grpc::StatusCode::PERMISSION_DENIED);  // outside the root
+  CHECK(reload("/etc", "", &response).error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(reload("", "9", &response).error_code() == grpc::StatusCode::INVALID_ARGUMENT);  // no expert 9
+  {
+    grpc::ClientContext context;
+    REQUIRE(node.stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+  }
+  CHECK(info.last_reload_error().find("expert 9") != std::string::npos);
+  CHECK(info.weights_version() == 1);  // the failed reload kept the old weights
+  const grpc::Status ok = reload(dir / "root/b", "", &response);
+  INFO(ok.error_message());
+  REQUIRE(ok.ok());
+  CHECK(response.weights_version() == 2);
+  {
+    grpc::ClientContext context;
+    REQUIRE(node.stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+  }
+  CHECK(info.weight_type() == "int4");
+  CHECK(info.weights_version() == 2);
+  CHECK(info.last_reload_error().empty());
+}
+
+}  // namespace
+}  // namespace expert_node
+}  // namespace colibri
