@@ -22,7 +22,9 @@ ABSL_FLAG(bool, mlock, true, "Lock the weights in RAM.");
 ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be locked (instead of warning).");
 ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page memory.");
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");
-ABSL_FLAG(int64_t, max_message_bytes, 256 << 20, "Largest request or reply, in bytes.");
+ABSL_FLAG(int64_t, max_rows, 65536, "Most token rows one Compute call may carry (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(int64_t, max_queued_calls, 64, "Compute calls waiting for the compute thread (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(int64_t, max_message_bytes, 0, "Largest request or reply in bytes; 0 derives it from d_model and --max_rows.");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
 int main(int argc, char** argv) {
@@ -53,6 +55,8 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.check_finite = absl::GetFlag(FLAGS_check_finite);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.max_rows = absl::GetFlag(FLAGS_max_rows);
+  options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
 
   // Block the signals we handle before any thread starts, so sigwait sees them.
   sigset_t signals;

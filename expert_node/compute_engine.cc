@@ -1,5 +1,7 @@
 #include "expert_node/compute_engine.h"
 
+#include <sys/mman.h>
+
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -73,6 +75,13 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
     if (!work.row_indices.empty()) {
       tasks.push_back({*weights, work.row_indices.data(), work.weights.data(),
                        static_cast<int64_t>(work.row_indices.size())});
+    }
+  }
+  // Ask the kernel to start reading any page-cache weights of this call now
+  // (a no-op for weights locked in RAM or copied to anonymous memory).
+  for (const kernels::ExpertTask& t : tasks) {
+    if (t.expert->file != nullptr && !set->locked()) {
+      madvise(const_cast<uint8_t*>(t.expert->file->data()), t.expert->file->size(), MADV_WILLNEED);
     }
   }
   ComputeOutput out;

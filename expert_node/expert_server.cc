@@ -4,7 +4,9 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -36,8 +38,13 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
+  const int64_t d_model = s->store_->Current()->model().manifest().d_model;
+  const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);
+  const int64_t max_bytes = std::min<int64_t>(options.max_message_bytes > 0 ? options.max_message_bytes : derived,
+                                              std::numeric_limits<int>::max());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

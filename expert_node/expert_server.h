@@ -34,7 +34,7 @@ struct ServerOptions {
   StoreOptions store;
   int threads = 0;                     // compute threads (0: one per allowed CPU of the NUMA node)
   bool check_finite = false;           // refuse NaN/Inf in request rows
-  int64_t max_message_bytes = 256 << 20;
+  int64_t max_message_bytes = 0;       // 0: from the model shape and limits.max_rows
   int64_t max_queued_calls = 64;       // beyond: RESOURCE_EXHAUSTED
   ComputeEngine::Limits limits;
 };

@@ -4,11 +4,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <thread>
 #include <cstring>
 #include <sstream>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "expert_node/expert_server.h"
 #include "kernels/expert_executor.h"
 #include "tests/test_util.h"
@@ -123,6 +126,63 @@ TEST_CASE("an expert node answers Compute over gRPC exactly like the in-process 
   REQUIRE(Call(node, bf, &bf_response).ok());
   CHECK(bf_response.output().dtype() == v1::DATA_TYPE_BF16);
   CHECK(bf_response.output().data().size() == rows.size() * 2);
+}
+
+TEST_CASE("an expert node reports SERVING over grpc.health.v1 once loaded, and NOT_SERVING after shutdown") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kF16);
+  Node node = Start(dir / "model", "all");
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckResponse response;
+  {
+    grpc::ClientContext context;
+    const grpc::Status s = health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+  }
+  CHECK(response.status() == grpc::health::v1::HealthCheckResponse::SERVING);
+  node.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  CHECK_FALSE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());  // stopped
+}
+
+TEST_CASE("a reload under concurrent Compute load fails no call") {
+  TempDir dir;
+  const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "root/a", common::DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "root/b", common::DType::kInt8);
+  Node node = Start(dir / "root/a", "layer:0/expert:0-1");
+  const std::vector<float> rows(3 * kDModel, 0.25f);
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0}, failures{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 3; ++c) {
+    clients.emplace_back([&] {
+      while (!stop) {
+        v1::ComputeResponse response;
+        if (!Call(node, Request(rows), &response).ok()) ++failures;
+        ++calls;
+      }
+    });
+  }
+  for (int i = 0; i < 4; ++i) {  // alternate between the two models under load
+    v1::ReloadRequest request;
+    request.set_model_dir(i % 2 == 0 ? dir / "root/b" : dir / "root/a");
+    v1::ReloadResponse response;
+    grpc::ClientContext context;
+    const grpc::Status s = node.stub->Reload(&context, request, &response);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    CHECK(response.weights_version() == static_cast<uint64_t>(i + 2));
+  }
+  stop = true;
+  for (std::thread& t : clients) t.join();
+  INFO(calls << " calls during 4 reloads");
+  CHECK(calls > 0);
+  CHECK(failures == 0);
 }
 
 TEST_CASE("an expert node refuses bad Compute requests with the documented status, naming the field") {

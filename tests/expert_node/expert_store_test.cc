@@ -1,6 +1,7 @@
 #include "expert_node/expert_store.h"
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <sstream>
 
 #include "common/model_dir.h"
@@ -64,6 +65,33 @@ TEST_CASE("the store loads its shard and refuses experts it does not own, naming
   CHECK(missing.status().message().find("layer 0 expert 1") != absl::string_view::npos);
   CHECK(log.str().find("loaded 2 experts") != std::string::npos);
   if (set->locked()) CHECK(set->placement().find("locked in RAM") != std::string::npos);
+}
+
+// VmLck of this process, in kB, from /proc/self/status.
+int64_t LockedKb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmLck:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+TEST_CASE("locking the weights takes effect where permitted, and says so where not") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
+  const int64_t before = LockedKb();
+  std::ostringstream log;
+  auto store = ExpertStore::Create(dir / "model", StoreOptions{}, &log);
+  REQUIRE(store.ok());
+  if ((*store)->Current()->locked()) {
+    CHECK(LockedKb() > before);  // 8 experts of ~50 KiB each
+    CHECK((*store)->Current()->placement().find("locked in RAM") != std::string::npos);
+  } else {
+    WARN("mlock is not permitted here: " << log.str());
+    CHECK(log.str().find("RLIMIT_MEMLOCK") != std::string::npos);
+    CHECK(log.str().find("IPC_LOCK") != std::string::npos);
+  }
 }
 
 TEST_CASE("weights copied to huge-page memory decode exactly like the mapped file") {
