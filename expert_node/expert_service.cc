@@ -13,34 +13,38 @@ namespace {
 
 namespace v1 = colibri::v1;
 
-// rows: [R, d_model] f32 or bf16 -> f32.
+// rows: [R, d_model] f32 or bf16 -> f32. Sizes are checked against the bytes
+// actually received before anything is allocated.
 absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
   if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
     return absl::InvalidArgumentError(absl::StrCat("rows: shape must be [R, ", d_model, "]"));
   }
+  size_t element = 0;
+  if (t.dtype() == v1::DATA_TYPE_F32) element = 4;
+  if (t.dtype() == v1::DATA_TYPE_BF16) element = 2;
+  if (element == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows: dtype ", v1::DataType_Name(t.dtype()), " is not supported (f32 or bf16)"));
+  }
+  // R <= bytes received, so R * d_model * element cannot overflow for any message gRPC accepted.
+  const int64_t received = static_cast<int64_t>(t.data().size());
+  if (t.shape(0) > received || t.shape(0) * d_model * static_cast<int64_t>(element) != received) {
+    return absl::InvalidArgumentError(absl::StrCat("rows: ", received, " bytes do not hold [", t.shape(0), ", ",
+                                                   d_model, "] values of ", element, " bytes"));
+  }
   const int64_t count = t.shape(0) * d_model;
   in->num_rows = t.shape(0);
   in->rows.resize(count);
-  if (t.dtype() == v1::DATA_TYPE_F32) {
-    if (static_cast<int64_t>(t.data().size()) != count * 4) {
-      return absl::InvalidArgumentError(absl::StrCat("rows: ", t.data().size(), " bytes for ", count, " f32 values"));
-    }
+  if (element == 4) {
     std::memcpy(in->rows.data(), t.data().data(), count * 4);
     return absl::OkStatus();
   }
-  if (t.dtype() == v1::DATA_TYPE_BF16) {
-    if (static_cast<int64_t>(t.data().size()) != count * 2) {
-      return absl::InvalidArgumentError(absl::StrCat("rows: ", t.data().size(), " bytes for ", count, " bf16 values"));
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      uint16_t h;
-      std::memcpy(&h, t.data().data() + 2 * i, 2);
-      in->rows[i] = common::Bf16ToFloat(h);
-    }
-    return absl::OkStatus();
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.data().data() + 2 * i, 2);
+    in->rows[i] = common::Bf16ToFloat(h);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("rows: dtype ", v1::DataType_Name(t.dtype()), " is not supported (f32 or bf16)"));
+  return absl::OkStatus();
 }
 
 void FillOutput(const ComputeOutput& out, int64_t rows, int64_t d_model, v1::DataType dtype, v1::Tensor* t) {

@@ -214,7 +214,10 @@ TEST_CASE("an expert node refuses bad Compute requests with the documented statu
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: shape must be [R, 48]");
   r = Request(rows);
   r.mutable_rows()->mutable_data()->resize(10);
-  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: 10 bytes");
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: 10 bytes do not hold [3, 48]");
+  r = Request(rows);
+  r.mutable_rows()->set_shape(0, int64_t{1} << 60);  // a huge row count: refused before any allocation
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "do not hold");
   r = Request(rows);
   r.mutable_rows()->set_dtype(v1::DATA_TYPE_F16);
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "DATA_TYPE_F16");
