@@ -32,6 +32,11 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.numa_node = options.store.numa_node;
+  service_options.metrics = &s->metrics_;
+  if (options.metrics_port >= 0) {
+    COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
+                             common::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
+  }
   s->service_ = std::make_unique<ExpertService>(s->store_.get(), s->engine_.get(), service_options);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -14,6 +14,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
+#include "common/metrics_server.h"
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
 #include "kernels/thread_pool.h"
@@ -37,6 +39,8 @@ struct ServerOptions {
   int64_t max_message_bytes = 0;       // 0: from the model shape and limits.max_rows
   int64_t max_queued_calls = 64;       // beyond: RESOURCE_EXHAUSTED
   ComputeEngine::Limits limits;
+  int metrics_port = -1;               // >= 0: serve Prometheus /metrics on it (0 picks a free port)
+  std::string metrics_host = "0.0.0.0";
 };
 
 class ExpertServer {
@@ -45,6 +49,7 @@ class ExpertServer {
   ~ExpertServer();
 
   int port() const { return port_; }
+  int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : -1; }
   ExpertStore& store() { return *store_; }
 
   // Stops accepting calls, lets in-flight calls finish until `deadline`,
@@ -54,6 +59,8 @@ class ExpertServer {
  private:
   ExpertServer() = default;
 
+  common::MetricsRegistry metrics_;
+  std::unique_ptr<common::MetricsServer> metrics_server_;
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<ComputeEngine> engine_;

@@ -79,6 +79,7 @@ bool InsideRoot(const std::string& path, const std::string& root) {
 
 ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options options)
     : store_(store), engine_(engine), options_(std::move(options)) {
+  UpdateWeightGauges();
   compute_thread_ = std::thread([this] { ComputeLoop(); });
 }
 
@@ -90,6 +91,27 @@ ExpertService::~ExpertService() {
   cv_.notify_all();
   compute_thread_.join();
   if (reload_thread_.joinable()) reload_thread_.join();
+}
+
+void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status) {
+  if (options_.metrics != nullptr) {
+    options_.metrics
+        ->GetCounter("colibri_expert_calls_total", "Calls by method and status code.",
+                     {{"method", method}, {"code", std::to_string(static_cast<int>(status.error_code()))}})
+        ->Add();
+  }
+  reactor->Finish(status);
+}
+
+void ExpertService::UpdateWeightGauges() {
+  if (options_.metrics == nullptr) return;
+  const std::shared_ptr<const WeightSet> set = store_->Current();
+  options_.metrics->GetGauge("colibri_expert_weights_version", "Version of the weights being served.")
+      ->Set(static_cast<double>(set->version()));
+  options_.metrics->GetGauge("colibri_expert_locked_bytes", "Bytes of weights locked in RAM.")
+      ->Set(set->locked() ? static_cast<double>(set->bytes()) : 0.0);
+  options_.metrics->GetGauge("colibri_expert_owned_experts", "(layer, expert) pairs this node owns.")
+      ->Set(static_cast<double>(set->owned().size()));
 }
 
 void ExpertService::ComputeLoop() {
@@ -112,12 +134,16 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
                                                  const v1::ComputeRequest* request, v1::ComputeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const int64_t d_model = store_->Current()->model().manifest().d_model;
+  if (options_.metrics != nullptr) {
+    options_.metrics->GetCounter("colibri_expert_bytes_in_total", "Bytes of row tensors received.")
+        ->Add(static_cast<double>(request->rows().data().size()));
+  }
   auto input = std::make_shared<ComputeInput>();
   input->layer = request->layer();
   input->model_id = request->model_id();
   input->check_finite = options_.check_finite;
   if (absl::Status s = ParseRows(request->rows(), d_model, input.get()); !s.ok()) {
-    reactor->Finish(common::ToGrpcStatus(s));
+    Finish(reactor, "Compute", common::ToGrpcStatus(s));
     return reactor;
   }
   for (const v1::ExpertWork& w : request->experts()) {
@@ -127,32 +153,49 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   const v1::DataType output_dtype = request->output_dtype();
   if (output_dtype != v1::DATA_TYPE_UNSPECIFIED && output_dtype != v1::DATA_TYPE_F32 &&
       output_dtype != v1::DATA_TYPE_BF16) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+    Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  absl::StrCat("output_dtype ", v1::DataType_Name(output_dtype), " is not f32 or bf16")));
     return reactor;
   }
   const auto queued = std::chrono::steady_clock::now();
   auto job = [this, context, reactor, response, input, output_dtype, d_model, queued](bool run) {
     if (!run) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
       return;
     }
     if (context->IsCancelled()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
+      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
       return;
     }
     if (context->deadline() < std::chrono::system_clock::now()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
+      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
       return;
     }
     const int64_t queue_nanos =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - queued).count();
     absl::StatusOr<ComputeOutput> out = engine_->Compute(*input);
     if (!out.ok()) {
-      reactor->Finish(common::ToGrpcStatus(out.status()));
+      Finish(reactor, "Compute", common::ToGrpcStatus(out.status()));
       return;
     }
     FillOutput(*out, input->num_rows, d_model, output_dtype, response->mutable_output());
+    if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
+      const common::Labels layer = {{"layer", std::to_string(input->layer)}};
+      m->GetHistogram("colibri_expert_compute_seconds", "Kernel time of a Compute call.", layer,
+                      common::LatencyBuckets())
+          ->Observe(out->compute_nanos * 1e-9);
+      m->GetHistogram("colibri_expert_queue_seconds", "Time a Compute call waited for the compute thread.", {},
+                      common::LatencyBuckets())
+          ->Observe(queue_nanos * 1e-9);
+      m->GetCounter("colibri_expert_rows_total", "Token rows received.", layer)->Add(input->num_rows);
+      for (const ExpertWork& w : input->experts) {
+        m->GetCounter("colibri_expert_expert_rows_total", "Rows computed per (layer, expert).",
+                      {{"layer", std::to_string(input->layer)}, {"expert", std::to_string(w.expert)}})
+            ->Add(static_cast<double>(w.row_indices.size()));
+      }
+      m->GetCounter("colibri_expert_bytes_out_total", "Bytes of output tensors sent.")
+          ->Add(static_cast<double>(response->output().data().size()));
+    }
     response->set_weights_version(out->weights_version);
     v1::StageTiming* q = response->add_timings();
     q->set_stage("queue");
@@ -160,16 +203,16 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     v1::StageTiming* c = response->add_timings();
     c->set_stage("compute");
     c->set_nanos(out->compute_nanos);
-    reactor->Finish(grpc::Status::OK);
+    Finish(reactor, "Compute", grpc::Status::OK);
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
       return reactor;
     }
     if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_calls) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                    absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
       return reactor;
     }
@@ -210,7 +253,7 @@ grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext
     response->set_last_reload_error(last_reload_error_);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  Finish(reactor, "GetNodeInfo", grpc::Status::OK);
   return reactor;
 }
 
@@ -219,7 +262,7 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const std::string dir = request->model_dir();
   if (!dir.empty() && !InsideRoot(dir, options_.model_root)) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                                  "model_dir is not an existing directory inside the node's --model_root"));
     return reactor;
   }
@@ -227,18 +270,18 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
   if (!request->experts().empty()) {
     absl::StatusOr<ShardSpec> parsed = ShardSpec::Parse(request->experts());
     if (!parsed.ok()) {
-      reactor->Finish(common::ToGrpcStatus(parsed.status()));
+      Finish(reactor, "Reload", common::ToGrpcStatus(parsed.status()));
       return reactor;
     }
     shard = *parsed;
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
     return reactor;
   }
   if (reload_running_) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::ABORTED, "another reload is in progress"));
+    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::ABORTED, "another reload is in progress"));
     return reactor;
   }
   // The previous reload thread has cleared reload_running_ and takes mu_ no more: joining is quick.
@@ -252,12 +295,18 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
       last_reload_error_ = s.ok() ? "" : std::string(s.message());
       reload_running_ = false;
     }
+    if (options_.metrics != nullptr) {
+      options_.metrics->GetCounter("colibri_expert_reloads_total", "Reloads by result.",
+                                   {{"result", s.ok() ? "ok" : "failed"}})
+          ->Add();
+    }
+    UpdateWeightGauges();
     if (s.ok()) {
       const std::shared_ptr<const WeightSet> set = store_->Current();
       response->set_weights_version(set->version());
       response->set_model_id(set->model().model_id());
     }
-    reactor->Finish(common::ToGrpcStatus(s));
+    Finish(reactor, "Reload", common::ToGrpcStatus(s));
   });
   return reactor;
 }

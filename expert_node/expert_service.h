@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
+#include "common/metrics.h"
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
 
@@ -29,6 +30,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     int threads = 0;
     std::string kernel_isa;
     int numa_node = -1;
+    common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
   };
 
   // `store` and `engine` must outlive the service.
@@ -45,6 +47,9 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
  private:
   void ComputeLoop();
+  // Counts the call by method and status code, then finishes it.
+  void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);
+  void UpdateWeightGauges();
 
   ExpertStore* const store_;
   ComputeEngine* const engine_;

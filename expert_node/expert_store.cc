@@ -107,6 +107,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
       locked = false;
     }
     madvise(const_cast<uint8_t*>(data), size, MADV_WILLNEED);  // advice only: failure is harmless
+    set->bytes_ += size;
     set->experts_[{layer, expert}] = std::move(weights);
   }
   set->locked_ = locked;

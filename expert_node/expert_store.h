@@ -48,6 +48,8 @@ class WeightSet {
   // Where the weights live, for logs and GetNodeInfo: e.g. "mapped files, locked".
   const std::string& placement() const { return placement_; }
   const std::vector<std::pair<int64_t, int64_t>>& owned() const { return owned_; }
+  // Bytes of the owned experts' files (or their copies).
+  uint64_t bytes() const { return bytes_; }
 
   // FAILED_PRECONDITION naming the layer and expert when this set does not own it.
   absl::StatusOr<const common::ExpertWeights*> Find(int64_t layer, int64_t expert) const;
@@ -57,6 +59,7 @@ class WeightSet {
   std::unique_ptr<common::ModelDir> model_;
   uint64_t version_ = 0;
   bool locked_ = false;
+  uint64_t bytes_ = 0;
   std::string placement_;
   std::vector<std::pair<int64_t, int64_t>> owned_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<common::ExpertWeights>> experts_;

@@ -2,7 +2,11 @@
 // in-process executor bit for bit; bad requests get the documented status
 // naming the field; GetNodeInfo and Reload behave as the proto says.
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -31,8 +35,10 @@ struct Node {
   std::unique_ptr<v1::ExpertNode::Stub> stub;
 };
 
-Node Start(const std::string& model_dir, const std::string& experts) {
+Node Start(const std::string& model_dir, const std::string& experts, int metrics_port = -1) {
   ServerOptions options;
+  options.metrics_port = metrics_port;
+  options.metrics_host = "127.0.0.1";
   options.model_dir = model_dir;
   options.store.shard = *ShardSpec::Parse(experts);
   options.store.lock_memory = false;
@@ -183,6 +189,49 @@ TEST_CASE("a reload under concurrent Compute load fails no call") {
   INFO(calls << " calls during 4 reloads");
   CHECK(calls > 0);
   CHECK(failures == 0);
+}
+
+// A plain HTTP GET on 127.0.0.1; returns the whole response.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
+  std::string response;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
+  ::close(fd);
+  return response;
+}
+
+TEST_CASE("an expert node serves Prometheus metrics about its calls, rows per expert and weights") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0);
+  REQUIRE(node.server->metrics_port() > 0);
+  const std::vector<float> rows(3 * kDModel, 0.5f);
+  v1::ComputeResponse response;
+  REQUIRE(Call(node, Request(rows), &response).ok());
+  v1::ComputeRequest bad = Request(rows);
+  bad.set_layer(9);
+  CHECK_FALSE(Call(node, bad, &response).ok());
+  const std::string metrics = HttpGet(node.server->metrics_port(), "/metrics");
+  INFO(metrics);
+  CHECK(metrics.rfind("HTTP/1.1 200 OK", 0) == 0);
+  CHECK(metrics.find("colibri_expert_calls_total{code=\"0\",method=\"Compute\"} 1") != std::string::npos);
+  CHECK(metrics.find("colibri_expert_calls_total{code=\"3\",method=\"Compute\"} 1") != std::string::npos);
+  CHECK(metrics.find("colibri_expert_expert_rows_total{expert=\"0\",layer=\"0\"} 2") != std::string::npos);
+  CHECK(metrics.find("colibri_expert_compute_seconds_count{layer=\"0\"} 1") != std::string::npos);
+  CHECK(metrics.find("colibri_expert_compute_seconds_bucket{layer=\"0\",le=\"+Inf\"} 1") != std::string::npos);
+  CHECK(metrics.find("colibri_expert_weights_version 1") != std::string::npos);
+  CHECK(metrics.find("# TYPE colibri_expert_queue_seconds histogram") != std::string::npos);
+  CHECK(HttpGet(node.server->metrics_port(), "/other").rfind("HTTP/1.1 404", 0) == 0);
 }
 
 TEST_CASE("an expert node refuses bad Compute requests with the documented status, naming the field") {
