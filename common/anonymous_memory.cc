@@ -19,10 +19,17 @@ absl::StatusOr<std::unique_ptr<AnonymousMemory>> AnonymousMemory::Create(size_t 
     return absl::UnavailableError(absl::StrCat("NUMA node ", options.numa_node,
                                                " requested but libnuma reports no NUMA support"));
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
+  // Map 2 MiB more and trim, so the region starts on a huge-page boundary
+  // (an unaligned start gets few or no transparent huge pages).
+  void* raw = mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes: ", std::strerror(errno)));
   }
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
+  if (aligned > start) munmap(raw, aligned - start);
+  if (start + kHuge > aligned) munmap(reinterpret_cast<void*>(aligned + size), start + kHuge - aligned);
+  void* p = reinterpret_cast<void*>(aligned);
   std::string description;
   if (options.hugepages) {
     description = madvise(p, size, MADV_HUGEPAGE) == 0 ? "huge pages advised"

@@ -25,6 +25,9 @@ ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf
 ABSL_FLAG(int64_t, max_rows, 65536, "Most token rows one Compute call may carry (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_queued_calls, 64, "Compute calls waiting for the compute thread (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_message_bytes, 0, "Largest request or reply in bytes; 0 derives it from d_model and --max_rows.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: require client certificates signed by it (mutual TLS).");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on.");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
@@ -59,6 +62,9 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
 

@@ -24,7 +24,8 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
   if (in.layer < 0 || in.layer >= m.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", in.layer, " is outside [0, ", m.n_layers, ")"));
   }
-  if (in.num_rows < 0 || in.num_rows > limits_.max_rows) {
+  if (in.num_rows < 0) return absl::InvalidArgumentError(absl::StrCat("rows: ", in.num_rows, " rows"));
+  if (in.num_rows > limits_.max_rows) {
     return absl::ResourceExhaustedError(absl::StrCat("rows: ", in.num_rows, " rows exceed the limit of ",
                                                      limits_.max_rows));
   }
@@ -46,6 +47,10 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
     const ExpertWork& work = in.experts[w];
     if (!experts_seen.insert(work.expert).second) {
       return absl::InvalidArgumentError(absl::StrCat("experts[", w, "]: expert ", work.expert, " is listed twice"));
+    }
+    if (work.expert < 0 || work.expert >= m.n_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "]: expert ", work.expert, " is outside [0, ",
+                                                     m.n_experts, ")"));
     }
     auto weights = set->Find(in.layer, work.expert);
     if (!weights.ok()) return weights.status();

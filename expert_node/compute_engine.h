@@ -57,10 +57,11 @@ class ComputeEngine {
   // `store` and `pool` must outlive the engine.
   ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limits limits);
 
-  // INVALID_ARGUMENT (bad layer, row count, d_model, row index, duplicate
-  // expert or index, weights length, non-finite weight or — with
-  // check_finite — row value), FAILED_PRECONDITION (expert not owned, naming
-  // it; model_id mismatch), RESOURCE_EXHAUSTED (over the limits). Each
+  // INVALID_ARGUMENT (bad layer, negative row count, rows size, expert id
+  // outside the model, row index, duplicate expert or index, weights length,
+  // non-finite weight or — with check_finite — row value),
+  // FAILED_PRECONDITION (expert not owned, naming it; model_id mismatch),
+  // RESOURCE_EXHAUSTED (more rows or row indices than the limits). Each
   // message names the field and the value.
   absl::StatusOr<ComputeOutput> Compute(const ComputeInput& input);
 

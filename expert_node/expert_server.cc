@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -16,16 +18,57 @@
 namespace colibri {
 namespace expert_node {
 
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+  if (text.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a PEM file"));
+  }
+  return text.str();
+}
+
+// Insecure, TLS, or mutual TLS, from the options.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) {
+    if (!o.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both --tls_cert and --tls_key");
+  }
+  const bool mutual = !o.tls_client_ca_file.empty();
+  grpc::SslServerCredentialsOptions ssl(mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  COLIBRI_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(o.tls_cert_file, "--tls_cert"));
+  COLIBRI_ASSIGN_OR_RETURN(pair.private_key, ReadPem(o.tls_key_file, "--tls_key"));
+  ssl.pem_key_cert_pairs.push_back(pair);
+  if (mutual) {
+    COLIBRI_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(o.tls_client_ca_file, "--tls_client_ca"));
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerOptions& options, std::ostream* log) {
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options));
   std::unique_ptr<ExpertServer> s(new ExpertServer());
   COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(options.model_dir, options.store, log));
   COLIBRI_ASSIGN_OR_RETURN(s->pool_,
                            kernels::ThreadPool::Create({options.threads, options.store.numa_node, /*pin=*/true}));
   s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits);
   ExpertService::Options service_options;
-  service_options.model_root = options.model_root.empty()
-                                   ? std::filesystem::path(options.model_dir).parent_path().string()
-                                   : options.model_root;
+  // Default root: the parent of --model ("model/" and "model" alike).
+  std::filesystem::path model_path = std::filesystem::path(options.model_dir).lexically_normal();
+  if (!model_path.has_filename()) model_path = model_path.parent_path();
+  service_options.model_root = options.model_root.empty() ? model_path.parent_path().string() : options.model_root;
   if (service_options.model_root.empty()) service_options.model_root = ".";
   service_options.check_finite = options.check_finite;
   service_options.max_queued_calls = options.max_queued_calls;
@@ -42,9 +85,14 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
   const int64_t d_model = s->store_->Current()->model().manifest().d_model;
+  if (options.limits.max_rows < 1 || options.limits.max_rows > (int64_t{1} << 24) ||
+      options.limits.max_row_indices < 1 || options.limits.max_row_indices > (int64_t{1} << 28)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_rows ", options.limits.max_rows,
+                                                   " must be in [1, 2^24]"));
+  }
   const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);
   const int64_t max_bytes = std::min<int64_t>(options.max_message_bytes > 0 ? options.max_message_bytes : derived,
                                               std::numeric_limits<int>::max());
@@ -61,12 +109,13 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
 }
 
 void ExpertServer::Shutdown(std::chrono::system_clock::time_point deadline) {
-  if (shut_down_) return;
-  shut_down_ = true;
-  server_->GetHealthCheckService()->SetServingStatus(false);
-  server_->Shutdown(deadline);
-  server_->Wait();
-  service_.reset();  // finishes anything still queued, joins its threads
+  std::call_once(shutdown_once_, [&] {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->Shutdown(deadline);  // waits for in-flight calls (the compute thread still runs)
+    server_->Wait();
+    server_.reset();   // the service must outlive the server
+    service_.reset();  // finishes anything still queued, joins its threads
+  });
 }
 
 ExpertServer::~ExpertServer() {

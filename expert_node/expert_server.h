@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <string>
 
@@ -39,12 +40,19 @@ struct ServerOptions {
   int64_t max_message_bytes = 0;       // 0: from the model shape and limits.max_rows
   int64_t max_queued_calls = 64;       // beyond: RESOURCE_EXHAUSTED
   ComputeEngine::Limits limits;
+  // TLS: server certificate chain and key (PEM files); with a client CA as
+  // well, mutual TLS: only clients with a certificate signed by it get in.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
   int metrics_port = -1;               // >= 0: serve Prometheus /metrics on it (0 picks a free port)
   std::string metrics_host = "0.0.0.0";
 };
 
 class ExpertServer {
  public:
+  // `log` (may be null) must outlive the server; the store writes to it from
+  // reload threads, one reload at a time.
   static absl::StatusOr<std::unique_ptr<ExpertServer>> Create(const ServerOptions& options, std::ostream* log);
   ~ExpertServer();
 
@@ -67,7 +75,7 @@ class ExpertServer {
   std::unique_ptr<ExpertService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  bool shut_down_ = false;
+  std::once_flag shutdown_once_;
 };
 
 }  // namespace expert_node

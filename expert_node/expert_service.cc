@@ -17,14 +17,16 @@ namespace v1 = colibri::v1;
 // actually received before anything is allocated.
 absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
   if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("rows: shape must be [R, ", d_model, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("rows: shape has ", t.shape_size(), " dims", t.shape_size() == 2 ? absl::StrCat(" [", t.shape(0), ", ", t.shape(1), "]") : "",
+                                                   "; must be [R, ", d_model, "]"));
   }
   size_t element = 0;
   if (t.dtype() == v1::DATA_TYPE_F32) element = 4;
   if (t.dtype() == v1::DATA_TYPE_BF16) element = 2;
   if (element == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rows: dtype ", v1::DataType_Name(t.dtype()), " is not supported (f32 or bf16)"));
+        absl::StrCat("rows: dtype ", static_cast<int>(t.dtype()), " (", v1::DataType_Name(t.dtype()),
+                     ") is not supported (f32 or bf16)"));
   }
   // R <= bytes received, so R * d_model * element cannot overflow for any message gRPC accepted.
   const int64_t received = static_cast<int64_t>(t.data().size());
@@ -260,12 +262,18 @@ grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* context, const v1::ReloadRequest* request,
                                                 v1::ReloadResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const std::string dir = request->model_dir();
+  std::string dir = request->model_dir();
+  std::error_code ec;
+  if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::NOT_FOUND, "model_dir is not a directory"));
+    return reactor;
+  }
   if (!dir.empty() && !InsideRoot(dir, options_.model_root)) {
     Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                                  "model_dir is not an existing directory inside the node's --model_root"));
     return reactor;
   }
+  if (!dir.empty()) dir = std::filesystem::canonical(dir, ec).string();  // what was checked is what loads
   std::optional<ShardSpec> shard;
   if (!request->experts().empty()) {
     absl::StatusOr<ShardSpec> parsed = ShardSpec::Parse(request->experts());

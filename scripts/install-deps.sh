@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(
   # build
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git openssl
   # libraries (the customer's stack and helpers)
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libdnnl-dev ocl-icd-opencl-dev opencl-headers libnuma-dev nlohmann-json3-dev libxxhash-dev catch2

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -234,6 +235,50 @@ TEST_CASE("an expert node serves Prometheus metrics about its calls, rows per ex
   CHECK(HttpGet(node.server->metrics_port(), "/other").rfind("HTTP/1.1 404", 0) == 0);
 }
 
+std::string Slurp(const std::string& path) { return colibri::testing::ReadFile(path); }
+
+TEST_CASE("with mutual TLS only clients holding a certificate from the CA get in") {
+  TempDir dir;
+  const std::string certs = dir / "certs";
+  const std::string script = std::string(COLIBRI_TEST_DATA_DIR) + "/../../scripts/make_test_certs.sh";
+  REQUIRE(std::system(("bash '" + script + "' '" + certs + "' > /dev/null").c_str()) == 0);
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options;
+  options.model_dir = dir / "model";
+  options.store.lock_memory = false;
+  options.threads = 1;
+  options.tls_cert_file = certs + "/server.crt";
+  options.tls_key_file = certs + "/server.key";
+  options.tls_client_ca_file = certs + "/ca.crt";
+  auto server = ExpertServer::Create(options, nullptr);
+  INFO(server.status().message());
+  REQUIRE(server.ok());
+  const std::string target = "127.0.0.1:" + std::to_string((*server)->port());
+  auto info = [&](std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(target, credentials));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetNodeInfoResponse response;
+    return stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &response);
+  };
+  grpc::SslCredentialsOptions trusted;
+  trusted.pem_root_certs = Slurp(certs + "/ca.crt");
+  trusted.pem_cert_chain = Slurp(certs + "/client.crt");
+  trusted.pem_private_key = Slurp(certs + "/client.key");
+  const grpc::Status ok = info(grpc::SslCredentials(trusted));
+  INFO(ok.error_message());
+  CHECK(ok.ok());
+  grpc::SslCredentialsOptions no_client_cert;
+  no_client_cert.pem_root_certs = trusted.pem_root_certs;
+  CHECK_FALSE(info(grpc::SslCredentials(no_client_cert)).ok());  // untrusted client refused
+  CHECK_FALSE(info(grpc::InsecureChannelCredentials()).ok());     // plaintext refused
+
+  options.tls_key_file.clear();
+  CHECK(ExpertServer::Create(options, nullptr).status().message().find("--tls_key") != absl::string_view::npos);
+  options.tls_key_file = certs + "/missing.key";
+  CHECK(ExpertServer::Create(options, nullptr).status().message().find("missing.key") != absl::string_view::npos);
+}
+
 TEST_CASE("an expert node refuses bad Compute requests with the documented status, naming the field") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kInt8);
@@ -260,7 +305,7 @@ TEST_CASE("an expert node refuses bad Compute requests with the documented statu
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "experts[0].weights[0] is not finite");
   r = Request(rows);
   r.mutable_rows()->set_shape(1, 47);
-  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: shape must be [R, 48]");
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: shape has 2 dims [3, 47]; must be [R, 48]");
   r = Request(rows);
   r.mutable_rows()->mutable_data()->resize(10);
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: 10 bytes do not hold [3, 48]");

@@ -5,6 +5,8 @@
 
 #include "kernels/expert_executor.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -194,6 +196,27 @@ TEST_CASE("a thread pool runs every worker and its barrier orders phases") {
     CHECK(stage == std::vector<int>{2, 2, 2});
   }
   CHECK_FALSE(ThreadPool::Create({1, 4096, true}).ok());  // no such NUMA node
+}
+
+TEST_CASE("pinned workers run on exactly the CPU they were given") {
+  auto pool = ThreadPool::Create({2, -1, true});
+  REQUIRE(pool.ok());
+  REQUIRE_FALSE((*pool)->cpus().empty());
+  std::vector<int> allowed(2, -1), on(2, -1);
+  (*pool)->Run([&](int w) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    sched_getaffinity(0, sizeof(set), &set);
+    allowed[w] = CPU_COUNT(&set);
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) on[w] = c;
+    }
+  });
+  const std::vector<int>& cpus = (*pool)->cpus();
+  for (int w = 0; w < 2; ++w) {
+    CHECK(allowed[w] == 1);  // the affinity mask took effect
+    CHECK(on[w] == cpus[w % cpus.size()]);
+  }
 }
 
 }  // namespace
