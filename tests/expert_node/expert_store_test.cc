@@ -85,7 +85,11 @@ TEST_CASE("locking the weights takes effect where permitted, and says so where n
   auto store = ExpertStore::Create(dir / "model", StoreOptions{}, &log);
   REQUIRE(store.ok());
   if ((*store)->Current()->locked()) {
+#if defined(__SANITIZE_ADDRESS__)
+    WARN("AddressSanitizer turns mlock into a no-op: VmLck is not checked in this build");
+#else
     CHECK(LockedKb() > before);  // 8 experts of ~50 KiB each
+#endif
     CHECK((*store)->Current()->placement().find("locked in RAM") != std::string::npos);
   } else {
     WARN("mlock is not permitted here: " << log.str());
