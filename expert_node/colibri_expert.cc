@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     if (sig == SIGHUP) {
-      const absl::Status s = (*server)->store().Reload("", std::nullopt);
+      const absl::Status s = (*server)->Reload();
       std::cerr << "colibri-expert: SIGHUP reload: " << (s.ok() ? "ok" : std::string(s.message())) << std::endl;
       continue;
     }

@@ -108,6 +108,8 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   return s;
 }
 
+absl::Status ExpertServer::Reload() { return service_->ReloadNow("", std::nullopt); }
+
 void ExpertServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
     server_->GetHealthCheckService()->SetServingStatus(false);

@@ -58,6 +58,10 @@ class ExpertServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : -1; }
+
+  // Reloads the current directory and shard (SIGHUP), recorded like an RPC
+  // reload. REQUIRES: not shut down.
+  absl::Status Reload();
   ExpertStore& store() { return *store_; }
 
   // Stops accepting calls, lets in-flight calls finish until `deadline`,

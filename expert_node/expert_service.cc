@@ -105,6 +105,21 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
   reactor->Finish(status);
 }
 
+absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard) {
+  const absl::Status s = store_->Reload(model_dir, shard);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_reload_error_ = s.ok() ? "" : std::string(s.message());
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->GetCounter("colibri_expert_reloads_total", "Reloads by result.",
+                                 {{"result", s.ok() ? "ok" : "failed"}})
+        ->Add();
+  }
+  UpdateWeightGauges();
+  return s;
+}
+
 void ExpertService::UpdateWeightGauges() {
   if (options_.metrics == nullptr) return;
   const std::shared_ptr<const WeightSet> set = store_->Current();
@@ -297,18 +312,11 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
   reload_running_ = true;
   // Loading takes seconds: never on a gRPC thread, never on the compute thread.
   reload_thread_ = std::thread([this, reactor, response, dir, shard] {
-    const absl::Status s = store_->Reload(dir, shard);
+    const absl::Status s = ReloadNow(dir, shard);
     {
       std::lock_guard<std::mutex> guard(mu_);
-      last_reload_error_ = s.ok() ? "" : std::string(s.message());
       reload_running_ = false;
     }
-    if (options_.metrics != nullptr) {
-      options_.metrics->GetCounter("colibri_expert_reloads_total", "Reloads by result.",
-                                   {{"result", s.ok() ? "ok" : "failed"}})
-          ->Add();
-    }
-    UpdateWeightGauges();
     if (s.ok()) {
       const std::shared_ptr<const WeightSet> set = store_->Current();
       response->set_weights_version(set->version());

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -44,6 +45,10 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
                                         colibri::v1::GetNodeInfoResponse* response) override;
   grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* context, const colibri::v1::ReloadRequest* request,
                                    colibri::v1::ReloadResponse* response) override;
+
+  // The reload both the RPC and SIGHUP use: reloads the store and records the
+  // outcome (GetNodeInfo.last_reload_error, metrics). Blocks for the load.
+  absl::Status ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard);
 
  private:
   void ComputeLoop();
