@@ -150,32 +150,23 @@ void ExpertService::ComputeLoop() {
 grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* context,
                                                  const v1::ComputeRequest* request, v1::ComputeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const int64_t d_model = store_->Current()->model().manifest().d_model;
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_expert_bytes_in_total", "Bytes of row tensors received.")
         ->Add(static_cast<double>(request->rows().data().size()));
   }
-  auto input = std::make_shared<ComputeInput>();
-  input->layer = request->layer();
-  input->model_id = request->model_id();
-  input->check_finite = options_.check_finite;
-  if (absl::Status s = ParseRows(request->rows(), d_model, input.get()); !s.ok()) {
-    Finish(reactor, "Compute", common::ToGrpcStatus(s));
-    return reactor;
-  }
-  for (const v1::ExpertWork& w : request->experts()) {
-    input->experts.push_back({w.expert(), {w.row_indices().begin(), w.row_indices().end()},
-                              {w.weights().begin(), w.weights().end()}});
-  }
   const v1::DataType output_dtype = request->output_dtype();
   if (output_dtype != v1::DATA_TYPE_UNSPECIFIED && output_dtype != v1::DATA_TYPE_F32 &&
       output_dtype != v1::DATA_TYPE_BF16) {
-    Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 absl::StrCat("output_dtype ", v1::DataType_Name(output_dtype), " is not f32 or bf16")));
+    Finish(reactor, "Compute",
+           grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("output_dtype ", static_cast<int>(output_dtype), " (",
+                                     v1::DataType_Name(output_dtype), ") is not f32 or bf16")));
     return reactor;
   }
   const auto queued = std::chrono::steady_clock::now();
-  auto job = [this, context, reactor, response, input, output_dtype, d_model, queued](bool run) {
+  // The request stays alive until the reactor finishes; parsing (and bf16
+  // conversion) happens on the compute thread, not on gRPC's.
+  auto job = [this, context, reactor, request, response, output_dtype, queued](bool run) {
     if (!run) {
       Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
       return;
@@ -190,6 +181,19 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     }
     const int64_t queue_nanos =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - queued).count();
+    const int64_t d_model = store_->Current()->model().manifest().d_model;
+    auto input = std::make_unique<ComputeInput>();
+    input->layer = request->layer();
+    input->model_id = request->model_id();
+    input->check_finite = options_.check_finite;
+    if (absl::Status s = ParseRows(request->rows(), d_model, input.get()); !s.ok()) {
+      Finish(reactor, "Compute", common::ToGrpcStatus(s));
+      return;
+    }
+    for (const v1::ExpertWork& w : request->experts()) {
+      input->experts.push_back({w.expert(), {w.row_indices().begin(), w.row_indices().end()},
+                                {w.weights().begin(), w.weights().end()}});
+    }
     absl::StatusOr<ComputeOutput> out = engine_->Compute(*input);
     if (!out.ok()) {
       Finish(reactor, "Compute", common::ToGrpcStatus(out.status()));
