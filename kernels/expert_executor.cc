@@ -86,6 +86,23 @@ std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int parts, 
 
 }  // namespace
 
+GroupedRoutes GroupByExpert(const common::Routes& routes,
+                            absl::Span<const common::ExpertWeights* const> experts) {
+  GroupedRoutes g;
+  g.rows.resize(experts.size());
+  g.weights.resize(experts.size());
+  for (size_t s = 0; s < routes.expert_ids.size(); ++s) {
+    const int32_t e = routes.expert_ids[s];
+    g.rows[e].push_back(static_cast<int32_t>(s / routes.top_k));
+    g.weights[e].push_back(routes.weights[s]);
+  }
+  for (size_t e = 0; e < experts.size(); ++e) {
+    if (g.rows[e].empty()) continue;
+    g.tasks.push_back({experts[e], g.rows[e].data(), g.weights[e].data(), static_cast<int64_t>(g.rows[e].size())});
+  }
+  return g;
+}
+
 uint8_t* Workspace::Reserve(size_t bytes) {
   if (bytes > capacity_) {
     buffer_.reset(new uint8_t[bytes + kAlign]);

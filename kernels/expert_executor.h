@@ -34,6 +34,7 @@
 
 #include "absl/types/span.h"
 #include "common/model_dir.h"
+#include "common/routing.h"
 #include "kernels/dispatch.h"
 #include "kernels/thread_pool.h"
 
@@ -75,6 +76,20 @@ struct ExecutorOptions {
   int64_t int4_tile_min_tokens = 4;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
 };
+
+// A layer's routes grouped by expert: the tasks RunExperts takes. `tasks`
+// point into `rows` and `weights` (moving the struct keeps them valid; do not
+// copy it).
+struct GroupedRoutes {
+  std::vector<std::vector<int32_t>> rows;    // [expert] token rows routed to it
+  std::vector<std::vector<float>> weights;   // [expert] their routing weights
+  std::vector<ExpertTask> tasks;             // one per routed expert, in expert id order
+};
+
+// REQUIRES: experts[e] is non-null for every routed expert id e (others may
+// be null), ids < experts.size().
+GroupedRoutes GroupByExpert(const common::Routes& routes,
+                            absl::Span<const common::ExpertWeights* const> experts);
 
 // REQUIRES: every task's expert has the same shape (d_model x d_ff) and
 // weight type; rows < the number of rows of x and dst ([rows][d_model], f32).

@@ -117,20 +117,12 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
     // The full layer with the gate's real top-k routes, one task per routed expert.
     const common::Routes routes = common::RouteByGate(routing->gate, m.n_experts, m.d_model, m.top_k,
                                                       m.norm_topk_prob, x.data(), tokens);
-    std::vector<std::vector<int32_t>> rows(m.n_experts);
-    std::vector<std::vector<float>> weights(m.n_experts);
-    for (size_t s = 0; s < routes.expert_ids.size(); ++s) {
-      rows[routes.expert_ids[s]].push_back(static_cast<int32_t>(s / m.top_k));
-      weights[routes.expert_ids[s]].push_back(routes.weights[s]);
-    }
-    std::vector<kernels::ExpertTask> tasks;
+    std::vector<const common::ExpertWeights*> all;
+    for (const auto& e : experts) all.push_back(e.get());
+    const kernels::GroupedRoutes grouped = kernels::GroupByExpert(routes, all);
     size_t bytes = 0;
-    for (int64_t e = 0; e < m.n_experts; ++e) {
-      if (rows[e].empty()) continue;
-      tasks.push_back({experts[e].get(), rows[e].data(), weights[e].data(), static_cast<int64_t>(rows[e].size())});
-      bytes += ExpertBytes(*experts[e]);
-    }
-    const Timing t = Time([&] { kernels::RunExperts(*pool, tasks, x.data(), m.d_model, dst.data(), workspace, exec); },
+    for (const kernels::ExpertTask& task : grouped.tasks) bytes += ExpertBytes(*task.expert);
+    const Timing t = Time([&] { kernels::RunExperts(*pool, grouped.tasks, x.data(), m.d_model, dst.data(), workspace, exec); },
                           o.warmup, o.repeat);
     report("layer", tokens, t, bytes, flops_per_row * tokens * m.top_k);
   }

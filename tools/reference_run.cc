@@ -63,24 +63,18 @@ struct KernelCheck {
 absl::StatusOr<KernelCheck> CheckKernels(const common::ModelDir& model, int64_t layer, const ReferenceResult& r,
                                          const float* x, kernels::ThreadPool& pool) {
   const common::Manifest& m = model.manifest();
-  std::vector<std::unique_ptr<common::ExpertWeights>> experts(m.n_experts);
-  std::vector<std::vector<int32_t>> rows(m.n_experts);
-  std::vector<std::vector<float>> weights(m.n_experts);
-  for (size_t s = 0; s < r.routes.expert_ids.size(); ++s) {
-    const int32_t e = r.routes.expert_ids[s];
-    rows[e].push_back(static_cast<int32_t>(s / m.top_k));
-    weights[e].push_back(r.routes.weights[s]);
+  std::vector<std::unique_ptr<common::ExpertWeights>> owned(m.n_experts);
+  std::vector<const common::ExpertWeights*> experts(m.n_experts, nullptr);
+  for (int32_t e : r.routes.expert_ids) {
+    if (owned[e] != nullptr) continue;
+    COLIBRI_ASSIGN_OR_RETURN(owned[e], model.LoadExpert(layer, e, /*verify_checksum=*/false));
+    experts[e] = owned[e].get();
   }
-  std::vector<kernels::ExpertTask> tasks;
-  for (int64_t e = 0; e < m.n_experts; ++e) {
-    if (rows[e].empty()) continue;
-    COLIBRI_ASSIGN_OR_RETURN(experts[e], model.LoadExpert(layer, e, /*verify_checksum=*/false));
-    tasks.push_back({experts[e].get(), rows[e].data(), weights[e].data(), static_cast<int64_t>(rows[e].size())});
-  }
+  const kernels::GroupedRoutes grouped = kernels::GroupByExpert(r.routes, experts);
   std::vector<float> y(r.output.size(), 0.f);
   kernels::Workspace workspace;
   const auto start = std::chrono::steady_clock::now();
-  kernels::RunExperts(pool, tasks, x, m.d_model, y.data(), workspace);
+  kernels::RunExperts(pool, grouped.tasks, x, m.d_model, y.data(), workspace);
   KernelCheck check;
   check.seconds = Since(start);
   double diff = 0, norm = 0;

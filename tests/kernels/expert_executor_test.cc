@@ -54,30 +54,6 @@ Layer LoadLayer(const std::string& dir) {
   return l;
 }
 
-// Groups routes by expert into tasks (expert order), as the router will.
-struct Tasks {
-  std::vector<std::vector<int32_t>> rows;
-  std::vector<std::vector<float>> weights;
-  std::vector<ExpertTask> tasks;
-};
-
-Tasks MakeTasks(const Layer& layer, const common::Routes& routes) {
-  Tasks t;
-  const size_t n = layer.experts.size();
-  t.rows.resize(n);
-  t.weights.resize(n);
-  for (int64_t s = 0; s < static_cast<int64_t>(routes.expert_ids.size()); ++s) {
-    t.rows[routes.expert_ids[s]].push_back(static_cast<int32_t>(s / routes.top_k));
-    t.weights[routes.expert_ids[s]].push_back(routes.weights[s]);
-  }
-  for (size_t e = 0; e < n; ++e) {
-    if (t.rows[e].empty()) continue;
-    t.tasks.push_back({layer.experts[e].get(), t.rows[e].data(), t.weights[e].data(),
-                       static_cast<int64_t>(t.rows[e].size())});
-  }
-  return t;
-}
-
 double RelativeL2(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -124,7 +100,7 @@ TEST_CASE("the expert executor matches the reference layer for every weight type
                                                         synth.top_k, true, x.data(), tokens);
       std::vector<float> expected(x.size());
       ReferenceMoeLayer(experts, routes, x.data(), synth.d_model, expected.data());
-      const Tasks tasks = MakeTasks(layer, routes);
+      const GroupedRoutes tasks = GroupByExpert(routes, experts);
       for (int64_t fast_min : {int64_t{0}, int64_t{16}}) {
         ExecutorOptions options;  // fast paths off, or on from 16 rows (oneDNN or dequantized tiles)
         options.onednn_min_tokens = fast_min;
