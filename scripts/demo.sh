@@ -31,7 +31,7 @@ step "install dependencies" bash "$root/scripts/install-deps.sh"
 step "build" bash "$root/scripts/build.sh"
 bin=${COLIBRI_BUILD_DIR:-$root/build}/tools
 work=${COLIBRI_DEMO_DIR:-${COLIBRI_BUILD_DIR:-$root/build}/demo}
-if [ -e "$work" ] && [ ! -f "$work/.colibri-demo" ]; then
+if [ -e "$work" ] && [ ! -f "$work/.colibri-demo" ] && [ ! -f "$work/checkpoint/config.json" ]; then
   echo "demo: $work exists and is not a demo directory; set COLIBRI_DEMO_DIR to a new path" >&2
   exit 2
 fi
