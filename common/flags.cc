@@ -1,5 +1,6 @@
 #include "common/flags.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/flags/parse.h"
@@ -21,7 +22,26 @@ std::vector<char*> ParseFlags(int argc, char** argv, const char* usage) {
   config.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, main_file); };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
-  return absl::ParseCommandLine(argc, argv);
+  // Accept --flag-name as well as --flag_name (the spelling docs and
+  // operators often use): the name part of each flag, up to '=', gets
+  // underscores. Arguments after "--" are positional and left alone.
+  static std::vector<std::string> normalized;
+  normalized.assign(argv, argv + argc);
+  std::vector<char*> args;
+  bool positional = false;
+  for (int i = 0; i < argc; ++i) {
+    std::string& a = normalized[i];
+    if (a == "--") positional = true;
+    if (i > 0 && !positional && absl::StartsWith(a, "-") && a.size() > 2) {
+      const size_t start = a.find_first_not_of('-');
+      const size_t end = std::min(a.find('='), a.size());
+      for (size_t c = start; c < end; ++c) {
+        if (a[c] == '-') a[c] = '_';
+      }
+    }
+    args.push_back(a.data());
+  }
+  return absl::ParseCommandLine(argc, args.data());
 }
 
 }  // namespace common

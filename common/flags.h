@@ -11,7 +11,8 @@ namespace common {
 // Sets the usage message, makes --help / --helpshort list the flags defined in
 // the binary's own main file (colibri-foo's flags live in colibri_foo.cc;
 // Abseil only matches files named exactly like the binary), then parses argv.
-// Returns the positional arguments, argv[0] first. Exits like
+// --flag-name is accepted for --flag_name. Returns the positional arguments
+// (pointing into storage that lives until the next call), argv[0] first. Exits like
 // absl::ParseCommandLine on --help or a malformed flag.
 std::vector<char*> ParseFlags(int argc, char** argv, const char* usage);
 

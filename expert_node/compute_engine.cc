@@ -41,6 +41,7 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
     }
   }
   std::vector<kernels::ExpertTask> tasks;
+  std::vector<int32_t> slots;  // per_expert_output: output row of each (expert, row index)
   std::set<int32_t> experts_seen;
   int64_t indices = 0;
   for (size_t w = 0; w < in.experts.size(); ++w) {
@@ -82,6 +83,15 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
                        static_cast<int64_t>(work.row_indices.size())});
     }
   }
+  if (in.per_expert_output) {
+    slots.resize(indices);
+    for (int64_t i = 0; i < indices; ++i) slots[i] = static_cast<int32_t>(i);
+    int64_t first = 0;
+    for (kernels::ExpertTask& t : tasks) {
+      t.out_rows = slots.data() + first;
+      first += t.num_rows;
+    }
+  }
   // Ask the kernel to start reading any page-cache weights of this call now
   // (a no-op for weights locked in RAM or copied to anonymous memory).
   for (const kernels::ExpertTask& t : tasks) {
@@ -91,7 +101,7 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
   }
   ComputeOutput out;
   out.weights_version = set->version();
-  out.output.assign(in.num_rows * m.d_model, 0.f);
+  out.output.assign((in.per_expert_output ? indices : in.num_rows) * m.d_model, 0.f);
   const auto start = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(workspace_mu_);

@@ -39,10 +39,15 @@ struct ComputeInput {
   std::vector<ExpertWork> experts;
   std::string model_id;     // empty, or must equal the loaded model's id
   bool check_finite = false;  // refuse NaN/Inf in rows
+  // false: output row i = Σ over experts of weight · FFN(rows[i]) ([num_rows]
+  // rows). true: one output row per (expert, row index) in request order —
+  // experts[0]'s row indices first — each exactly weight · FFN(row), so the
+  // router can sum a token's experts in route order whatever the shard map.
+  bool per_expert_output = false;
 };
 
 struct ComputeOutput {
-  std::vector<float> output;  // [num_rows][d_model]
+  std::vector<float> output;  // [num_rows or Σ row indices][d_model]
   uint64_t weights_version = 0;
   int64_t compute_nanos = 0;
 };

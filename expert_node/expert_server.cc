@@ -6,11 +6,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "common/status_macros.h"
 #include "expert_node/expert_service.h"
 #include "kernels/dispatch.h"
@@ -20,39 +19,9 @@ namespace expert_node {
 
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
-  if (text.str().find("-----BEGIN") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a PEM file"));
-  }
-  return text.str();
-}
-
 // Insecure, TLS, or mutual TLS, from the options.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
-  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) {
-    if (!o.tls_client_ca_file.empty()) {
-      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
-    }
-    return grpc::InsecureServerCredentials();
-  }
-  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
-    return absl::InvalidArgumentError("TLS needs both --tls_cert and --tls_key");
-  }
-  const bool mutual = !o.tls_client_ca_file.empty();
-  grpc::SslServerCredentialsOptions ssl(mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                                               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  COLIBRI_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(o.tls_cert_file, "--tls_cert"));
-  COLIBRI_ASSIGN_OR_RETURN(pair.private_key, ReadPem(o.tls_key_file, "--tls_key"));
-  ssl.pem_key_cert_pairs.push_back(pair);
-  if (mutual) {
-    COLIBRI_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(o.tls_client_ca_file, "--tls_client_ca"));
-  }
-  return grpc::SslServerCredentials(ssl);
+  return common::ServerCredentialsFromFiles(o.tls_cert_file, o.tls_key_file, o.tls_client_ca_file, "--tls");
 }
 
 }  // namespace

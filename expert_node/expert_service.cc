@@ -49,8 +49,8 @@ absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
   return absl::OkStatus();
 }
 
-void FillOutput(const ComputeOutput& out, int64_t rows, int64_t d_model, v1::DataType dtype, v1::Tensor* t) {
-  t->add_shape(rows);
+void FillOutput(const ComputeOutput& out, int64_t d_model, v1::DataType dtype, v1::Tensor* t) {
+  t->add_shape(static_cast<int64_t>(out.output.size()) / d_model);
   t->add_shape(d_model);
   if (dtype == v1::DATA_TYPE_BF16) {
     t->set_dtype(v1::DATA_TYPE_BF16);
@@ -186,6 +186,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     input->layer = request->layer();
     input->model_id = request->model_id();
     input->check_finite = options_.check_finite;
+    input->per_expert_output = request->per_expert_output();
     if (absl::Status s = ParseRows(request->rows(), d_model, input.get()); !s.ok()) {
       Finish(reactor, "Compute", common::ToGrpcStatus(s));
       return;
@@ -199,7 +200,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       Finish(reactor, "Compute", common::ToGrpcStatus(out.status()));
       return;
     }
-    FillOutput(*out, input->num_rows, d_model, output_dtype, response->mutable_output());
+    FillOutput(*out, d_model, output_dtype, response->mutable_output());
     if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
       const common::Labels layer = {{"layer", std::to_string(input->layer)}};
       m->GetHistogram("colibri_expert_compute_seconds", "Kernel time of a Compute call.", layer,

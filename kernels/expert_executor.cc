@@ -87,18 +87,21 @@ std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int parts, 
 }  // namespace
 
 GroupedRoutes GroupByExpert(const common::Routes& routes,
-                            absl::Span<const common::ExpertWeights* const> experts) {
+                            absl::Span<const common::ExpertWeights* const> experts, bool to_slots) {
   GroupedRoutes g;
   g.rows.resize(experts.size());
   g.weights.resize(experts.size());
+  g.slots.resize(experts.size());
   for (size_t s = 0; s < routes.expert_ids.size(); ++s) {
     const int32_t e = routes.expert_ids[s];
     g.rows[e].push_back(static_cast<int32_t>(s / routes.top_k));
     g.weights[e].push_back(routes.weights[s]);
+    g.slots[e].push_back(static_cast<int32_t>(s));
   }
   for (size_t e = 0; e < experts.size(); ++e) {
     if (g.rows[e].empty()) continue;
-    g.tasks.push_back({experts[e], g.rows[e].data(), g.weights[e].data(), static_cast<int64_t>(g.rows[e].size())});
+    g.tasks.push_back({experts[e], g.rows[e].data(), g.weights[e].data(), static_cast<int64_t>(g.rows[e].size()),
+                       to_slots ? g.slots[e].data() : nullptr});
   }
   return g;
 }
@@ -243,7 +246,7 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
     // dst[row][first, last) += weight · y[row][0, last - first) for the task's rows.
     auto accumulate = [&](const ExpertTask& t, const float* y, int64_t stride, int64_t first, int64_t last) {
       for (int64_t r = 0; r < t.num_rows; ++r) {
-        float* out = dst + t.rows[r] * d_model;
+        float* out = dst + (t.out_rows != nullptr ? t.out_rows[r] : t.rows[r]) * d_model;
         const float weight = t.weights[r];
         for (int64_t c = first; c < last; ++c) out[c] += weight * y[r * stride + c - first];
       }

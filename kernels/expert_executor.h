@@ -46,6 +46,11 @@ struct ExpertTask {
   const int32_t* rows = nullptr;                  // [num_rows] indices into x / dst
   const float* weights = nullptr;                 // [num_rows] routing weights
   int64_t num_rows = 0;
+  // [num_rows] rows of dst the results go to; null: the same rows as `rows`.
+  // With a distinct dst row per (row, expert) — a "slot" — each slot holds
+  // exactly weight · FFN(x[row]), whatever else the call computes: the
+  // router's partition-independent sums are built from those.
+  const int32_t* out_rows = nullptr;
 };
 
 // Scratch memory for Run, owned by the caller and reused across calls.
@@ -83,16 +88,21 @@ struct ExecutorOptions {
 struct GroupedRoutes {
   std::vector<std::vector<int32_t>> rows;    // [expert] token rows routed to it
   std::vector<std::vector<float>> weights;   // [expert] their routing weights
+  std::vector<std::vector<int32_t>> slots;   // [expert] their route slots t * top_k + j
   std::vector<ExpertTask> tasks;             // one per routed expert, in expert id order
 };
 
+// With `to_slots`, each task writes its results to dst row t * top_k + j
+// (out_rows = slots) instead of accumulating into row t: dst must then have
+// T * top_k rows.
 // REQUIRES: experts[e] is non-null for every routed expert id e (others may
 // be null), ids < experts.size().
 GroupedRoutes GroupByExpert(const common::Routes& routes,
-                            absl::Span<const common::ExpertWeights* const> experts);
+                            absl::Span<const common::ExpertWeights* const> experts, bool to_slots = false);
 
 // REQUIRES: every task's expert has the same shape (d_model x d_ff) and
-// weight type; rows < the number of rows of x and dst ([rows][d_model], f32).
+// weight type; rows < the number of rows of x, out_rows (or rows) < the
+// number of rows of dst (both [rows][d_model], f32).
 void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model,
                 float* dst, Workspace& workspace, const ExecutorOptions& options = {});
 

@@ -1,6 +1,9 @@
 #include "tests/test_util.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -8,12 +11,77 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "common/safetensors.h"
 #include "tools/convert.h"
 
 namespace colibri {
 namespace testing {
+
+ProcessGuard::ProcessGuard(const std::vector<std::string>& argv) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t parent = getpid();
+  pid_ = fork();
+  REQUIRE(pid_ >= 0);
+  if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the parent died before prctl
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  out_ = fdopen(fds[0], "r");
+}
+
+ProcessGuard::~ProcessGuard() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_ != nullptr) fclose(out_);
+}
+
+std::string ProcessGuard::ReadLine() {
+  char line[512];
+  return fgets(line, sizeof(line), out_) != nullptr ? std::string(line) : std::string();
+}
+
+int ProcessGuard::ReadPort() {
+  for (;;) {
+    const std::string line = ReadLine();
+    INFO("the process ended before printing its port");
+    REQUIRE(!line.empty());
+    const size_t at = line.find("listening on port ");
+    if (at != std::string::npos) return std::stoi(line.substr(at + 18));
+  }
+}
+
+void ProcessGuard::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+int ProcessGuard::SignalAndWait(int sig, std::chrono::seconds timeout) {
+  kill(pid_, sig);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+std::string Binary(const std::string& relative) { return std::string(COLIBRI_BINARY_DIR) + "/" + relative; }
 
 TempDir::TempDir() {
   const char* tmp = getenv("TMPDIR");

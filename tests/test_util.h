@@ -4,7 +4,9 @@
 // Shared helpers for Colibri's tests: scratch directories that clean up after
 // themselves, and small synthetic models built through the real tools.
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,33 @@ std::string ReadFile(const std::string& path);
 void FlipByte(const std::string& path, uint64_t offset);
 void TruncateFile(const std::string& path, uint64_t size);
 void WriteBytesAt(const std::string& path, uint64_t offset, const std::string& bytes);
+
+// A child process (argv[0] a path) with its stdout on a pipe; killed with
+// SIGKILL when the guard is destroyed — and by the kernel if the test process
+// dies first — so no test leaves a process behind.
+class ProcessGuard {
+ public:
+  explicit ProcessGuard(const std::vector<std::string>& argv);
+  ~ProcessGuard();
+  ProcessGuard(const ProcessGuard&) = delete;
+  ProcessGuard& operator=(const ProcessGuard&) = delete;
+
+  // The next line of the child's stdout ("" at EOF).
+  std::string ReadLine();
+  // Reads lines until one says "listening on port N" and returns N; REQUIREs it.
+  int ReadPort();
+  // Sends `sig` and waits up to `timeout` for the exit status (-1: still running).
+  int SignalAndWait(int sig, std::chrono::seconds timeout);
+  void Signal(int sig);
+  int pid() const { return pid_; }
+
+ private:
+  int pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+// Path of a binary in the build tree, e.g. Binary("expert_node/colibri-expert").
+std::string Binary(const std::string& relative);
 
 // Reads an F32 or I32 tensor of a safetensors file; REQUIREs it exists.
 std::vector<float> ReadF32(const std::string& path, const std::string& name);

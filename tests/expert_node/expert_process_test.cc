@@ -4,8 +4,6 @@
 // failure (ProcessGuard).
 
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -26,57 +24,7 @@ namespace {
 using colibri::testing::TempDir;
 namespace v1 = colibri::v1;
 
-// A child process started with its stdout on a pipe; killed when destroyed.
-class ProcessGuard {
- public:
-  explicit ProcessGuard(const std::vector<std::string>& argv) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~ProcessGuard() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_ != nullptr) fclose(out_);
-  }
-  // The next line of the child's stdout ("" at EOF).
-  std::string ReadLine() {
-    char line[512];
-    return fgets(line, sizeof(line), out_) != nullptr ? std::string(line) : std::string();
-  }
-  // Sends `sig` and waits up to `timeout` for the exit status (-1: still running, then killed).
-  int SignalAndWait(int sig, std::chrono::seconds timeout) {
-    kill(pid_, sig);
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
+using colibri::testing::ProcessGuard;
 
 TEST_CASE("colibri-expert serves, reloads under load with no failed call, and exits 0 on SIGTERM") {
   TempDir dir;
@@ -85,11 +33,7 @@ TEST_CASE("colibri-expert serves, reloads under load with no failed call, and ex
   colibri::testing::MakeModel(synth, dir / "root/b", common::DType::kInt4);
   ProcessGuard node({std::string(COLIBRI_BINARY_DIR) + "/expert_node/colibri-expert", "--model=" + (dir / "root/a"),
                      "--experts=layer:0/expert:0-1", "--listen=127.0.0.1:0", "--nomlock", "--threads=2"});
-  const std::string line = node.ReadLine();
-  INFO("first line: " << line);
-  const size_t at = line.find("listening on port ");
-  REQUIRE(at != std::string::npos);
-  const int port = std::stoi(line.substr(at + 18));
+  const int port = node.ReadPort();
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
 
   auto health = grpc::health::v1::Health::NewStub(channel);

@@ -1,0 +1,297 @@
+// The C API (router_node/colibri.h) over colibri::Engine.
+//
+// Each entry point runs its body inside Guarded(), which clears the thread's
+// error, turns a non-OK absl::Status into its colibri_status (same numbers)
+// plus a message, and turns any exception into RESOURCE_EXHAUSTED
+// (std::bad_alloc) or INTERNAL, so nothing C++ crosses the boundary. The
+// message buffer is a fixed thread-local array: recording an error never
+// allocates and never throws.
+
+#include "router_node/colibri.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "common/status_macros.h"
+#include "router_node/engine.h"
+
+struct colibri_engine {
+  std::unique_ptr<colibri::Engine> engine;
+};
+
+namespace colibri {
+namespace {
+
+// The C codes are absl's canonical codes, number for number.
+#define COLIBRI_SAME_CODE(c_code, absl_code) \
+  static_assert(static_cast<int>(c_code) == static_cast<int>(absl::StatusCode::absl_code), #c_code)
+COLIBRI_SAME_CODE(COLIBRI_OK, kOk);
+COLIBRI_SAME_CODE(COLIBRI_CANCELLED, kCancelled);
+COLIBRI_SAME_CODE(COLIBRI_UNKNOWN, kUnknown);
+COLIBRI_SAME_CODE(COLIBRI_INVALID_ARGUMENT, kInvalidArgument);
+COLIBRI_SAME_CODE(COLIBRI_DEADLINE_EXCEEDED, kDeadlineExceeded);
+COLIBRI_SAME_CODE(COLIBRI_NOT_FOUND, kNotFound);
+COLIBRI_SAME_CODE(COLIBRI_ALREADY_EXISTS, kAlreadyExists);
+COLIBRI_SAME_CODE(COLIBRI_PERMISSION_DENIED, kPermissionDenied);
+COLIBRI_SAME_CODE(COLIBRI_RESOURCE_EXHAUSTED, kResourceExhausted);
+COLIBRI_SAME_CODE(COLIBRI_FAILED_PRECONDITION, kFailedPrecondition);
+COLIBRI_SAME_CODE(COLIBRI_ABORTED, kAborted);
+COLIBRI_SAME_CODE(COLIBRI_OUT_OF_RANGE, kOutOfRange);
+COLIBRI_SAME_CODE(COLIBRI_UNIMPLEMENTED, kUnimplemented);
+COLIBRI_SAME_CODE(COLIBRI_INTERNAL, kInternal);
+COLIBRI_SAME_CODE(COLIBRI_UNAVAILABLE, kUnavailable);
+COLIBRI_SAME_CODE(COLIBRI_DATA_LOSS, kDataLoss);
+COLIBRI_SAME_CODE(COLIBRI_UNAUTHENTICATED, kUnauthenticated);
+#undef COLIBRI_SAME_CODE
+
+// This thread's last error, NUL-terminated; "" after a successful call.
+thread_local char last_error[1024];
+
+// Copies `text` into dst[0..capacity), cut to fit, NUL-terminated.
+void CopyTruncated(absl::string_view text, char* dst, size_t capacity) {
+  const size_t n = std::min(text.size(), capacity - 1);
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+}
+
+colibri_status Fail(colibri_status code, absl::string_view prefix, absl::string_view text) noexcept {
+  CopyTruncated(prefix, last_error, sizeof(last_error));
+  const size_t used = std::strlen(last_error);
+  CopyTruncated(text, last_error + used, sizeof(last_error) - used);
+  return code;
+}
+
+colibri_status Fail(const absl::Status& status) noexcept {
+  const int code = static_cast<int>(status.code());
+  const colibri_status c_code = code > 0 && code <= COLIBRI_UNAUTHENTICATED ? static_cast<colibri_status>(code)
+                                                                           : COLIBRI_UNKNOWN;
+  return Fail(c_code, "", status.message());
+}
+
+// Runs `body` (returning absl::Status) with the error protocol above.
+template <typename Body>
+colibri_status Guarded(Body&& body) noexcept {
+  last_error[0] = '\0';
+  try {
+    const absl::Status status = body();
+    return status.ok() ? COLIBRI_OK : Fail(status);
+  } catch (const std::bad_alloc&) {
+    return Fail(COLIBRI_RESOURCE_EXHAUSTED, "out of memory", "");
+  } catch (const std::exception& e) {
+    return Fail(COLIBRI_INTERNAL, "internal error: ", e.what());
+  } catch (...) {
+    return Fail(COLIBRI_INTERNAL, "internal error: unknown exception", "");
+  }
+}
+
+absl::Status NotNull(const void* pointer, absl::string_view name) {
+  if (pointer != nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name, " is NULL"));
+}
+
+// The caller's options over the defaults; a field the caller's struct_size
+// does not cover keeps its default.
+absl::StatusOr<Engine::Options> ToEngineOptions(const colibri_options* given) {
+  colibri_options o;
+  colibri_options_init(&o);
+  if (given != nullptr) {
+    if (given->struct_size == 0) {
+      return absl::InvalidArgumentError("options.struct_size is 0: fill the options with colibri_options_init first");
+    }
+// True if the caller's struct_size covers all of `field`.
+#define COLIBRI_GIVEN(field) (offsetof(colibri_options, field) + sizeof(given->field) <= given->struct_size)
+    if (COLIBRI_GIVEN(threads)) o.threads = given->threads;
+    if (COLIBRI_GIVEN(numa_node)) o.numa_node = given->numa_node;
+    if (COLIBRI_GIVEN(lock_memory)) o.lock_memory = given->lock_memory;
+    if (COLIBRI_GIVEN(verify_checksums)) o.verify_checksums = given->verify_checksums;
+    if (COLIBRI_GIVEN(max_tokens)) o.max_tokens = given->max_tokens;
+#undef COLIBRI_GIVEN
+  }
+  Engine::Options options;
+  options.threads = o.threads;
+  options.numa_node = o.numa_node;
+  options.lock_memory = o.lock_memory != 0;
+  options.verify_checksums = o.verify_checksums != 0;
+  options.max_tokens = o.max_tokens;
+  return options;
+}
+
+// Checks shared by both forward calls. After it, n_tokens * d_model and
+// n_tokens * top_k fit easily (max_tokens <= 2^24, d_model <= 2^20).
+absl::Status CheckBatch(const colibri_engine* engine, int64_t n_tokens) {
+  COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
+  if (n_tokens < 0) return absl::InvalidArgumentError(absl::StrCat("n_tokens ", n_tokens, " is negative"));
+  const int64_t max_tokens = engine->engine->router().max_tokens();
+  if (n_tokens > max_tokens) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("n_tokens ", n_tokens, " exceeds the limit of ", max_tokens, " (options.max_tokens)"));
+  }
+  return absl::OkStatus();
+}
+
+// Stands in for a pointer the caller may leave NULL when n_tokens is 0, so
+// the engine never sees (or memcpy's with) a null pointer.
+float nothing_f32[1];
+int32_t nothing_i32[1];
+
+absl::StatusOr<router_node::RoutingMode> ToRoutingMode(int32_t routing) {
+  switch (routing) {
+    case COLIBRI_ROUTING_LUT:
+      return router_node::RoutingMode::kLut;
+    case COLIBRI_ROUTING_GATE:
+      return router_node::RoutingMode::kGate;
+    case COLIBRI_ROUTING_CLIENT:
+      return router_node::RoutingMode::kClient;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("routing ", routing, " is not LUT (1), GATE (2) or CLIENT (3)"));
+}
+
+}  // namespace
+}  // namespace colibri
+
+using colibri::Guarded;
+using colibri::NotNull;
+
+extern "C" {
+
+int colibri_abi_version(void) { return COLIBRI_ABI_VERSION; }
+
+void colibri_options_init(colibri_options* options) {
+  if (options == nullptr) return;
+  options->struct_size = sizeof(colibri_options);
+  options->threads = 0;
+  options->numa_node = -1;
+  options->lock_memory = 0;
+  options->verify_checksums = 1;
+  options->max_tokens = 65536;
+}
+
+colibri_status colibri_init(const char* model_path, const colibri_options* options, colibri_engine** out) {
+  if (out != nullptr) *out = nullptr;
+  return Guarded([&]() -> absl::Status {
+    COLIBRI_RETURN_IF_ERROR(NotNull(out, "out"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(model_path, "model_path"));
+    COLIBRI_ASSIGN_OR_RETURN(const colibri::Engine::Options engine_options, colibri::ToEngineOptions(options));
+    COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<colibri::Engine> engine,
+                             colibri::Engine::Open(model_path, engine_options));
+    *out = new colibri_engine{std::move(engine)};
+    return absl::OkStatus();
+  });
+}
+
+colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, const int32_t* token_ids,
+                                     int64_t n_tokens, const float* hidden_in, float* hidden_out) {
+  return Guarded([&]() -> absl::Status {
+    COLIBRI_RETURN_IF_ERROR(colibri::CheckBatch(engine, n_tokens));
+    if (n_tokens == 0) {
+      token_ids = colibri::nothing_i32;
+      hidden_in = hidden_out = colibri::nothing_f32;
+    }
+    COLIBRI_RETURN_IF_ERROR(NotNull(token_ids, "token_ids"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(hidden_in, "hidden_in"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(hidden_out, "hidden_out"));
+    colibri::Engine& e = *engine->engine;
+    const size_t tokens = static_cast<size_t>(n_tokens);
+    const size_t values = tokens * static_cast<size_t>(e.manifest().d_model);
+    return e.Forward(layer, absl::MakeConstSpan(token_ids, tokens), absl::MakeConstSpan(hidden_in, values),
+                     absl::MakeSpan(hidden_out, values));
+  });
+}
+
+colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t routing,
+                               const int32_t* token_ids, int64_t n_tokens, const float* hidden_in,
+                               const int32_t* route_experts, const float* route_weights, float* hidden_out,
+                               int32_t* routes_out_experts, float* routes_out_weights) {
+  return Guarded([&]() -> absl::Status {
+    namespace rn = colibri::router_node;
+    COLIBRI_RETURN_IF_ERROR(colibri::CheckBatch(engine, n_tokens));
+    COLIBRI_ASSIGN_OR_RETURN(const rn::RoutingMode mode, colibri::ToRoutingMode(routing));
+    if (n_tokens == 0) {
+      token_ids = route_experts = colibri::nothing_i32;
+      hidden_in = route_weights = hidden_out = colibri::nothing_f32;
+    }
+    COLIBRI_RETURN_IF_ERROR(NotNull(hidden_in, "hidden_in"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(hidden_out, "hidden_out"));
+    if (mode == rn::RoutingMode::kLut) COLIBRI_RETURN_IF_ERROR(NotNull(token_ids, "token_ids"));
+    if (mode == rn::RoutingMode::kClient) {
+      COLIBRI_RETURN_IF_ERROR(NotNull(route_experts, "route_experts"));
+      COLIBRI_RETURN_IF_ERROR(NotNull(route_weights, "route_weights"));
+    }
+
+    colibri::Engine& e = *engine->engine;
+    const colibri::common::Manifest& m = e.manifest();
+    const size_t tokens = static_cast<size_t>(n_tokens);
+    const size_t values = tokens * static_cast<size_t>(m.d_model);
+    const size_t slots = tokens * static_cast<size_t>(m.top_k);
+    rn::ForwardInput in;
+    in.layer = layer;
+    in.routing = mode;
+    if (mode == rn::RoutingMode::kLut) in.token_ids = absl::MakeConstSpan(token_ids, tokens);
+    in.hidden = hidden_in;
+    in.hidden_bytes = static_cast<int64_t>(values * sizeof(float));
+    in.hidden_dtype = colibri::common::DType::kF32;
+    in.num_tokens = n_tokens;
+    in.cols = m.d_model;
+    if (mode == rn::RoutingMode::kClient) {
+      in.client_top_k = m.top_k;
+      in.client_expert_ids = absl::MakeConstSpan(route_experts, slots);
+      in.client_weights = absl::MakeConstSpan(route_weights, slots);
+    }
+    in.output_dtype = colibri::common::DType::kF32;
+    COLIBRI_ASSIGN_OR_RETURN(const rn::ForwardOutput result, e.Forward(in));
+    if (result.output.size() != values * sizeof(float) || result.routes.expert_ids.size() != slots ||
+        result.routes.weights.size() != slots) {
+      return absl::InternalError(absl::StrCat("forward returned ", result.output.size(), " output bytes and ",
+                                              result.routes.expert_ids.size(), " routes; expected ",
+                                              values * sizeof(float), " and ", slots));
+    }
+    if (tokens == 0) return absl::OkStatus();
+    std::memcpy(hidden_out, result.output.data(), result.output.size());
+    if (routes_out_experts != nullptr) {
+      std::memcpy(routes_out_experts, result.routes.expert_ids.data(), slots * sizeof(int32_t));
+    }
+    if (routes_out_weights != nullptr) {
+      std::memcpy(routes_out_weights, result.routes.weights.data(), slots * sizeof(float));
+    }
+    return absl::OkStatus();
+  });
+}
+
+colibri_status colibri_get_model_info(const colibri_engine* engine, colibri_model_info* out) {
+  return Guarded([&]() -> absl::Status {
+    COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(out, "out"));
+    colibri::router_node::Router& router = engine->engine->router();
+    const colibri::common::Manifest& m = router.manifest();
+    colibri_model_info info;
+    std::memset(&info, 0, sizeof(info));
+    info.d_model = m.d_model;
+    info.d_ff = m.d_ff;
+    info.n_layers = m.n_layers;
+    info.n_experts = m.n_experts;
+    info.top_k = m.top_k;
+    info.vocab_size = m.vocab_size;
+    colibri::CopyTruncated(colibri::common::DTypeName(m.weight_type), info.weight_type, sizeof(info.weight_type));
+    colibri::CopyTruncated(router.model_id(), info.model_id, sizeof(info.model_id));
+    *out = info;
+    return absl::OkStatus();
+  });
+}
+
+const char* colibri_last_error(const colibri_engine* /*engine*/) { return colibri::last_error; }
+
+void colibri_free(colibri_engine* engine) { delete engine; }
+
+}  // extern "C"

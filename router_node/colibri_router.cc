@@ -1,0 +1,130 @@
+// colibri-router: the router node. Flags -> RouterServerOptions ->
+// RouterServer; then waits for SIGTERM/SIGINT (drain in-flight calls, exit 0)
+// or SIGHUP (re-check the expert nodes now).
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/flags.h"
+#include "router_node/router_server.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output): manifest, gates, LUTs. Required "
+          "unless --local is given.");
+ABSL_FLAG(std::string, local, "", "Local (embedded) mode: run every expert of this model directory in this process "
+          "instead of on expert nodes.");
+ABSL_FLAG(std::string, experts_at, "", "Expert nodes, host:port,...; what each serves is asked from the node.");
+ABSL_FLAG(std::string, cluster_file, "", "Or: a file of expert node addresses, one host:port per line ('#' "
+          "comments); re-read when it changes.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 picks a free port (printed).");
+ABSL_FLAG(int64_t, max_tokens, 65536, "Most tokens one Forward call may carry (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(int, workers, 8, "Threads running Forward calls (each waits for its nodes, so more than cores is fine).");
+ABSL_FLAG(int64_t, max_queued_requests, 256, "Forward calls waiting for a worker (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(int64_t, max_message_bytes, 0, "Largest client request or reply; 0 derives it from the model and "
+          "--max_tokens.");
+ABSL_FLAG(bool, verify_checksums, true, "Verify the gate and LUT files' (and in --local, the experts') checksums at "
+          "start.");
+ABSL_FLAG(int, node_timeout_ms, 5000, "Deadline of one node call attempt (capped by the client's); a node that "
+          "misses it is failed over.");
+ABSL_FLAG(int, health_interval_ms, 500, "How often every expert node is asked GetNodeInfo (health and shard map).");
+ABSL_FLAG(int, health_timeout_ms, 1000, "Deadline of one health check.");
+ABSL_FLAG(std::string, node_tls_ca, "", "PEM CA: call the expert nodes over TLS, checking their certificates.");
+ABSL_FLAG(std::string, node_tls_cert, "", "PEM client certificate for the nodes (mutual TLS), with --node_tls_key.");
+ABSL_FLAG(std::string, node_tls_key, "", "PEM private key of --node_tls_cert.");
+ABSL_FLAG(std::string, node_tls_server_name, "", "Name expected in the nodes' certificates (default: the host).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve clients over TLS (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: require client certificates signed by it (mutual TLS).");
+ABSL_FLAG(int, threads, 0, "--local: compute threads (0: one per allowed CPU, of --numa_node if set).");
+ABSL_FLAG(int, numa_node, -1, "--local: bind compute threads and weight copies to this NUMA node (-1: none).");
+ABSL_FLAG(bool, mlock, false, "--local: lock the weights in RAM (a warning if refused).");
+ABSL_FLAG(bool, hugepages, false, "--local: copy the weights into transparent-huge-page memory.");
+ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on.");
+ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
+
+int main(int argc, char** argv) {
+  colibri::common::ParseFlags(argc, argv,
+      "Colibri router: serves colibri.v1.Router (Forward, ForwardStream, GetModelInfo, GetClusterStatus) with\n"
+      "grpc.health.v1 and reflection. Routes each token (lut | gate | client), sends the rows to the expert nodes\n"
+      "that own its experts (one call per node per layer) and returns the weighted sum; or, with --local, runs the\n"
+      "experts in-process. COLIBRI_DEBUG=1 logs every call's stage timings to stderr.\n"
+      "Examples: colibri-router --model model/ --experts_at 10.0.0.1:50061,10.0.0.2:50061 --listen 0.0.0.0:50051\n"
+      "          colibri-router --local model/ --listen 127.0.0.1:50051");
+  colibri::router_node::RouterServerOptions o;
+  const std::string local = absl::GetFlag(FLAGS_local);
+  o.local = !local.empty();
+  o.model_dir = absl::GetFlag(FLAGS_model).empty() ? local : absl::GetFlag(FLAGS_model);
+  if (o.model_dir.empty()) {
+    std::cerr << "colibri-router: --model or --local is required (see --help)\n";
+    return 2;
+  }
+  if (o.local && !absl::GetFlag(FLAGS_model).empty() && absl::GetFlag(FLAGS_model) != local) {
+    std::cerr << "colibri-router: --model and --local name different directories\n";
+    return 2;
+  }
+  const std::string experts_at = absl::GetFlag(FLAGS_experts_at);
+  if (!experts_at.empty()) o.remote.addresses = absl::StrSplit(experts_at, ',', absl::SkipWhitespace());
+  o.remote.cluster_file = absl::GetFlag(FLAGS_cluster_file);
+  if (o.local != (o.remote.addresses.empty() && o.remote.cluster_file.empty())) {
+    std::cerr << "colibri-router: give exactly one of --local, --experts_at, --cluster_file\n";
+    return 2;
+  }
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.router.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  o.router.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
+  o.service.workers = absl::GetFlag(FLAGS_workers);
+  o.service.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  const char* debug = std::getenv("COLIBRI_DEBUG");
+  o.service.debug = debug != nullptr && std::string(debug) != "0" && std::string(debug) != "";
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.remote.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
+  o.remote.health_interval = absl::Milliseconds(absl::GetFlag(FLAGS_health_interval_ms));
+  o.remote.health_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_health_timeout_ms));
+  o.remote.tls_ca_file = absl::GetFlag(FLAGS_node_tls_ca);
+  o.remote.tls_cert_file = absl::GetFlag(FLAGS_node_tls_cert);
+  o.remote.tls_key_file = absl::GetFlag(FLAGS_node_tls_key);
+  o.remote.tls_server_name = absl::GetFlag(FLAGS_node_tls_server_name);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.engine.threads = absl::GetFlag(FLAGS_threads);
+  o.engine.numa_node = absl::GetFlag(FLAGS_numa_node);
+  o.engine.lock_memory = absl::GetFlag(FLAGS_mlock);
+  o.engine.hugepages = absl::GetFlag(FLAGS_hugepages);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+
+  sigset_t signals;  // blocked before any thread starts, so sigwait sees them
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = colibri::router_node::RouterServer::Create(o, &std::cerr);
+  if (!server.ok()) {
+    std::cerr << "colibri-router: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "colibri-router: listening on port " << (*server)->port() << " ("
+            << (o.local ? "local experts" : "expert nodes") << ")" << std::endl;
+  if ((*server)->metrics_port() >= 0) {
+    std::cout << "colibri-router: metrics on port " << (*server)->metrics_port() << std::endl;
+  }
+  for (;;) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig == SIGHUP) {
+      if ((*server)->remote() != nullptr) (*server)->remote()->CheckNow();
+      continue;
+    }
+    std::cerr << "colibri-router: draining and stopping" << std::endl;
+    (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_drain_seconds)));
+    return 0;
+  }
+}

@@ -1,0 +1,64 @@
+#include "router_node/engine.h"
+
+#include <cstring>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace colibri {
+namespace {
+
+// Where warnings go when the embedding program gives no log: nowhere.
+std::ostream* NullStream() {
+  static std::ostream null_stream(nullptr);
+  return &null_stream;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, const Options& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  expert_node::StoreOptions store;
+  store.verify_checksums = options.verify_checksums;
+  store.lock_memory = options.lock_memory;
+  store.hugepages = options.hugepages;
+  store.numa_node = options.numa_node;
+  COLIBRI_ASSIGN_OR_RETURN(e->store_, expert_node::ExpertStore::Create(
+                                          model_dir, store, options.log != nullptr ? options.log : NullStream()));
+  COLIBRI_ASSIGN_OR_RETURN(e->pool_, kernels::ThreadPool::Create({options.threads, options.numa_node, /*pin=*/true}));
+  e->backend_ = std::make_unique<router_node::LocalBackend>(e->store_.get(), e->pool_.get());
+  router_node::RouterOptions router;
+  router.max_tokens = options.max_tokens;
+  router.verify_checksums = options.verify_checksums;
+  router.metrics = options.metrics;
+  COLIBRI_ASSIGN_OR_RETURN(e->router_, router_node::Router::Create(model_dir, e->backend_.get(), router));
+  return e;
+}
+
+absl::StatusOr<router_node::ForwardOutput> Engine::Forward(const router_node::ForwardInput& input) {
+  router_node::CallControl control;
+  return router_->Forward(input, control);
+}
+
+absl::Status Engine::Forward(int32_t layer, absl::Span<const int32_t> token_ids, absl::Span<const float> hidden,
+                             absl::Span<float> out) {
+  const int64_t d_model = manifest().d_model;
+  const int64_t values = static_cast<int64_t>(token_ids.size()) * d_model;
+  if (static_cast<int64_t>(out.size()) != values) {
+    return absl::InvalidArgumentError(absl::StrCat("out holds ", out.size(), " values; ", token_ids.size(),
+                                                   " tokens x d_model ", d_model, " need ", values));
+  }
+  router_node::ForwardInput in;
+  in.layer = layer;
+  in.token_ids = token_ids;
+  in.hidden = hidden.data();
+  in.hidden_bytes = static_cast<int64_t>(hidden.size()) * 4;
+  in.num_tokens = static_cast<int64_t>(token_ids.size());
+  in.cols = d_model;
+  COLIBRI_ASSIGN_OR_RETURN(router_node::ForwardOutput result, Forward(in));
+  if (!result.output.empty()) std::memcpy(out.data(), result.output.data(), result.output.size());
+  return absl::OkStatus();
+}
+
+}  // namespace colibri

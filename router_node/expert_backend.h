@@ -1,0 +1,105 @@
+#ifndef COLIBRI_ROUTER_NODE_EXPERT_BACKEND_H_
+#define COLIBRI_ROUTER_NODE_EXPERT_BACKEND_H_
+
+// The seam between the router's core and wherever experts run: "compute
+// these rows of these experts for layer L". Two implementations: in-process
+// (LocalBackend: the kernels on this process's weights) and remote
+// (RemoteBackend: ExpertNode calls over gRPC). Both write each (token, expert)
+// result to its own slot, exactly weight · FFN_e(x[row]); the core then sums a
+// token's slots in route order, so the answer does not depend on the backend
+// or on how experts are spread over nodes.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace colibri {
+namespace router_node {
+
+// The deadline and cancellation of one request, shared by the transport
+// (which cancels when the client goes away) and the backend (which cancels
+// its node calls). Thread-safe.
+class CallControl {
+ public:
+  explicit CallControl(absl::Time deadline = absl::InfiniteFuture()) : deadline_(deadline) {}
+  CallControl(const CallControl&) = delete;
+  CallControl& operator=(const CallControl&) = delete;
+
+  absl::Time deadline() const { return deadline_; }
+  bool cancelled() const;
+  // Marks the request cancelled and runs every registered hook once.
+  void Cancel();
+  // Runs `hook` on Cancel() — at once if already cancelled. The returned id
+  // removes it; RemoveHook returns only when the hook is not running.
+  int AddHook(std::function<void()> hook);
+  void RemoveHook(int id);
+
+ private:
+  const absl::Time deadline_;
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);
+};
+
+// One expert's share of a layer call.
+struct ExpertWork {
+  int32_t expert = 0;
+  std::vector<int32_t> rows;     // token rows of LayerWork::x, ascending
+  std::vector<float> weights;    // routing weight per row
+  std::vector<int32_t> slots;    // where each row's result goes: t * top_k + j
+};
+
+struct LayerWork {
+  int32_t layer = 0;
+  const float* x = nullptr;      // [num_tokens][d_model], f32; lives until Compute returns
+  int64_t num_tokens = 0;
+  int64_t num_slots = 0;         // num_tokens * top_k
+  std::vector<ExpertWork> experts;  // ascending expert id, each non-empty
+  std::string request_id;
+};
+
+// What a backend did for one layer call, for timings and traces.
+struct NodeCallRecord {
+  std::string node;          // address, or "local"
+  int64_t start_nanos = 0;   // from the start of Compute
+  int64_t end_nanos = 0;
+  int64_t rows = 0;          // token rows sent
+  int64_t experts = 0;
+  int attempt = 0;           // 0 first try, 1 the retry on another replica
+  absl::StatusCode code = absl::StatusCode::kOk;
+  int64_t node_compute_nanos = 0;  // the node's own kernel time, when known
+};
+
+struct BackendStats {
+  std::vector<NodeCallRecord> calls;
+  int retries = 0;  // node calls retried on another replica
+};
+
+class ExpertBackend {
+ public:
+  virtual ~ExpertBackend() = default;
+
+  // For every work w and index i, writes w.weights[i] · FFN_{w.expert}(x[w.rows[i]])
+  // to contributions[w.slots[i]] ([num_slots][d_model] f32). Other slots are
+  // not touched. On error the contents are unspecified and the status says
+  // which layer/expert failed: UNAVAILABLE (no live node serves it),
+  // DEADLINE_EXCEEDED, CANCELLED, INTERNAL (a node refused planned work).
+  // `stats` (may be null) receives what was done. Thread-safe.
+  virtual absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control,
+                               BackendStats* stats) = 0;
+
+  // "local" or "distributed".
+  virtual std::string kind() const = 0;
+};
+
+}  // namespace router_node
+}  // namespace colibri
+
+#endif  // COLIBRI_ROUTER_NODE_EXPERT_BACKEND_H_

@@ -1,0 +1,45 @@
+#include "router_node/local_backend.h"
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace colibri {
+namespace router_node {
+
+absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, CallControl& control,
+                                   BackendStats* stats) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::shared_ptr<const expert_node::WeightSet> set = store_->Current();  // held until we return
+  std::vector<kernels::ExpertTask> tasks;
+  tasks.reserve(work.experts.size());
+  for (const ExpertWork& w : work.experts) {
+    absl::StatusOr<const common::ExpertWeights*> weights = set->Find(work.layer, w.expert);
+    if (!weights.ok()) return weights.status();
+    tasks.push_back({*weights, w.rows.data(), w.weights.data(), static_cast<int64_t>(w.rows.size()), w.slots.data()});
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (control.cancelled()) return absl::CancelledError("cancelled before the experts ran");
+  if (absl::Now() > control.deadline()) {
+    return absl::DeadlineExceededError(absl::StrCat("deadline passed before layer ", work.layer, " ran"));
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  kernels::RunExperts(*pool_, tasks, work.x, set->model().manifest().d_model, contributions, workspace_);
+  if (stats != nullptr) {
+    NodeCallRecord r;
+    r.node = "local";
+    r.start_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(begin - start).count();
+    r.end_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    r.rows = work.num_tokens;
+    r.experts = static_cast<int64_t>(tasks.size());
+    r.node_compute_nanos = r.end_nanos - r.start_nanos;
+    stats->calls.push_back(r);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace router_node
+}  // namespace colibri

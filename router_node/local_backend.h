@@ -1,0 +1,43 @@
+#ifndef COLIBRI_ROUTER_NODE_LOCAL_BACKEND_H_
+#define COLIBRI_ROUTER_NODE_LOCAL_BACKEND_H_
+
+// The in-process ExpertBackend: the expert node's store and the kernels on
+// this process's thread pool, no serialization. The same executor an expert
+// node runs, writing each (token, expert) result to its slot — so local and
+// distributed answers are the same bits.
+
+#include <mutex>
+#include <string>
+
+#include "expert_node/expert_store.h"
+#include "kernels/expert_executor.h"
+#include "kernels/thread_pool.h"
+#include "router_node/expert_backend.h"
+
+namespace colibri {
+namespace router_node {
+
+class LocalBackend final : public ExpertBackend {
+ public:
+  // `store` and `pool` must outlive the backend.
+  LocalBackend(expert_node::ExpertStore* store, kernels::ThreadPool* pool) : store_(store), pool_(pool) {}
+
+  // FAILED_PRECONDITION naming the layer and expert if the store does not
+  // own one the work needs; CANCELLED / DEADLINE_EXCEEDED checked before
+  // the kernels start (a running layer is not interrupted). Calls are
+  // serialized on the pool.
+  absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control,
+                       BackendStats* stats) override;
+  std::string kind() const override { return "local"; }
+
+ private:
+  expert_node::ExpertStore* const store_;
+  kernels::ThreadPool* const pool_;
+  std::mutex mu_;
+  kernels::Workspace workspace_;  // guarded by mu_
+};
+
+}  // namespace router_node
+}  // namespace colibri
+
+#endif  // COLIBRI_ROUTER_NODE_LOCAL_BACKEND_H_

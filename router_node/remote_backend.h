@@ -1,0 +1,132 @@
+#ifndef COLIBRI_ROUTER_NODE_REMOTE_BACKEND_H_
+#define COLIBRI_ROUTER_NODE_REMOTE_BACKEND_H_
+
+// The distributed ExpertBackend: expert nodes over gRPC (ExpertNode.Compute).
+//
+// Shard map: the router asks each configured node what it serves
+// (GetNodeInfo) — no hand-written expert lists — and repeats that every
+// `health_interval` on a watcher thread: a node is live when it answers, is
+// READY and serves this router's model (same model_id). A node that fails a
+// call is marked down at once and comes back at its next good health check.
+// With a cluster file, the node list is re-read when the file changes.
+//
+// A layer call: each expert's work goes to its least-loaded live replica,
+// experts grouped by node (one Compute call per node, each row sent once,
+// per-expert outputs), all calls in flight at once on gRPC's callback API,
+// each with deadline min(client deadline, now + node_timeout). A call that
+// fails with UNAVAILABLE, DEADLINE_EXCEEDED (the node timeout, not the
+// client's), RESOURCE_EXHAUSTED, ABORTED or FAILED_PRECONDITION (a stale map)
+// is retried once, on other replicas, within the client's deadline.
+// Cancelling the request cancels its node calls.
+//
+// This file and router_service.cc are the router's gRPC transport.
+// Thread-safe.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "router_node/expert_backend.h"
+#include "router_node/shard_map.h"
+
+namespace colibri {
+namespace router_node {
+
+struct RemoteOptions {
+  std::vector<std::string> addresses;  // host:port of each expert node
+  std::string cluster_file;            // or: one host:port per line ('#' comments), re-read on change
+  // The model the router serves: nodes with another model_id or shape are not used.
+  std::string model_id;
+  int64_t n_layers = 0;
+  int64_t n_experts = 0;
+  int64_t d_model = 0;
+  absl::Duration node_timeout = absl::Seconds(5);      // per node call attempt
+  absl::Duration health_interval = absl::Milliseconds(500);
+  absl::Duration health_timeout = absl::Seconds(1);    // per GetNodeInfo
+  int64_t max_message_bytes = 1 << 30;                 // per node call, both ways
+  // TLS to the nodes: a CA (PEM) enables it; cert + key add a client
+  // certificate (mutual TLS); server_name overrides the name checked in the
+  // node's certificate.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the backend
+  std::ostream* log = nullptr;                 // node up/down events; optional; must outlive the backend
+};
+
+// A node as GetClusterStatus shows it.
+struct NodeStatusView {
+  std::string address;
+  bool live = false;
+  std::string last_error;
+  std::vector<std::pair<int64_t, int64_t>> owned;
+  int in_flight = 0;
+  int64_t calls = 0;
+  int64_t failed_calls = 0;
+  uint64_t weights_version = 0;
+};
+
+class RemoteBackend final : public ExpertBackend {
+ public:
+  // Opens channels to the nodes and runs one health round before returning
+  // (so the map is known; nodes that are down are retried by the watcher).
+  // INVALID_ARGUMENT for no nodes, a bad address list or unreadable TLS files.
+  static absl::StatusOr<std::unique_ptr<RemoteBackend>> Create(const RemoteOptions& options);
+  ~RemoteBackend() override;  // stops the watcher
+
+  absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control,
+                       BackendStats* stats) override;
+  std::string kind() const override { return "distributed"; }
+
+  // Runs a health round now (also re-reads the cluster file) and returns
+  // when it is done.
+  void CheckNow();
+  // True when every (layer, expert) has a live node.
+  bool serving() const;
+  // Called (from the watcher thread) whenever serving() may have changed.
+  void SetServingListener(std::function<void(bool)> listener);
+  std::vector<NodeStatusView> Nodes() const;
+  std::shared_ptr<const ShardMap> map() const;
+  int64_t retries() const { return retries_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Node;
+  struct Topology;
+  explicit RemoteBackend(RemoteOptions options) : options_(std::move(options)) {}
+
+  absl::Status SetAddresses(const std::vector<std::string>& addresses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HealthRound();
+  void Rebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDown(const std::shared_ptr<Node>& node, const std::string& error);
+  std::shared_ptr<const Topology> topology() const;
+
+  // Constant after construction.
+  const RemoteOptions options_;
+  std::shared_ptr<void> credentials_;  // grpc::ChannelCredentials, kept opaque in this header
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Topology> topology_ ABSL_GUARDED_BY(mu_);
+  int64_t cluster_file_mtime_ ABSL_GUARDED_BY(mu_) = -1;
+  std::function<void(bool)> listener_ ABSL_GUARDED_BY(mu_);
+  bool last_serving_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex health_mu_;  // one health round at a time
+  std::atomic<int64_t> retries_{0};
+  std::thread watcher_;
+};
+
+}  // namespace router_node
+}  // namespace colibri
+
+#endif  // COLIBRI_ROUTER_NODE_REMOTE_BACKEND_H_

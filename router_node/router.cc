@@ -1,0 +1,272 @@
+#include "router_node/router.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace colibri {
+namespace router_node {
+namespace {
+
+int64_t NanosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+int64_t ElementBytes(common::DType t) {
+  switch (t) {
+    case common::DType::kF32:
+      return 4;
+    case common::DType::kBF16:
+    case common::DType::kF16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+// hidden [T][d_model] of f32/bf16/f16 -> f32 (both 16-bit types widen exactly).
+void ToF32(const ForwardInput& in, float* x) {
+  const int64_t n = in.num_tokens * in.cols;
+  const auto* bytes = static_cast<const uint8_t*>(in.hidden);
+  if (in.hidden_dtype == common::DType::kF32) {
+    if (n > 0) std::memcpy(x, bytes, n * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, 2);
+    x[i] = in.hidden_dtype == common::DType::kBF16 ? common::Bf16ToFloat(h) : common::F16ToFloat(h);
+  }
+}
+
+void FromF32(const std::vector<float>& y, common::DType dtype, std::string* out) {
+  if (dtype == common::DType::kF32) {
+    out->assign(reinterpret_cast<const char*>(y.data()), y.size() * 4);
+    return;
+  }
+  out->resize(y.size() * 2);
+  for (size_t i = 0; i < y.size(); ++i) {
+    const uint16_t h = dtype == common::DType::kBF16 ? common::FloatToBf16(y[i]) : common::FloatToF16(y[i]);
+    std::memcpy(&(*out)[2 * i], &h, 2);
+  }
+}
+
+absl::Status CheckClientRoutes(const ForwardInput& in, const common::Manifest& m) {
+  if (in.client_top_k != m.top_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routes.top_k = ", in.client_top_k, " must equal the model's top_k ", m.top_k));
+  }
+  const int64_t slots = in.num_tokens * m.top_k;
+  if (static_cast<int64_t>(in.client_expert_ids.size()) != slots) {
+    return absl::InvalidArgumentError(absl::StrCat("routes.expert_ids has ", in.client_expert_ids.size(),
+                                                   " entries; must be tokens x top_k = ", slots));
+  }
+  if (static_cast<int64_t>(in.client_weights.size()) != slots) {
+    return absl::InvalidArgumentError(absl::StrCat("routes.weights has ", in.client_weights.size(),
+                                                   " entries; must be tokens x top_k = ", slots));
+  }
+  for (int64_t s = 0; s < slots; ++s) {
+    const int32_t e = in.client_expert_ids[s];
+    if (e < 0 || e >= m.n_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routes.expert_ids[", s, "] = ", e, " is outside [0, ", m.n_experts, ")"));
+    }
+    for (int64_t j = s - s % m.top_k; j < s; ++j) {
+      if (in.client_expert_ids[j] == e) {
+        return absl::InvalidArgumentError(absl::StrCat("routes.expert_ids[", s, "] = ", e, ": expert repeated for token ",
+                                                       s / m.top_k));
+      }
+    }
+    if (!std::isfinite(in.client_weights[s])) {
+      return absl::InvalidArgumentError(absl::StrCat("routes.weights[", s, "] = ", in.client_weights[s],
+                                                     " is not finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* RoutingModeName(RoutingMode mode) {
+  switch (mode) {
+    case RoutingMode::kLut:
+      return "lut";
+    case RoutingMode::kGate:
+      return "gate";
+    case RoutingMode::kClient:
+      return "client";
+  }
+  return "?";
+}
+
+Router::Router(std::unique_ptr<common::ModelDir> model, ExpertBackend* backend, const RouterOptions& options)
+    : model_(std::move(model)), backend_(backend), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Create(const std::string& model_dir, ExpertBackend* backend,
+                                                       const RouterOptions& options) {
+  if (options.max_tokens < 1 || options.max_tokens > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", options.max_tokens, " must be in [1, 2^24]"));
+  }
+  COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(model_dir));
+  std::unique_ptr<Router> r(new Router(std::move(model), backend, options));
+  const common::Manifest& m = r->manifest();
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::LayerRouting> routing,
+                             r->model_->LoadRouting(layer, options.verify_checksums));
+    r->routing_.push_back(std::move(routing));
+  }
+  const int64_t pairs = m.n_layers * m.n_experts;
+  r->tokens_ = std::make_unique<std::atomic<int64_t>[]>(pairs);
+  for (int64_t i = 0; i < pairs; ++i) r->tokens_[i].store(0, std::memory_order_relaxed);
+  if (options.metrics != nullptr) {
+    for (int64_t i = 0; i < pairs; ++i) {
+      r->token_counters_.push_back(options.metrics->GetCounter(
+          "colibri_router_expert_tokens_total", "Token rows routed to each (layer, expert).",
+          {{"layer", std::to_string(i / m.n_experts)}, {"expert", std::to_string(i % m.n_experts)}}));
+    }
+  }
+  return r;
+}
+
+int64_t Router::tokens_routed(int64_t layer, int64_t expert) const {
+  const common::Manifest& m = manifest();
+  if (layer < 0 || layer >= m.n_layers || expert < 0 || expert >= m.n_experts) return 0;
+  return tokens_[layer * m.n_experts + expert].load(std::memory_order_relaxed);
+}
+
+void Router::CountRoutes(int32_t layer, const common::Routes& routes) {
+  const int64_t base = layer * manifest().n_experts;
+  for (const int32_t e : routes.expert_ids) {
+    tokens_[base + e].fetch_add(1, std::memory_order_relaxed);
+    if (!token_counters_.empty()) token_counters_[base + e]->Add();
+  }
+}
+
+absl::StatusOr<common::Routes> Router::Route(const ForwardInput& in, const float* x) const {
+  const common::Manifest& m = manifest();
+  const common::LayerRouting& table = *routing_[in.layer];
+  switch (in.routing) {
+    case RoutingMode::kLut:
+      if (static_cast<int64_t>(in.token_ids.size()) != in.num_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat("token_ids has ", in.token_ids.size(),
+                                                       " ids; lut routing needs one per token (", in.num_tokens, ")"));
+      }
+      return common::RouteByLut(table.lut_ids, table.lut_weights, m.vocab_size, m.top_k, in.token_ids);
+    case RoutingMode::kGate:
+      for (int64_t i = 0; i < in.num_tokens * m.d_model; ++i) {
+        if (!std::isfinite(x[i])) {
+          return absl::InvalidArgumentError(absl::StrCat("hidden[", i / m.d_model, "][", i % m.d_model, "] = ", x[i],
+                                                         " is not finite (gate routing needs finite values)"));
+        }
+      }
+      return common::RouteByGate(table.gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x, in.num_tokens);
+    case RoutingMode::kClient: {
+      COLIBRI_RETURN_IF_ERROR(CheckClientRoutes(in, m));
+      common::Routes routes;
+      routes.top_k = m.top_k;
+      routes.expert_ids.assign(in.client_expert_ids.begin(), in.client_expert_ids.end());
+      routes.weights.assign(in.client_weights.begin(), in.client_weights.end());
+      return routes;
+    }
+  }
+  return absl::InvalidArgumentError("routing: unknown mode");
+}
+
+absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallControl& control) {
+  const auto start = std::chrono::steady_clock::now();
+  const common::Manifest& m = manifest();
+  if (in.layer < 0 || in.layer >= m.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", in.layer, " is outside [0, ", m.n_layers, ")"));
+  }
+  const int64_t element = ElementBytes(in.hidden_dtype);
+  if (element == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden.dtype ", common::DTypeName(in.hidden_dtype),
+                                                   " is not supported (f32, bf16 or f16)"));
+  }
+  if (ElementBytes(in.output_dtype) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("output_dtype ", common::DTypeName(in.output_dtype),
+                                                   " is not supported (f32, bf16 or f16)"));
+  }
+  if (in.cols != m.d_model || in.num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden.shape [", in.num_tokens, ", ", in.cols,
+                                                   "] must be [T, ", m.d_model, "] (d_model)"));
+  }
+  if (in.num_tokens > options_.max_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("hidden.shape: ", in.num_tokens, " tokens exceed the limit of ",
+                                                     options_.max_tokens, " (--max_tokens)"));
+  }
+  // num_tokens <= 2^24 and d_model <= 2^20: no overflow.
+  if (in.hidden_bytes != in.num_tokens * m.d_model * element) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden.data has ", in.hidden_bytes, " bytes; [", in.num_tokens,
+                                                   ", ", m.d_model, "] of ", common::DTypeName(in.hidden_dtype),
+                                                   " is ", in.num_tokens * m.d_model * element));
+  }
+  std::vector<float> x(in.num_tokens * m.d_model);
+  ToF32(in, x.data());
+
+  ForwardOutput out;
+  out.output_dtype = in.output_dtype;
+  COLIBRI_ASSIGN_OR_RETURN(out.routes, Route(in, x.data()));
+  out.timings.route_nanos = NanosSince(start);
+
+  // Plan: each (token, rank) is a slot; group slots by expert, ascending.
+  LayerWork work;
+  work.layer = in.layer;
+  work.x = x.data();
+  work.num_tokens = in.num_tokens;
+  work.num_slots = in.num_tokens * m.top_k;
+  work.request_id = in.request_id;
+  {
+    std::vector<int32_t> index(m.n_experts, -1);  // expert -> position in work.experts
+    std::vector<int32_t> order;
+    for (const int32_t e : out.routes.expert_ids) {
+      if (index[e] < 0) {
+        index[e] = 0;
+        order.push_back(e);
+      }
+    }
+    std::sort(order.begin(), order.end());
+    for (size_t i = 0; i < order.size(); ++i) index[order[i]] = static_cast<int32_t>(i);
+    work.experts.resize(order.size());
+    for (size_t i = 0; i < order.size(); ++i) work.experts[i].expert = order[i];
+    for (int64_t s = 0; s < work.num_slots; ++s) {
+      ExpertWork& w = work.experts[index[out.routes.expert_ids[s]]];
+      w.rows.push_back(static_cast<int32_t>(s / m.top_k));
+      w.weights.push_back(out.routes.weights[s]);
+      w.slots.push_back(static_cast<int32_t>(s));
+    }
+  }
+
+  const auto dispatch = std::chrono::steady_clock::now();
+  std::vector<float> slots(work.num_slots * m.d_model, 0.f);
+  if (!work.experts.empty()) {
+    COLIBRI_RETURN_IF_ERROR(backend_->Compute(work, slots.data(), control, &out.backend));
+  }
+  out.timings.dispatch_nanos = NanosSince(dispatch);
+
+  // Aggregate: each token's k slots in route order.
+  const auto aggregate = std::chrono::steady_clock::now();
+  std::vector<float> y(in.num_tokens * m.d_model);
+  for (int64_t t = 0; t < in.num_tokens; ++t) {
+    float* dst = y.data() + t * m.d_model;
+    const float* src = slots.data() + t * m.top_k * m.d_model;
+    std::memcpy(dst, src, m.d_model * sizeof(float));
+    for (int64_t j = 1; j < m.top_k; ++j) {
+      const float* s = src + j * m.d_model;
+      for (int64_t c = 0; c < m.d_model; ++c) dst[c] += s[c];
+    }
+  }
+  FromF32(y, in.output_dtype, &out.output);
+  CountRoutes(in.layer, out.routes);
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  out.timings.aggregate_nanos = NanosSince(aggregate);
+  out.timings.total_nanos = NanosSince(start);
+  return out;
+}
+
+}  // namespace router_node
+}  // namespace colibri

@@ -1,0 +1,120 @@
+#ifndef COLIBRI_ROUTER_NODE_ROUTER_H_
+#define COLIBRI_ROUTER_NODE_ROUTER_H_
+
+// The router's core: one MoE layer for a batch of tokens.
+//
+//   validate → routes (lut | gate | client) → group rows by expert, each
+//   (token, rank j) a slot → backend computes every slot → aggregate:
+//   y[t] = Σ_j slot[t·k + j] in fp32, j = 0 first → output dtype.
+//
+// The sum order is fixed by the routes alone, so the output is the same bits
+// for any backend and any spread of experts over nodes (docs/ROUTER.md).
+// Plain C++ in and out, no gRPC (router_service.cc is the transport).
+// Thread-safe: Forward may run concurrently; the routing tables are
+// immutable and the statistics are atomics.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "common/metrics.h"
+#include "common/model_dir.h"
+#include "common/routing.h"
+#include "router_node/expert_backend.h"
+
+namespace colibri {
+namespace router_node {
+
+enum class RoutingMode { kLut, kGate, kClient };
+const char* RoutingModeName(RoutingMode mode);
+
+struct ForwardInput {
+  int32_t layer = 0;
+  absl::Span<const int32_t> token_ids;  // T ids (lut mode), else may be empty
+  // Hidden states [num_tokens][cols] of `dtype` (f32, bf16 or f16), `bytes`
+  // long; the memory must live until Forward returns.
+  const void* hidden = nullptr;
+  int64_t hidden_bytes = 0;
+  common::DType hidden_dtype = common::DType::kF32;
+  int64_t num_tokens = 0;
+  int64_t cols = 0;
+  RoutingMode routing = RoutingMode::kLut;
+  // Client mode: top_k, expert_ids and weights as in common::Routes.
+  int64_t client_top_k = 0;
+  absl::Span<const int32_t> client_expert_ids;
+  absl::Span<const float> client_weights;
+  common::DType output_dtype = common::DType::kF32;  // f32, bf16 or f16
+  std::string request_id;
+};
+
+struct StageTimings {
+  int64_t route_nanos = 0;
+  int64_t dispatch_nanos = 0;   // until the backend returned (the slowest node)
+  int64_t aggregate_nanos = 0;
+  int64_t total_nanos = 0;
+};
+
+struct ForwardOutput {
+  std::string output;        // [num_tokens][d_model] of output_dtype, raw bytes
+  common::DType output_dtype = common::DType::kF32;
+  common::Routes routes;     // the routes used
+  StageTimings timings;
+  BackendStats backend;      // the backend's node calls
+};
+
+struct RouterOptions {
+  int64_t max_tokens = 65536;  // tokens of one Forward; beyond: RESOURCE_EXHAUSTED
+  bool verify_checksums = true;  // of the gate and LUT files at load
+  common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the router
+};
+
+class Router {
+ public:
+  // Loads the manifest and every layer's gate and LUT from `model_dir`.
+  // Errors name the file and the reason. `backend` must outlive the router.
+  static absl::StatusOr<std::unique_ptr<Router>> Create(const std::string& model_dir, ExpertBackend* backend,
+                                                        const RouterOptions& options);
+
+  // INVALID_ARGUMENT naming the field and value (layer, hidden shape/dtype/
+  // bytes, token_ids length or an id ≥ vocab_size, client routes: top_k,
+  // lengths, expert id range, an expert repeated for a token, non-finite
+  // weight; non-finite hidden values in gate mode; output dtype);
+  // RESOURCE_EXHAUSTED over max_tokens; the backend's errors otherwise.
+  absl::StatusOr<ForwardOutput> Forward(const ForwardInput& input, CallControl& control);
+
+  const common::Manifest& manifest() const { return model_->manifest(); }
+  const std::string& model_id() const { return model_->model_id(); }
+  const std::string& model_dir() const { return model_->dir(); }
+  int64_t max_tokens() const { return options_.max_tokens; }
+  ExpertBackend& backend() { return *backend_; }
+
+  // Token rows routed to (layer, expert) since start, and requests served.
+  int64_t tokens_routed(int64_t layer, int64_t expert) const;
+  int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+
+ private:
+  Router(std::unique_ptr<common::ModelDir> model, ExpertBackend* backend, const RouterOptions& options);
+  absl::StatusOr<common::Routes> Route(const ForwardInput& input, const float* x) const;
+  void CountRoutes(int32_t layer, const common::Routes& routes);
+
+  // Constant after construction.
+  const std::unique_ptr<common::ModelDir> model_;
+  ExpertBackend* const backend_;
+  const RouterOptions options_;
+  std::vector<std::unique_ptr<common::LayerRouting>> routing_;  // [layer]
+  std::vector<common::Counter*> token_counters_;                // [layer * n_experts + e], if metrics
+
+  // Statistics (atomics).
+  std::unique_ptr<std::atomic<int64_t>[]> tokens_;  // [layer * n_experts + e]
+  std::atomic<int64_t> requests_{0};
+};
+
+}  // namespace router_node
+}  // namespace colibri
+
+#endif  // COLIBRI_ROUTER_NODE_ROUTER_H_

@@ -1,0 +1,97 @@
+#include "router_node/router_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
+#include "common/status_macros.h"
+
+namespace colibri {
+namespace router_node {
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerOptions options, std::ostream* log) {
+  if (options.model_dir.empty()) return absl::InvalidArgumentError("--model (or --local) is required");
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                           common::ServerCredentialsFromFiles(options.tls_cert_file, options.tls_key_file,
+                                                              options.tls_client_ca_file, "--tls"));
+  std::unique_ptr<RouterServer> s(new RouterServer());
+  if (options.local) {
+    options.engine.max_tokens = options.router.max_tokens;
+    options.engine.verify_checksums = options.router.verify_checksums;
+    options.engine.metrics = &s->metrics_;
+    options.engine.log = log;
+    COLIBRI_ASSIGN_OR_RETURN(s->engine_, Engine::Open(options.model_dir, options.engine));
+    s->router_ = &s->engine_->router();
+  } else {
+    COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(options.model_dir));
+    RemoteOptions& r = options.remote;
+    r.model_id = model->model_id();
+    r.n_layers = model->manifest().n_layers;
+    r.n_experts = model->manifest().n_experts;
+    r.d_model = model->manifest().d_model;
+    // A node's reply holds up to top_k rows per token.
+    r.max_message_bytes = options.router.max_tokens * r.d_model * 4 * model->manifest().top_k + (1 << 20);
+    r.metrics = &s->metrics_;
+    r.log = log;
+    COLIBRI_ASSIGN_OR_RETURN(s->remote_, RemoteBackend::Create(r));
+    options.router.metrics = &s->metrics_;
+    COLIBRI_ASSIGN_OR_RETURN(s->remote_router_, Router::Create(options.model_dir, s->remote_.get(), options.router));
+    s->router_ = s->remote_router_.get();
+  }
+  if (options.metrics_port >= 0) {
+    COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
+                             common::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
+  }
+  options.service.metrics = &s->metrics_;
+  options.service.remote = s->remote_.get();
+  options.service.log = log;
+  s->service_ = std::make_unique<RouterService>(s->router_, options.service);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, credentials, &s->port_);
+  // Largest call: max_tokens hidden states in f32 plus token ids and client
+  // routes (4 + 8 * top_k bytes per token), and framing.
+  const common::Manifest& m = s->router_->manifest();
+  const int64_t derived = options.router.max_tokens * (m.d_model * 4 + 4 + 8 * m.top_k) + (1 << 20);
+  const int64_t max_bytes = std::min<int64_t>(options.max_message_bytes > 0 ? options.max_message_bytes : derived,
+                                              std::numeric_limits<int>::max());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
+  if (s->remote_ != nullptr) {
+    s->remote_->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
+  } else {
+    health->SetServingStatus(true);
+  }
+  return s;
+}
+
+void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  std::call_once(shutdown_once_, [&] {
+    if (remote_ != nullptr) remote_->SetServingListener(nullptr);
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->Shutdown(deadline);  // waits for in-flight calls; cancels them at the deadline
+    server_->Wait();
+    server_.reset();   // the service must outlive the server
+    service_.reset();  // joins the workers
+  });
+}
+
+RouterServer::~RouterServer() {
+  if (server_ != nullptr) Shutdown(std::chrono::system_clock::now());
+}
+
+}  // namespace router_node
+}  // namespace colibri

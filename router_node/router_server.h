@@ -1,0 +1,85 @@
+#ifndef COLIBRI_ROUTER_NODE_ROUTER_SERVER_H_
+#define COLIBRI_ROUTER_NODE_ROUTER_SERVER_H_
+
+// A router: the core with its backend — in-process experts (local mode) or
+// expert nodes over gRPC — and the gRPC server that exposes it (Router
+// service, grpc.health.v1 — SERVING only while every (layer, expert) has a
+// live node — and server reflection), plus optional Prometheus metrics.
+// Create() returns a started server. Thread-safe; Shutdown() is idempotent
+// and also run by the destructor.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/metrics.h"
+#include "common/metrics_server.h"
+#include "router_node/engine.h"
+#include "router_node/remote_backend.h"
+#include "router_node/router.h"
+#include "router_node/router_service.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace colibri {
+namespace router_node {
+
+struct RouterServerOptions {
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  std::string model_dir;               // the model (manifest, gates, LUTs); required
+  // Local mode: run every expert in this process (Engine) instead of on nodes.
+  bool local = false;
+  Engine::Options engine;              // local mode: threads, NUMA, mlock
+  RemoteOptions remote;                // distributed mode: nodes, timeouts, TLS to nodes (model fields are filled in)
+  RouterOptions router;                // max_tokens, checksums
+  RouterService::Options service;      // workers, queue, debug log
+  int64_t max_message_bytes = 0;       // 0: derived from d_model, top_k and max_tokens
+  // TLS for clients: certificate chain and key; with a client CA, mutual TLS.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  int metrics_port = -1;               // >= 0: Prometheus /metrics on it (0 picks a port)
+  std::string metrics_host = "0.0.0.0";
+};
+
+class RouterServer {
+ public:
+  // `log` (may be null) receives node up/down events and, with
+  // service.debug, per-call timings; it must outlive the server.
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Create(RouterServerOptions options, std::ostream* log);
+  ~RouterServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : -1; }
+  Router& router() { return *router_; }
+  RemoteBackend* remote() { return remote_.get(); }  // null in local mode
+
+  // Stops accepting calls, lets in-flight calls finish until `deadline`,
+  // then cancels the rest (and their node calls).
+  void Shutdown(std::chrono::system_clock::time_point deadline);
+
+ private:
+  RouterServer() = default;
+
+  common::MetricsRegistry metrics_;
+  std::unique_ptr<common::MetricsServer> metrics_server_;
+  std::unique_ptr<Engine> engine_;           // local mode
+  std::unique_ptr<RemoteBackend> remote_;    // distributed mode
+  std::unique_ptr<Router> remote_router_;    // distributed mode
+  Router* router_ = nullptr;
+  std::unique_ptr<RouterService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace router_node
+}  // namespace colibri
+
+#endif  // COLIBRI_ROUTER_NODE_ROUTER_SERVER_H_

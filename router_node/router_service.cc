@@ -1,0 +1,373 @@
+#include "router_node/router_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace colibri {
+namespace router_node {
+namespace {
+
+namespace v1 = colibri::v1;
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
+  const auto d = context->deadline();
+  if (d >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) return absl::InfiniteFuture();
+  return absl::FromChrono(d);
+}
+
+absl::StatusOr<common::DType> ParseDType(v1::DataType t, bool unspecified_is_f32, const char* field) {
+  if (t == v1::DATA_TYPE_UNSPECIFIED && unspecified_is_f32) return common::DType::kF32;
+  if (t == v1::DATA_TYPE_F32 || t == v1::DATA_TYPE_BF16 || t == v1::DATA_TYPE_F16) {
+    return static_cast<common::DType>(t);  // the same numbers (tensor.proto, common/dtype.h)
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " ", static_cast<int>(t), " is not supported (f32, bf16 or f16)"));
+}
+
+// The request as the core's input, pointing into `request`.
+absl::StatusOr<ForwardInput> ParseRequest(const v1::ForwardRequest& request) {
+  ForwardInput in;
+  in.layer = request.layer();
+  in.token_ids = absl::MakeConstSpan(request.token_ids().data(), request.token_ids().size());
+  const v1::Tensor& h = request.hidden();
+  if (h.shape_size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden.shape has ", h.shape_size(), " dims; must be [T, d_model]"));
+  }
+  in.num_tokens = h.shape(0);
+  in.cols = h.shape(1);
+  COLIBRI_ASSIGN_OR_RETURN(in.hidden_dtype, ParseDType(h.dtype(), false, "hidden.dtype"));
+  in.hidden = h.data().data();
+  in.hidden_bytes = static_cast<int64_t>(h.data().size());
+  switch (request.routing()) {
+    case v1::ROUTING_MODE_UNSPECIFIED:
+    case v1::ROUTING_MODE_LUT:
+      in.routing = RoutingMode::kLut;
+      break;
+    case v1::ROUTING_MODE_GATE:
+      in.routing = RoutingMode::kGate;
+      break;
+    case v1::ROUTING_MODE_CLIENT:
+      in.routing = RoutingMode::kClient;
+      in.client_top_k = request.routes().top_k();
+      in.client_expert_ids =
+          absl::MakeConstSpan(request.routes().expert_ids().data(), request.routes().expert_ids().size());
+      in.client_weights = absl::MakeConstSpan(request.routes().weights().data(), request.routes().weights().size());
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing ", static_cast<int>(request.routing()), " is not a known mode (lut, gate, client)"));
+  }
+  COLIBRI_ASSIGN_OR_RETURN(in.output_dtype, ParseDType(request.output_dtype(), true, "output_dtype"));
+  in.request_id = request.request_id();
+  return in;
+}
+
+void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t nanos) {
+  v1::Timing* t = response->add_timings();
+  t->set_stage(stage);
+  t->set_nanos(nanos);
+}
+
+int64_t SlowestNodeNanos(const ForwardOutput& out) {
+  int64_t slowest = 0;
+  for (const NodeCallRecord& c : out.backend.calls) slowest = std::max(slowest, c.end_nanos - c.start_nanos);
+  return slowest;
+}
+
+// A unary Forward: cancelled with the client, deleted when gRPC is done with it.
+class ForwardReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ForwardReactor(RouterService* service, grpc::CallbackServerContext* context, const v1::ForwardRequest* request,
+                 v1::ForwardResponse* response)
+      : service_(service), request_(request), response_(response), control_(DeadlineOf(context)) {}
+
+  void Start() {
+    if (!service_->Submit([this] { Run(); })) {
+      Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
+    }
+  }
+
+  void OnCancel() override { control_.Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  void Run() { Done(service_->RunForward(*request_, control_, response_)); }
+  void Done(const absl::Status& s) {
+    service_->CountCall("Forward", s.code());
+    Finish(common::ToGrpcStatus(s));
+  }
+
+  RouterService* const service_;
+  const v1::ForwardRequest* const request_;
+  v1::ForwardResponse* const response_;
+  CallControl control_;
+};
+
+// ForwardStream: read a request, run it on a worker, write its reply, read the
+// next — in order, one at a time. Deleted when gRPC is done with it.
+class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse> {
+ public:
+  StreamReactor(RouterService* service, grpc::CallbackServerContext* context)
+      : service_(service), deadline_(DeadlineOf(context)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client half-closed (or the call ended): every reply has been written
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (!service_->Submit([this] { Run(); })) {
+      Reply(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
+    }
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
+      return;
+    }
+    request_.Clear();
+    reply_.Clear();
+    StartRead(&request_);
+  }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (current_ != nullptr) current_->Cancel();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Run() {
+    auto control = std::make_unique<CallControl>(deadline_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) control->Cancel();
+      current_ = control.get();
+    }
+    const absl::Status s = service_->RunForward(request_, *control, reply_.mutable_response());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current_ = nullptr;
+    }
+    Reply(s);
+  }
+  void Reply(const absl::Status& s) {
+    service_->CountCall("ForwardStream", s.code());
+    reply_.set_code(static_cast<int32_t>(s.code()));
+    reply_.set_message(std::string(s.message()));
+    reply_.set_request_id(request_.request_id());
+    if (!s.ok()) reply_.clear_response();
+    StartWrite(&reply_);
+  }
+
+  RouterService* const service_;
+  const absl::Time deadline_;
+  v1::ForwardRequest request_;
+  v1::ForwardStreamResponse reply_;
+  std::mutex mu_;
+  bool cancelled_ = false;           // guarded by mu_
+  CallControl* current_ = nullptr;   // guarded by mu_
+};
+
+}  // namespace
+
+RouterService::RouterService(Router* router, Options options) : router_(router), options_(std::move(options)) {
+  if (options_.metrics != nullptr) {
+    const char* stages[5] = {"route", "dispatch", "slowest_node", "aggregate", "total"};
+    for (int i = 0; i < 5; ++i) {
+      stage_[i] = options_.metrics->GetHistogram("colibri_router_stage_seconds",
+                                                 "Time of each stage of a Forward call (slowest_node: the slowest "
+                                                 "node call of the layer).",
+                                                 {{"stage", stages[i]}}, common::LatencyBuckets());
+    }
+  }
+  for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+RouterService::~RouterService() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+bool RouterService::Submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || static_cast<int64_t>(queue_.size()) >= options_.max_queued_requests) return false;
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void RouterService::WorkerLoop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    job();
+  }
+}
+
+void RouterService::CountCall(const char* method, absl::StatusCode code) {
+  if (options_.metrics == nullptr) return;
+  options_.metrics
+      ->GetCounter("colibri_router_requests_total", "Router calls by method and status code.",
+                   {{"method", method}, {"code", std::to_string(static_cast<int>(code))}})
+      ->Add();
+}
+
+absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallControl& control,
+                                       v1::ForwardResponse* response) {
+  if (control.cancelled()) return absl::CancelledError("cancelled before it ran");
+  if (absl::Now() > control.deadline()) return absl::DeadlineExceededError("deadline passed while queued");
+  COLIBRI_ASSIGN_OR_RETURN(ForwardInput in, ParseRequest(request));
+  COLIBRI_ASSIGN_OR_RETURN(ForwardOutput out, router_->Forward(in, control));
+  v1::Tensor* t = response->mutable_output();
+  t->set_dtype(static_cast<v1::DataType>(out.output_dtype));
+  t->add_shape(in.num_tokens);
+  t->add_shape(router_->manifest().d_model);
+  t->set_data(std::move(out.output));
+  if (request.return_routes()) {
+    v1::Routes* r = response->mutable_routes();
+    r->set_top_k(static_cast<int32_t>(out.routes.top_k));
+    r->mutable_expert_ids()->Add(out.routes.expert_ids.begin(), out.routes.expert_ids.end());
+    r->mutable_weights()->Add(out.routes.weights.begin(), out.routes.weights.end());
+  }
+  if (request.return_timings()) {
+    AddTiming(response, "route", out.timings.route_nanos);
+    AddTiming(response, "dispatch", out.timings.dispatch_nanos);
+    AddTiming(response, "aggregate", out.timings.aggregate_nanos);
+    AddTiming(response, "total", out.timings.total_nanos);
+    for (const NodeCallRecord& c : out.backend.calls) {
+      AddTiming(response, absl::StrCat("node:", c.node), c.end_nanos - c.start_nanos);
+    }
+  }
+  Record(out, in.num_tokens, in.request_id, in.layer);
+  return absl::OkStatus();
+}
+
+void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer) {
+  if (stage_[0] != nullptr) {
+    stage_[0]->Observe(out.timings.route_nanos * 1e-9);
+    stage_[1]->Observe(out.timings.dispatch_nanos * 1e-9);
+    stage_[2]->Observe(SlowestNodeNanos(out) * 1e-9);
+    stage_[3]->Observe(out.timings.aggregate_nanos * 1e-9);
+    stage_[4]->Observe(out.timings.total_nanos * 1e-9);
+  }
+  if (!options_.debug || options_.log == nullptr) return;
+  std::string line = absl::StrCat("colibri-router: request '", request_id, "' layer ", layer, " tokens ", tokens,
+                                  ": route ", out.timings.route_nanos / 1000, " us, dispatch ",
+                                  out.timings.dispatch_nanos / 1000, " us, aggregate ",
+                                  out.timings.aggregate_nanos / 1000, " us, total ", out.timings.total_nanos / 1000,
+                                  " us; nodes:");
+  for (const NodeCallRecord& c : out.backend.calls) {
+    absl::StrAppend(&line, " ", c.node, (c.attempt > 0 ? " (retry)" : ""), " ", (c.end_nanos - c.start_nanos) / 1000,
+                    " us (compute ", c.node_compute_nanos / 1000, " us, ", c.rows, " rows, ", c.experts, " experts)");
+  }
+  *options_.log << line << std::endl;
+}
+
+grpc::ServerUnaryReactor* RouterService::Forward(grpc::CallbackServerContext* context,
+                                                 const v1::ForwardRequest* request, v1::ForwardResponse* response) {
+  auto* reactor = new ForwardReactor(this, context, request, response);
+  reactor->Start();
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse>* RouterService::ForwardStream(
+    grpc::CallbackServerContext* context) {
+  return new StreamReactor(this, context);
+}
+
+grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                      const v1::GetModelInfoRequest*,
+                                                      v1::GetModelInfoResponse* response) {
+  const common::Manifest& m = router_->manifest();
+  response->set_model_id(router_->model_id());
+  response->set_architecture(m.architecture);
+  response->set_d_model(static_cast<int32_t>(m.d_model));
+  response->set_d_ff(static_cast<int32_t>(m.d_ff));
+  response->set_n_layers(static_cast<int32_t>(m.n_layers));
+  response->set_n_experts(static_cast<int32_t>(m.n_experts));
+  response->set_top_k(static_cast<int32_t>(m.top_k));
+  response->set_norm_topk_prob(m.norm_topk_prob);
+  response->set_vocab_size(static_cast<int32_t>(m.vocab_size));
+  response->set_weight_type(common::DTypeName(m.weight_type));
+  response->add_routing_modes(v1::ROUTING_MODE_LUT);
+  response->add_routing_modes(v1::ROUTING_MODE_GATE);
+  response->add_routing_modes(v1::ROUTING_MODE_CLIENT);
+  response->set_backend(router_->backend().kind());
+  response->set_max_tokens(static_cast<int32_t>(router_->max_tokens()));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CountCall("GetModelInfo", absl::StatusCode::kOk);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RouterService::GetClusterStatus(grpc::CallbackServerContext* context,
+                                                          const v1::GetClusterStatusRequest*,
+                                                          v1::GetClusterStatusResponse* response) {
+  const common::Manifest& m = router_->manifest();
+  std::shared_ptr<const ShardMap> map;
+  if (options_.remote != nullptr) {
+    map = options_.remote->map();
+    for (const NodeStatusView& n : options_.remote->Nodes()) {
+      v1::NodeStatus* s = response->add_nodes();
+      s->set_address(n.address);
+      s->set_live(n.live);
+      s->set_in_flight(n.in_flight);
+      s->set_calls(n.calls);
+      s->set_failed_calls(n.failed_calls);
+      s->set_last_error(n.last_error);
+      s->set_weights_version(n.weights_version);
+      v1::OwnedExperts* owned = nullptr;
+      for (const auto& [layer, expert] : n.owned) {
+        if (owned == nullptr || owned->layer() != layer) {
+          owned = s->add_owned();
+          owned->set_layer(static_cast<int32_t>(layer));
+        }
+        owned->add_experts(static_cast<int32_t>(expert));
+      }
+    }
+    response->set_retries(options_.remote->retries());
+  }
+  bool serving = true;
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    for (int64_t expert = 0; expert < m.n_experts; ++expert) {
+      v1::ExpertLoad* e = response->add_experts();
+      e->set_layer(static_cast<int32_t>(layer));
+      e->set_expert(static_cast<int32_t>(expert));
+      e->set_tokens(router_->tokens_routed(layer, expert));
+      // In-process experts are always there.
+      const int replicas = map != nullptr ? static_cast<int>(map->replicas(layer, expert).size()) : 1;
+      e->set_live_replicas(replicas);
+      serving = serving && replicas > 0;
+    }
+  }
+  response->set_serving(serving);
+  response->set_requests(router_->requests());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CountCall("GetClusterStatus", absl::StatusCode::kOk);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace router_node
+}  // namespace colibri

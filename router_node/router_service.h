@@ -1,0 +1,81 @@
+#ifndef COLIBRI_ROUTER_NODE_ROUTER_SERVICE_H_
+#define COLIBRI_ROUTER_NODE_ROUTER_SERVICE_H_
+
+// Transport for the Router service (proto/colibri/v1/router.proto): parse a
+// request into the core's types (pointing into the request, no copy of the
+// hidden states), hand it to the service's worker threads — never blocking
+// gRPC's — run Router::Forward, convert the status once, finish. Cancelling a
+// call cancels its node calls. Thread-safe.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "colibri/v1/router.grpc.pb.h"
+#include "common/metrics.h"
+#include "router_node/remote_backend.h"
+#include "router_node/router.h"
+
+namespace colibri {
+namespace router_node {
+
+class RouterService final : public colibri::v1::Router::CallbackService {
+ public:
+  struct Options {
+    int workers = 8;                  // threads running Forward calls
+    int64_t max_queued_requests = 256;  // waiting for a worker; beyond: RESOURCE_EXHAUSTED
+    bool debug = false;               // log every call's stage timings to `log` (COLIBRI_DEBUG=1)
+    std::ostream* log = nullptr;      // must outlive the service
+    common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
+    RemoteBackend* remote = nullptr;  // for GetClusterStatus; null in local mode
+  };
+
+  // `router` must outlive the service.
+  RouterService(Router* router, Options options);
+  ~RouterService() override;  // answers queued calls with UNAVAILABLE, joins the workers
+
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, const colibri::v1::ForwardRequest* request,
+                                    colibri::v1::ForwardResponse* response) override;
+  grpc::ServerBidiReactor<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>* ForwardStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const colibri::v1::GetModelInfoRequest* request,
+                                         colibri::v1::GetModelInfoResponse* response) override;
+  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
+                                             const colibri::v1::GetClusterStatusRequest* request,
+                                             colibri::v1::GetClusterStatusResponse* response) override;
+
+  // Runs one request on the calling thread: parse, forward, fill `response`.
+  // Used by the workers for both RPCs.
+  absl::Status RunForward(const colibri::v1::ForwardRequest& request, CallControl& control,
+                          colibri::v1::ForwardResponse* response);
+  // Queues `job` for a worker; false if the queue is full or the service is
+  // stopping (then `job` is not run).
+  bool Submit(std::function<void()> job);
+  // Counts a finished call by method and code.
+  void CountCall(const char* method, absl::StatusCode code);
+
+ private:
+  void WorkerLoop();
+  void Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer);
+
+  Router* const router_;
+  const Options options_;
+  common::Histogram* stage_[5] = {};  // route, dispatch, slowest_node, aggregate, total (if metrics)
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace router_node
+}  // namespace colibri
+
+#endif  // COLIBRI_ROUTER_NODE_ROUTER_SERVICE_H_

@@ -1,0 +1,90 @@
+// The shard map and the per-layer plan: replicas, the batch union (one call
+// per node), least-loaded choice, exclusion of failed nodes, and the
+// UNAVAILABLE message naming the layer and the expert.
+
+#include "router_node/shard_map.h"
+
+#include <catch2/catch.hpp>
+
+namespace colibri {
+namespace router_node {
+namespace {
+
+std::vector<ExpertWork> Works(const std::vector<int32_t>& experts) {
+  std::vector<ExpertWork> w;
+  for (const int32_t e : experts) w.push_back({e, {0}, {1.f}, {0}});
+  return w;
+}
+
+// 2 layers x 4 experts: node 0 owns experts 0-2, node 1 owns 2-3 (expert 2
+// replicated), node 2 owns everything but is down.
+ShardMap Map() {
+  std::vector<NodeState> nodes(3);
+  nodes[0] = {"a:1", true, "", {}};
+  nodes[1] = {"b:1", true, "", {}};
+  nodes[2] = {"c:1", false, "connection refused", {}};
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int64_t e = 0; e < 4; ++e) {
+      if (e <= 2) nodes[0].owned.emplace_back(l, e);
+      if (e >= 2) nodes[1].owned.emplace_back(l, e);
+      nodes[2].owned.emplace_back(l, e);
+    }
+  }
+  return ShardMap(2, 4, nodes);
+}
+
+TEST_CASE("the map lists live replicas only and finds uncovered experts") {
+  const ShardMap map = Map();
+  CHECK(map.replicas(0, 0) == std::vector<int>{0});
+  CHECK(map.replicas(1, 2) == std::vector<int>{0, 1});
+  CHECK(map.replicas(1, 3) == std::vector<int>{1});
+  CHECK(!map.FirstUncovered().has_value());
+
+  std::vector<NodeState> one = {{"a:1", true, "", {{0, 0}, {0, 1}, {7, 7}}}};
+  const ShardMap partial(1, 3, one);
+  REQUIRE(partial.FirstUncovered().has_value());
+  CHECK(*partial.FirstUncovered() == std::make_pair<int64_t, int64_t>(0, 2));
+}
+
+TEST_CASE("a layer's experts are grouped into one call per node") {
+  const ShardMap map = Map();
+  const std::vector<ExpertWork> works = Works({0, 1, 2, 3});
+  auto plan = PlanNodeCalls(map, 0, works, {0, 1, 2, 3}, std::vector<int>{0, 0, 0}, {});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->size() == 2);
+  // Expert 2 joins node 0's call (already used, equally loaded) rather than opening a third.
+  CHECK((*plan)[0].node == 0);
+  CHECK((*plan)[0].works == std::vector<int>{0, 1, 2});
+  CHECK((*plan)[1].node == 1);
+  CHECK((*plan)[1].works == std::vector<int>{3});
+}
+
+TEST_CASE("a replicated expert goes to the least loaded replica") {
+  const ShardMap map = Map();
+  const std::vector<ExpertWork> works = Works({2});
+  auto plan = PlanNodeCalls(map, 1, works, {0}, std::vector<int>{3, 1, 0}, {});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->size() == 1);
+  CHECK((*plan)[0].node == 1);
+}
+
+TEST_CASE("a failed node is avoided and an expert without replicas is UNAVAILABLE by name") {
+  const ShardMap map = Map();
+  const std::vector<ExpertWork> works = Works({2, 3});
+  auto retry = PlanNodeCalls(map, 0, works, {0}, std::vector<int>{0, 0, 0}, {1});
+  REQUIRE(retry.ok());
+  CHECK((*retry)[0].node == 0);
+
+  auto none = PlanNodeCalls(map, 0, works, {0, 1}, std::vector<int>{0, 0, 0}, {1});
+  REQUIRE(!none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kUnavailable);
+  const std::string message(none.status().message());
+  INFO(message);
+  CHECK(message.find("layer 0 expert 3") != std::string::npos);
+  CHECK(message.find("b:1: failed this request") != std::string::npos);
+  CHECK(message.find("c:1: connection refused") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace router_node
+}  // namespace colibri
