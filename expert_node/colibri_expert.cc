@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "common/allocator.h"
 #include "common/flags.h"
 #include "expert_node/expert_server.h"
 
@@ -33,6 +34,7 @@ ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint li
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
 int main(int argc, char** argv) {
+  colibri::common::TuneAllocatorForServer();
   colibri::common::ParseFlags(argc, argv,
       "Colibri expert node: owns a shard of a model's experts (mapped, verified, locked, optionally on one NUMA\n"
       "node) and computes them for the router over gRPC (colibri.v1.ExpertNode), with grpc.health.v1 and server\n"

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/allocator.h"
 #include "common/flags.h"
 #include "router_node/router_server.h"
 
@@ -48,6 +49,7 @@ ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint li
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
 int main(int argc, char** argv) {
+  colibri::common::TuneAllocatorForServer();
   colibri::common::ParseFlags(argc, argv,
       "Colibri router: serves colibri.v1.Router (Forward, ForwardStream, GetModelInfo, GetClusterStatus) with\n"
       "grpc.health.v1 and reflection. Routes each token (lut | gate | client), sends the rows to the expert nodes\n"

@@ -257,6 +257,7 @@ absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallCo
     AddTiming(response, "total", out.timings.total_nanos);
     for (const NodeCallRecord& c : out.backend.calls) {
       AddTiming(response, absl::StrCat("node:", c.node), c.end_nanos - c.start_nanos);
+      AddTiming(response, absl::StrCat("node_compute:", c.node), c.node_compute_nanos);
     }
   }
   Record(out, in.num_tokens, in.request_id, in.layer);

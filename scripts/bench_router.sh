@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The router benchmark of docs/PERFORMANCE.md: a router and two expert nodes
+# on loopback against the in-process engine, same calls, same run.
+# Builds, synthesizes and converts a Mixtral-8x7B-shaped MoE layer (d_model
+# 4096, d_ff 14336, 8 experts, top-2, bf16; cached, shared with
+# bench_kernels.sh), starts node A (experts 0-3) and node B (experts 4-7),
+# each pinned with taskset to its own CPU with one compute thread, and a
+# router in front, then runs `colibri-bench router` (the engine in the bench
+# process uses both CPUs). Every process started is stopped on exit.
+#
+# Usage: bash scripts/bench_router.sh [--tokens 1,8,128] [--repeat 30] [--routing lut|gate]
+#                                     [--node_threads 1] [--layout split|replicated] [--small]
+# --node_threads 2 runs each node with two threads instead (both nodes share both CPUs).
+# --layout replicated: both nodes own all 8 experts (one answers each layer call, with
+# --node_threads 2 the same compute as the engine: what is left is the cost of distribution).
+# --small: a d_model 1024 / d_ff 2816 layer (quick smoke run).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tokens=1,8,128
+repeat=30
+routing=lut
+node_threads=1
+layout=split
+shape=(--d_model 4096 --d_ff 14336)
+name=mixtral_8x7b_layer
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tokens) tokens=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --routing) routing=$2; shift 2 ;;
+    --node_threads) node_threads=$2; shift 2 ;;
+    --layout) layout=$2; shift 2 ;;
+    --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "bench_router: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+bash "$root/scripts/build.sh" >/dev/null
+build=${COLIBRI_BUILD_DIR:-$root/build}
+work=${COLIBRI_BENCH_DIR:-$build/bench}/$name
+mkdir -p "$work"
+if [ ! -f "$work/checkpoint/config.json" ]; then
+  "$build/tools/colibri-synth" --out "$work/checkpoint" --naming mixtral "${shape[@]}" --layers 1 --experts 8 \
+    --top_k 2 --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
+fi
+if [ ! -f "$work/bf16/manifest.json" ]; then
+  "$build/tools/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/bf16" --weight_type bf16 \
+    --progress=false --overwrite >/dev/null
+fi
+
+pids=()
+logs=$(mktemp -d)
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$logs"
+}
+trap cleanup EXIT INT TERM
+
+# start NAME CMD...: runs CMD in the background, waits for "listening on port N", sets $port.
+start() {
+  local name=$1; shift
+  "$@" >"$logs/$name.out" 2>"$logs/$name.err" &
+  pids+=($!)
+  last_pid=$!
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$logs/$name.out")
+    [ -n "$port" ] && return 0
+    if ! kill -0 "$last_pid" 2>/dev/null; then cat "$logs/$name.err" >&2; exit 1; fi
+    sleep 0.1
+  done
+  echo "bench_router: $name did not start" >&2; exit 1
+}
+
+node=("$build/expert_node/colibri-expert" --model "$work/bf16" --listen 127.0.0.1:0 --threads "$node_threads")
+experts_a=0-3; experts_b=4-7
+[ "$layout" = replicated ] && experts_a=all && experts_b=all
+if [ "$node_threads" = 1 ] && [ "$(nproc)" -ge 2 ]; then
+  start node_a taskset -c 0 "${node[@]}" --experts $experts_a; a=$port
+  start node_b taskset -c 1 "${node[@]}" --experts $experts_b; b=$port
+else
+  start node_a "${node[@]}" --experts $experts_a; a=$port
+  start node_b "${node[@]}" --experts $experts_b; b=$port
+fi
+start router env COLIBRI_DEBUG=${COLIBRI_DEBUG:-0} "$build/router_node/colibri-router" --model "$work/bf16" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
+  --listen 127.0.0.1:0
+router_port=$port
+router_pid=$last_pid
+echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "# nodes: A experts $experts_a on 127.0.0.1:$a, B experts $experts_b on 127.0.0.1:$b, $node_threads thread(s) each"
+[ "${COLIBRI_DEBUG:-0}" != 0 ] && trap 'cat "$logs/router.err" >&2; cleanup' EXIT
+"$build/tools/colibri-bench" router --model "$work/bf16" --router "127.0.0.1:$router_port" --router_pid "$router_pid" \
+  --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads 0

@@ -1,0 +1,173 @@
+#include "tools/router_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "colibri/v1/router.grpc.pb.h"
+#include "common/status_macros.h"
+#include "router_node/engine.h"
+
+namespace colibri {
+namespace tools {
+namespace {
+
+namespace v1 = colibri::v1;
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+// utime + stime of a process, in seconds; -1 if unreadable.
+double CpuSeconds(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(text.substr(close + 2));
+  std::string skip;
+  for (int i = 0; i < 11; ++i) fields >> skip;  // state .. cmajflt (fields 3-13)
+  double utime = 0, stime = 0;
+  fields >> utime >> stime;
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+int64_t Timing(const v1::ForwardResponse& r, const std::string& stage) {
+  for (const v1::Timing& t : r.timings()) {
+    if (t.stage() == stage) return t.nanos();
+  }
+  return 0;
+}
+
+// The slowest node call and that node's own compute time.
+std::pair<int64_t, int64_t> SlowestNode(const v1::ForwardResponse& r) {
+  std::pair<int64_t, int64_t> slowest = {0, 0};
+  for (const v1::Timing& t : r.timings()) {
+    if (t.stage().rfind("node:", 0) == 0 && t.nanos() >= slowest.first) {
+      slowest = {t.nanos(), Timing(r, "node_compute:" + t.stage().substr(5))};
+    }
+  }
+  return slowest;
+}
+
+}  // namespace
+
+absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
+  std::unique_ptr<Engine> engine;
+  if (o.local_threads >= 0) {
+    Engine::Options options;
+    options.threads = o.local_threads;
+    options.lock_memory = false;
+    COLIBRI_ASSIGN_OR_RETURN(engine, Engine::Open(o.model_dir, options));
+  }
+  auto stub = v1::Router::NewStub(grpc::CreateChannel(o.router, grpc::InsecureChannelCredentials()));
+  v1::GetModelInfoResponse info;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("router ", o.router, ": ", s.error_message()));
+  }
+  if (engine != nullptr && info.model_id() != engine->router().model_id()) {
+    return absl::FailedPreconditionError("the router serves another model than --model");
+  }
+  // The floor of one gRPC hop on this machine: an empty call's round trip.
+  std::vector<double> ping_us;
+  for (int i = 0; i < 200; ++i) {
+    grpc::ClientContext context;
+    v1::GetModelInfoResponse unused;
+    const auto start = Clock::now();
+    if (!stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &unused).ok()) break;
+    ping_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+  }
+  const int64_t d_model = info.d_model();
+  out << "# colibri-bench router: " << o.router << " (" << info.backend() << ", " << info.weight_type() << ", d_model "
+      << d_model << ", d_ff " << info.d_ff() << ", " << info.n_experts() << " experts, top-" << info.top_k()
+      << ") vs the in-process engine; layer " << o.layer << ", " << o.routing << " routing, " << o.repeat
+      << " calls per row, times in microseconds\n";
+  out << "# an empty gRPC round trip to the router (GetModelInfo): p50 " << static_cast<int64_t>(Percentile(ping_us, 0.5))
+      << " us, p99 " << static_cast<int64_t>(Percentile(ping_us, 0.99)) << " us\n";
+  out << "# T | engine p50 | engine p99 | router p50 | router p99 | added p50 | added % | slowest node call | "
+         "its compute | route+aggregate | router overhead in dispatch | router CPU/call | identical\n";
+  std::mt19937_64 rng(o.seed);
+  for (const int64_t T : o.tokens) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> x(T * d_model);
+    for (float& v : x) v = normal(rng);
+    std::vector<int32_t> ids(T);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % info.vocab_size());
+    v1::ForwardRequest request;
+    request.set_layer(o.layer);
+    request.mutable_token_ids()->Add(ids.begin(), ids.end());
+    request.mutable_hidden()->set_dtype(v1::DATA_TYPE_F32);
+    request.mutable_hidden()->add_shape(T);
+    request.mutable_hidden()->add_shape(d_model);
+    request.mutable_hidden()->set_data(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+    request.set_routing(o.routing == "gate" ? v1::ROUTING_MODE_GATE : v1::ROUTING_MODE_LUT);
+    request.set_return_timings(true);
+    router_node::ForwardInput in;
+    in.layer = o.layer;
+    in.token_ids = ids;
+    in.hidden = x.data();
+    in.hidden_bytes = static_cast<int64_t>(x.size() * 4);
+    in.num_tokens = T;
+    in.cols = d_model;
+    in.routing = o.routing == "gate" ? router_node::RoutingMode::kGate : router_node::RoutingMode::kLut;
+
+    std::vector<double> local_us, remote_us, own_us, overhead_us, node_us, compute_us;
+    std::string local_bytes, remote_bytes;
+    double cpu_start = 0;
+    for (int i = 0; i < o.warmup + o.repeat; ++i) {
+      const bool timed = i >= o.warmup;
+      if (i == o.warmup && o.router_pid > 0) cpu_start = CpuSeconds(o.router_pid);
+      if (engine != nullptr) {
+        const auto start = Clock::now();
+        absl::StatusOr<router_node::ForwardOutput> r = engine->Forward(in);
+        if (!r.ok()) return r.status();
+        if (timed) local_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+        local_bytes = std::move(r->output);
+      }
+      v1::ForwardResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      const auto start = Clock::now();
+      const grpc::Status s = stub->Forward(&context, request, &response);
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      if (!s.ok()) return absl::UnavailableError(absl::StrCat("Forward: ", s.error_message()));
+      if (!timed) continue;
+      remote_us.push_back(us);
+      own_us.push_back((Timing(response, "route") + Timing(response, "aggregate")) / 1e3);
+      const auto [node, compute] = SlowestNode(response);
+      overhead_us.push_back((Timing(response, "dispatch") - node) / 1e3);
+      node_us.push_back(node / 1e3);
+      compute_us.push_back(compute / 1e3);
+      remote_bytes = response.output().data();
+    }
+    const double cpu = o.router_pid > 0 ? CpuSeconds(o.router_pid) - cpu_start : 0;  // includes health checks
+    const double l50 = Percentile(local_us, 0.5), r50 = Percentile(remote_us, 0.5);
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "%lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f%% | %.0f | %.0f | %.0f | %.0f | %s | %s\n",
+                  static_cast<long long>(T), l50, Percentile(local_us, 0.99), r50, Percentile(remote_us, 0.99),
+                  r50 - l50, l50 > 0 ? 100.0 * (r50 - l50) / l50 : 0.0, Percentile(node_us, 0.5),
+                  Percentile(compute_us, 0.5), Percentile(own_us, 0.5),
+                  Percentile(overhead_us, 0.5),
+                  o.router_pid > 0 ? absl::StrCat(static_cast<int64_t>(cpu / o.repeat * 1e6)).c_str() : "-",
+                  engine == nullptr ? "-" : (local_bytes == remote_bytes ? "yes" : "NO"));
+    out << line << std::flush;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tools
+}  // namespace colibri

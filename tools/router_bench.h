@@ -1,0 +1,40 @@
+#ifndef COLIBRI_TOOLS_ROUTER_BENCH_H_
+#define COLIBRI_TOOLS_ROUTER_BENCH_H_
+
+// `colibri-bench router`: the same Forward calls through a running router
+// (gRPC: client -> router -> expert nodes) and through the in-process engine
+// (colibri::Engine on the same model, in this process), interleaved per token
+// count in the same run. Prints p50/p99 of both, the added latency, the
+// router's own stage times (route, aggregate, dispatch minus the slowest
+// node), the router process's CPU time per call (from /proc, when its pid is
+// given) and whether the two outputs are byte-identical. No assertion.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace colibri {
+namespace tools {
+
+struct RouterBenchOptions {
+  std::string model_dir;        // the model the router serves (also opened locally)
+  std::string router;           // host:port of the router
+  int router_pid = 0;           // > 0: read its CPU time from /proc/<pid>/stat
+  int32_t layer = 0;
+  std::vector<int64_t> tokens = {1, 8, 128};
+  std::string routing = "lut";  // lut | gate
+  int local_threads = 0;        // in-process engine threads; 0: one per CPU; < 0: skip the engine
+  int warmup = 3;
+  int repeat = 30;
+  uint64_t seed = 1;
+};
+
+absl::Status RunRouterBench(const RouterBenchOptions& options, std::ostream& out);
+
+}  // namespace tools
+}  // namespace colibri
+
+#endif  // COLIBRI_TOOLS_ROUTER_BENCH_H_
