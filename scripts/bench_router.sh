@@ -49,46 +49,25 @@ if [ ! -f "$work/bf16/manifest.json" ]; then
     --progress=false --overwrite >/dev/null
 fi
 
-pids=()
-logs=$(mktemp -d)
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$logs"
-}
-trap cleanup EXIT INT TERM
-
-# start NAME CMD...: runs CMD in the background, waits for "listening on port N", sets $port.
-start() {
-  local name=$1; shift
-  "$@" >"$logs/$name.out" 2>"$logs/$name.err" &
-  pids+=($!)
-  last_pid=$!
-  for _ in $(seq 1 600); do
-    port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$logs/$name.out")
-    [ -n "$port" ] && return 0
-    if ! kill -0 "$last_pid" 2>/dev/null; then cat "$logs/$name.err" >&2; exit 1; fi
-    sleep 0.1
-  done
-  echo "bench_router: $name did not start" >&2; exit 1
-}
-
+source "$root/scripts/process_lib.sh"
+proc_init
 node=("$build/expert_node/colibri-expert" --model "$work/bf16" --listen 127.0.0.1:0 --threads "$node_threads")
 experts_a=0-3; experts_b=4-7
 [ "$layout" = replicated ] && experts_a=all && experts_b=all
 if [ "$node_threads" = 1 ] && [ "$(nproc)" -ge 2 ]; then
-  start node_a taskset -c 0 "${node[@]}" --experts $experts_a; a=$port
-  start node_b taskset -c 1 "${node[@]}" --experts $experts_b; b=$port
+  proc_start node_a taskset -c 0 "${node[@]}" --experts $experts_a; a=$port
+  proc_start node_b taskset -c 1 "${node[@]}" --experts $experts_b; b=$port
 else
-  start node_a "${node[@]}" --experts $experts_a; a=$port
-  start node_b "${node[@]}" --experts $experts_b; b=$port
+  proc_start node_a "${node[@]}" --experts $experts_a; a=$port
+  proc_start node_b "${node[@]}" --experts $experts_b; b=$port
 fi
-start router env COLIBRI_DEBUG=${COLIBRI_DEBUG:-0} "$build/router_node/colibri-router" --model "$work/bf16" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
+proc_start router env COLIBRI_DEBUG=${COLIBRI_DEBUG:-0} "$build/router_node/colibri-router" --model "$work/bf16" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
   --listen 127.0.0.1:0
 router_port=$port
 router_pid=$last_pid
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# nodes: A experts $experts_a on 127.0.0.1:$a, B experts $experts_b on 127.0.0.1:$b, $node_threads thread(s) each"
-[ "${COLIBRI_DEBUG:-0}" != 0 ] && trap 'cat "$logs/router.err" >&2; cleanup' EXIT
 "$build/tools/colibri-bench" router --model "$work/bf16" --router "127.0.0.1:$router_port" --router_pid "$router_pid" \
   --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads 0
+[ "${COLIBRI_DEBUG:-0}" != 0 ] && cat "$proc_logs/router.err" >&2
+exit 0

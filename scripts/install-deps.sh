@@ -14,6 +14,8 @@ packages=(
   # (Debian's oneDNN is built with an OpenCL GPU runtime: its CMake config needs the OpenCL headers)
   # the independent PyTorch reference (golden vectors, cross-checks, baselines)
   python3 python3-numpy python3-torch
+  # an independent gRPC client for the router's end-to-end checks (scripts/router_client.py)
+  python3-grpcio python3-protobuf
 )
 
 missing=()

@@ -1,0 +1,39 @@
+# Shell helpers to run Colibri servers in the background (sourced by the
+# benchmark, demo and test scripts).
+#   proc_init              makes $proc_logs and sets a trap that stops every
+#                          started process (and removes the logs) on exit.
+#   proc_start NAME CMD... runs CMD, waits until it prints "listening on port
+#                          N"; sets $port and $last_pid. Fails (exit 1) with
+#                          the process's stderr if it exits or takes > 60 s.
+#   proc_stop_all          SIGTERM to every started process, then waits.
+proc_pids=()
+proc_init() {
+  proc_logs=$(mktemp -d)
+  trap 'proc_stop_all; rm -rf "$proc_logs"' EXIT
+  trap 'exit 130' INT TERM
+}
+proc_start() {
+  local name=$1; shift
+  "$@" >"$proc_logs/$name.out" 2>"$proc_logs/$name.err" &
+  last_pid=$!
+  proc_pids+=("$last_pid")
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$proc_logs/$name.out")
+    [ -n "$port" ] && return 0
+    if ! kill -0 "$last_pid" 2>/dev/null; then
+      echo "$name exited before listening:" >&2; cat "$proc_logs/$name.err" >&2; exit 1
+    fi
+    sleep 0.1
+  done
+  echo "$name did not start within 60 s" >&2; exit 1
+}
+proc_stop_all() {
+  local p
+  for p in "${proc_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${proc_pids[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  proc_pids=()
+}
