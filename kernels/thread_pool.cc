@@ -87,11 +87,19 @@ void ThreadPool::WorkerLoop(int index) {
   omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
   uint64_t seen = 0;
   for (;;) {
-    // Spin briefly for the next job, then sleep.
+    // Spin briefly for the next job, then sleep. After the first few
+    // spins, yield: a thread that has work (the gRPC thread sending this
+    // job's result, on a machine with few cores) runs instead of waiting
+    // for the spin to end; with nothing else runnable, yield returns at once.
     const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+    int spins = 0;
     while (published_generation_.load(std::memory_order_acquire) == seen &&
            std::chrono::steady_clock::now() < spin_until) {
-      Pause();
+      if (++spins < 64) {
+        Pause();
+      } else {
+        std::this_thread::yield();
+      }
     }
     const std::function<void(int)>* job;
     {

@@ -68,6 +68,6 @@ router_pid=$last_pid
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# nodes: A experts $experts_a on 127.0.0.1:$a, B experts $experts_b on 127.0.0.1:$b, $node_threads thread(s) each"
 "$build/tools/colibri-bench" router --model "$work/bf16" --router "127.0.0.1:$router_port" --router_pid "$router_pid" \
-  --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads 0
+  --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads "${COLIBRI_BENCH_ENGINE_THREADS:-0}"
 [ "${COLIBRI_DEBUG:-0}" != 0 ] && cat "$proc_logs/router.err" >&2
 exit 0
