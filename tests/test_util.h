@@ -69,6 +69,9 @@ class ProcessGuard {
   FILE* out_ = nullptr;
 };
 
+// GET http://127.0.0.1:port/path; the whole response, status line first.
+std::string HttpGet(int port, const std::string& path);
+
 // Path of a binary in the build tree, e.g. Binary("expert_node/colibri-expert").
 std::string Binary(const std::string& relative);
 

@@ -2,10 +2,7 @@
 // in-process executor bit for bit; bad requests get the documented status
 // naming the field; GetNodeInfo and Reload behave as the proto says.
 
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +22,7 @@ namespace colibri {
 namespace expert_node {
 namespace {
 
+using colibri::testing::HttpGet;
 using colibri::testing::TempDir;
 namespace v1 = colibri::v1;
 
@@ -193,24 +191,6 @@ TEST_CASE("a reload under concurrent Compute load fails no call") {
 }
 
 // A plain HTTP GET on 127.0.0.1; returns the whole response.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
-  REQUIRE(::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
-  std::string response;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
-  ::close(fd);
-  return response;
-}
-
 TEST_CASE("an expert node serves Prometheus metrics about its calls, rows per expert and weights") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);

@@ -285,6 +285,71 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
               failed.error_message().c_str());
 }
 
+TEST_CASE("a hung node (SIGSTOP) is failed over by the node timeout, and without a replica the client's deadline holds") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "all");
+  Proc b = StartNode(model.path, "all");
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port),
+                             "--node_timeout_ms=300"});
+  auto stub = Connect(router.port);
+  const v1::ForwardRequest request = Request(0, {1, 2, 3, 4, 5, 6, 7, 8}, 5, v1::ROUTING_MODE_GATE);
+  v1::ForwardResponse response;
+  REQUIRE(Call(*stub, request, &response).ok());
+
+  a.process->Signal(SIGSTOP);  // alive (the socket accepts) but never answers
+  int ok = 0;
+  double slowest = 0;
+  for (int i = 0; i < 10; ++i) {
+    const auto start = Clock::now();
+    const grpc::Status s = Call(*stub, request, &response, std::chrono::milliseconds(5000));
+    slowest = std::max(slowest, std::chrono::duration<double>(Clock::now() - start).count());
+    INFO(s.error_message());
+    CHECK(s.ok());
+    ok += s.ok();
+  }
+  CHECK(slowest < 3.0);
+
+  b.process->Signal(SIGSTOP);  // now no replica answers: the client's 500 ms deadline bounds the call
+  const auto start = Clock::now();
+  const grpc::Status s = Call(*stub, request, &response, std::chrono::milliseconds(500));
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  INFO(s.error_message());
+  CHECK((s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || s.error_code() == grpc::StatusCode::UNAVAILABLE));
+  CHECK(waited < 2.0);
+  a.process->Signal(SIGCONT);
+  b.process->Signal(SIGCONT);
+  CHECK(WaitFor([&] { return Call(*stub, request, &response).ok(); }));
+  std::printf("SIGSTOPped replica: %d/10 calls ok (slowest %.3f s); both stopped: code %d after %.3f s\n", ok, slowest,
+              static_cast<int>(s.error_code()), waited);
+}
+
+TEST_CASE("the router exports Prometheus metrics: requests, stages, tokens per expert, node calls") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "all");
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port), "--metrics_port=0",
+                             "--metrics_host=127.0.0.1"});
+  const std::string line = router.process->ReadLine();
+  INFO(line);
+  REQUIRE(line.find("metrics on port ") != std::string::npos);
+  const int metrics_port = std::stoi(line.substr(line.find("metrics on port ") + 16));
+  auto stub = Connect(router.port);
+  v1::ForwardResponse response;
+  REQUIRE(Call(*stub, Request(0, {1, 2, 3}, 1), &response).ok());
+  CHECK(!Call(*stub, Request(0, {99}, 1), &response).ok());
+  const std::string metrics = colibri::testing::HttpGet(metrics_port, "/metrics");
+  INFO(metrics);
+  CHECK(metrics.find("colibri_router_requests_total{code=\"0\",method=\"Forward\"} 1") != std::string::npos);
+  CHECK(metrics.find("colibri_router_requests_total{code=\"3\",method=\"Forward\"} 1") != std::string::npos);
+  for (const char* stage : {"route", "dispatch", "slowest_node", "aggregate", "total"}) {
+    CHECK(metrics.find(std::string("colibri_router_stage_seconds_count{stage=\"") + stage + "\"} 1") !=
+          std::string::npos);
+  }
+  CHECK(metrics.find("colibri_router_expert_tokens_total{expert=\"0\",layer=\"0\"}") != std::string::npos);
+  CHECK(metrics.find("colibri_router_node_calls_total{code=\"0\",node=\"" + Address(a.port) + "\"} 1") !=
+        std::string::npos);
+  CHECK(metrics.find("colibri_router_live_nodes 1") != std::string::npos);
+}
+
 TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a stream survives one") {
   Model model(common::DType::kF32);
   Proc router = StartRouter({"--local=" + model.path, "--threads=1"});
