@@ -5,9 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -28,18 +29,22 @@ double Percentile(std::vector<double> v, double p) {
   return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
 }
 
-// utime + stime of a process, in seconds; -1 if unreadable.
+// CPU time of every thread of a process, in seconds (nanosecond counters of
+// /proc/PID/task/*/schedstat: threads that exited are not counted, which for
+// the router's fixed thread set does not matter); -1 if unreadable.
 double CpuSeconds(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream fields(text.substr(close + 2));
-  std::string skip;
-  for (int i = 0; i < 11; ++i) fields >> skip;  // state .. cmajflt (fields 3-13)
-  double utime = 0, stime = 0;
-  fields >> utime >> stime;
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::error_code ec;
+  double total = 0;
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "schedstat");
+    double nanos = 0;
+    if (in >> nanos) {
+      total += nanos * 1e-9;
+      any = true;
+    }
+  }
+  return any ? total : -1;
 }
 
 int64_t Timing(const v1::ForwardResponse& r, const std::string& stage) {
@@ -129,6 +134,9 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     double cpu_start = 0;
     for (int i = 0; i < o.warmup + o.repeat; ++i) {
       const bool timed = i >= o.warmup;
+      // Calls are spaced so that neither side's idle workers (which spin
+      // ~200 us after a job) still hold the CPUs when the other side starts.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
       if (i == o.warmup && o.router_pid > 0) cpu_start = CpuSeconds(o.router_pid);
       if (engine != nullptr) {
         const auto start = Clock::now();
@@ -137,6 +145,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
         if (timed) local_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
         local_bytes = std::move(r->output);
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
       v1::ForwardResponse response;
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -153,7 +162,8 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       compute_us.push_back(compute / 1e3);
       remote_bytes = response.output().data();
     }
-    const double cpu = o.router_pid > 0 ? CpuSeconds(o.router_pid) - cpu_start : 0;  // includes health checks
+    // Includes the router's health checks during the run (a few per second).
+    const double cpu = o.router_pid > 0 ? CpuSeconds(o.router_pid) - cpu_start : 0;
     const double l50 = Percentile(local_us, 0.5), r50 = Percentile(remote_us, 0.5);
     char line[512];
     std::snprintf(line, sizeof(line),
