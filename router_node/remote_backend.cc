@@ -193,12 +193,16 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   return b;
 }
 
-RemoteBackend::~RemoteBackend() {
+RemoteBackend::~RemoteBackend() { Stop(); }
+
+void RemoteBackend::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (watcher_.joinable()) watcher_.join();
+  absl::MutexLock lock(&mu_);
+  listener_ = nullptr;
 }
 
 absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& addresses) {

@@ -82,7 +82,11 @@ class RemoteBackend final : public ExpertBackend {
   // (so the map is known; nodes that are down are retried by the watcher).
   // INVALID_ARGUMENT for no nodes, a bad address list or unreadable TLS files.
   static absl::StatusOr<std::unique_ptr<RemoteBackend>> Create(const RemoteOptions& options);
-  ~RemoteBackend() override;  // stops the watcher
+  ~RemoteBackend() override;  // Stop()s
+
+  // Stops the health watcher (the map stays as it is; no listener is called
+  // after Stop returns). Idempotent.
+  void Stop();
 
   absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control,
                        BackendStats* stats) override;

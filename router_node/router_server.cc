@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
 
 void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
-    if (remote_ != nullptr) remote_->SetServingListener(nullptr);
+    if (remote_ != nullptr) remote_->Stop();  // no health callback into the server from here on
     server_->GetHealthCheckService()->SetServingStatus(false);
     server_->Shutdown(deadline);  // waits for in-flight calls; cancels them at the deadline
     server_->Wait();

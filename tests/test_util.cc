@@ -70,6 +70,26 @@ void ProcessGuard::Signal(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }
 
+void ProcessGuard::Pause() {
+  Signal(SIGSTOP);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < until) {
+    bool all_stopped = true;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task", ec)) {
+      std::ifstream in(task.path() / "stat");
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t close = text.rfind(')');
+      if (close != std::string::npos && close + 2 < text.size() && text[close + 2] != 'T' && text[close + 2] != 't') {
+        all_stopped = false;
+      }
+    }
+    if (all_stopped) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  FAIL("process " << pid_ << " did not stop within 10 s of SIGSTOP");
+}
+
 int ProcessGuard::SignalAndWait(int sig, std::chrono::seconds timeout) {
   kill(pid_, sig);
   const auto until = std::chrono::steady_clock::now() + timeout;

@@ -62,6 +62,9 @@ class ProcessGuard {
   // Sends `sig` and waits up to `timeout` for the exit status (-1: still running).
   int SignalAndWait(int sig, std::chrono::seconds timeout);
   void Signal(int sig);
+  // SIGSTOP, then waits (up to 10 s) until every thread is stopped: a call
+  // already being answered cannot slip through after this returns.
+  void Pause();
   int pid() const { return pid_; }
 
  private:

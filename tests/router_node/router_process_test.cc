@@ -296,7 +296,7 @@ TEST_CASE("a hung node (SIGSTOP) is failed over by the node timeout, and without
   v1::ForwardResponse response;
   REQUIRE(Call(*stub, request, &response).ok());
 
-  a.process->Signal(SIGSTOP);  // alive (the socket accepts) but never answers
+  a.process->Pause();  // alive (the socket accepts) but never answers
   int ok = 0;
   double slowest = 0;
   for (int i = 0; i < 10; ++i) {
@@ -309,7 +309,7 @@ TEST_CASE("a hung node (SIGSTOP) is failed over by the node timeout, and without
   }
   CHECK(slowest < 3.0);
 
-  b.process->Signal(SIGSTOP);  // now no replica answers: the client's 500 ms deadline bounds the call
+  b.process->Pause();  // now no replica answers: the client's 500 ms deadline bounds the call
   const auto start = Clock::now();
   const grpc::Status s = Call(*stub, request, &response, std::chrono::milliseconds(500));
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
