@@ -14,11 +14,12 @@ proc_init() {
 }
 proc_start() {
   local name=$1; shift
-  "$@" >"$proc_logs/$name.out" 2>"$proc_logs/$name.err" &
+  : >"$proc_logs/$name.out"  # exists before the background job opens it: the poll below may run first
+  "$@" >>"$proc_logs/$name.out" 2>"$proc_logs/$name.err" &
   last_pid=$!
   proc_pids+=("$last_pid")
   for _ in $(seq 1 600); do
-    port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$proc_logs/$name.out")
+    port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$proc_logs/$name.out" || true)
     [ -n "$port" ] && return 0
     if ! kill -0 "$last_pid" 2>/dev/null; then
       echo "$name exited before listening:" >&2; cat "$proc_logs/$name.err" >&2; exit 1
