@@ -16,6 +16,8 @@ packages=(
   python3 python3-numpy python3-torch
   # an independent gRPC client for the router's end-to-end checks (scripts/router_client.py)
   python3-grpcio python3-protobuf
+  # the Go client (clients/go), built offline against Debian's Go sources
+  golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc
 )
 
 missing=()
