@@ -72,6 +72,7 @@ struct NodeCallRecord {
   int64_t end_nanos = 0;
   int64_t rows = 0;          // token rows sent
   int64_t experts = 0;
+  std::string experts_list;  // "0,3": the expert ids of the call
   int attempt = 0;           // 0 first try, 1 the retry on another replica
   absl::StatusCode code = absl::StatusCode::kOk;
   int64_t node_compute_nanos = 0;  // the node's own kernel time, when known

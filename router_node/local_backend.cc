@@ -35,6 +35,9 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
     r.end_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
     r.rows = work.num_tokens;
     r.experts = static_cast<int64_t>(tasks.size());
+    for (const ExpertWork& w : work.experts) {
+      absl::StrAppend(&r.experts_list, r.experts_list.empty() ? "" : ",", w.expert);
+    }
     r.node_compute_nanos = r.end_nanos - r.start_nanos;
     stats->calls.push_back(r);
   }

@@ -447,6 +447,9 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
         r.end_nanos = c->end_nanos;
         r.rows = c->request.rows().shape(0);
         r.experts = c->request.experts_size();
+        for (const v1::ExpertWork& w : c->request.experts()) {
+          absl::StrAppend(&r.experts_list, r.experts_list.empty() ? "" : ",", w.expert());
+        }
         r.attempt = attempt;
         r.code = static_cast<absl::StatusCode>(c->status.error_code());
         for (const v1::StageTiming& t : c->response.timings()) {

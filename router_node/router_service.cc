@@ -69,10 +69,13 @@ absl::StatusOr<ForwardInput> ParseRequest(const v1::ForwardRequest& request) {
   return in;
 }
 
-void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t nanos) {
+void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t start, int64_t nanos,
+               const std::string& detail = "") {
   v1::Timing* t = response->add_timings();
   t->set_stage(stage);
+  t->set_start_nanos(start);
   t->set_nanos(nanos);
+  t->set_detail(detail);
 }
 
 int64_t SlowestNodeNanos(const ForwardOutput& out) {
@@ -251,13 +254,17 @@ absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallCo
     r->mutable_weights()->Add(out.routes.weights.begin(), out.routes.weights.end());
   }
   if (request.return_timings()) {
-    AddTiming(response, "route", out.timings.route_nanos);
-    AddTiming(response, "dispatch", out.timings.dispatch_nanos);
-    AddTiming(response, "aggregate", out.timings.aggregate_nanos);
-    AddTiming(response, "total", out.timings.total_nanos);
+    const StageTimings& st = out.timings;
+    AddTiming(response, "route", 0, st.route_nanos);
+    AddTiming(response, "dispatch", st.route_nanos, st.dispatch_nanos);
+    AddTiming(response, "aggregate", st.route_nanos + st.dispatch_nanos, st.aggregate_nanos);
+    AddTiming(response, "total", 0, st.total_nanos);
     for (const NodeCallRecord& c : out.backend.calls) {
-      AddTiming(response, absl::StrCat("node:", c.node), c.end_nanos - c.start_nanos);
-      AddTiming(response, absl::StrCat("node_compute:", c.node), c.node_compute_nanos);
+      const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "");
+      AddTiming(response, absl::StrCat("node:", c.node), st.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos,
+                detail);
+      AddTiming(response, absl::StrCat("node_compute:", c.node), st.route_nanos + c.end_nanos - c.node_compute_nanos,
+                c.node_compute_nanos, detail);
     }
   }
   Record(out, in.num_tokens, in.request_id, in.layer);

@@ -1,0 +1,183 @@
+#include "clients/cpp/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "clients/cpp/tensor.h"
+#include "common/grpc_credentials.h"
+
+namespace colibri {
+namespace client {
+namespace {
+
+namespace v1 = colibri::v1;
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("client: no target (host:port of the router)");
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = common::ChannelCredentialsFromFiles(
+      options.tls_ca_file, options.tls_cert_file, options.tls_key_file, "tls");
+  if (!credentials.ok()) return credentials.status();
+  grpc::ChannelArguments args;
+  const int max_bytes = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
+  args.SetMaxReceiveMessageSize(max_bytes);
+  args.SetMaxSendMessageSize(max_bytes);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  auto channel = grpc::CreateCustomChannel(options.target, *credentials, args);
+  std::unique_ptr<Client> client(new Client(options, v1::Router::NewStub(channel)));
+  grpc::ClientContext context;
+  SetDeadline(&context, options.timeout);
+  const grpc::Status s = client->stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &client->model_);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("router ", options.target, ": ", s.error_message()));
+  }
+  return client;
+}
+
+absl::StatusOr<v1::ForwardRequest> Client::MakeRequest(const ForwardArgs& args) const {
+  const int64_t d_model = model_.d_model();
+  if (d_model <= 0 || args.hidden.size() % d_model != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden holds ", args.hidden.size(),
+                                                   " values, not a multiple of d_model ", d_model));
+  }
+  const int64_t tokens = static_cast<int64_t>(args.hidden.size()) / d_model;
+  v1::ForwardRequest r;
+  r.set_layer(args.layer);
+  r.mutable_token_ids()->Add(args.token_ids.begin(), args.token_ids.end());
+  *r.mutable_hidden() = args.send_as == WireType::kBF16 ? PackBf16(args.hidden, tokens, d_model)
+                                                        : PackF32(args.hidden, tokens, d_model);
+  switch (args.routing) {
+    case Routing::kLut:
+      r.set_routing(v1::ROUTING_MODE_LUT);
+      break;
+    case Routing::kGate:
+      r.set_routing(v1::ROUTING_MODE_GATE);
+      break;
+    case Routing::kClient:
+      r.set_routing(v1::ROUTING_MODE_CLIENT);
+      r.mutable_routes()->set_top_k(args.routes.top_k);
+      r.mutable_routes()->mutable_expert_ids()->Add(args.routes.expert_ids.begin(), args.routes.expert_ids.end());
+      r.mutable_routes()->mutable_weights()->Add(args.routes.weights.begin(), args.routes.weights.end());
+      break;
+  }
+  r.set_output_dtype(args.output == WireType::kBF16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32);
+  r.set_request_id(args.request_id);
+  r.set_return_routes(args.return_routes);
+  r.set_return_timings(args.return_timings);
+  return r;
+}
+
+absl::StatusOr<ForwardResult> Client::ReadResponse(const v1::ForwardResponse& response) const {
+  ForwardResult result;
+  absl::StatusOr<std::vector<float>> output = Unpack(response.output());
+  if (!output.ok()) return absl::InternalError(absl::StrCat("router reply: ", output.status().message()));
+  if (response.output().shape_size() != 2 || response.output().shape(1) != model_.d_model()) {
+    return absl::InternalError("router reply: output is not [T, d_model]");
+  }
+  result.output = std::move(*output);
+  result.routes.top_k = response.routes().top_k();
+  result.routes.expert_ids.assign(response.routes().expert_ids().begin(), response.routes().expert_ids().end());
+  result.routes.weights.assign(response.routes().weights().begin(), response.routes().weights().end());
+  for (const v1::Timing& t : response.timings()) {
+    result.timings.push_back({t.stage(), t.start_nanos(), t.nanos(), t.detail()});
+  }
+  return result;
+}
+
+absl::StatusOr<ForwardResult> Client::Forward(const ForwardArgs& args) {
+  absl::StatusOr<v1::ForwardRequest> request = MakeRequest(args);
+  if (!request.ok()) return request.status();
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.timeout);
+  v1::ForwardResponse response;
+  const grpc::Status s = stub_->Forward(&context, *request, &response);
+  if (!s.ok()) return FromGrpc(s);
+  return ReadResponse(response);
+}
+
+void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::StatusOr<ForwardResult>)> done) {
+  absl::StatusOr<v1::ForwardRequest> request = MakeRequest(args);
+  if (!request.ok()) {
+    done(request.status());
+    return;
+  }
+  struct Call {
+    grpc::ClientContext context;
+    v1::ForwardRequest request;
+    v1::ForwardResponse response;
+    std::function<void(absl::StatusOr<ForwardResult>)> done;
+  };
+  auto* call = new Call();
+  call->request = std::move(*request);
+  call->done = std::move(done);
+  SetDeadline(&call->context, options_.timeout);
+  stub_->async()->Forward(&call->context, &call->request, &call->response, [this, call](grpc::Status s) {
+    std::unique_ptr<Call> owned(call);
+    if (!s.ok()) {
+      owned->done(FromGrpc(s));
+      return;
+    }
+    owned->done(ReadResponse(owned->response));
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  auto stream = stub_->ForwardStream(context.get());
+  if (stream == nullptr) return absl::UnavailableError("router: cannot open ForwardStream");
+  return std::unique_ptr<Session>(new Session(this, std::move(context), std::move(stream)));
+}
+
+absl::StatusOr<v1::GetClusterStatusResponse> Client::ClusterStatus() {
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.timeout);
+  v1::GetClusterStatusResponse response;
+  const grpc::Status s = stub_->GetClusterStatus(&context, v1::GetClusterStatusRequest(), &response);
+  if (!s.ok()) return FromGrpc(s);
+  return response;
+}
+
+absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
+  if (closed_) return absl::FailedPreconditionError(absl::StrCat("session closed: ", final_.ToString()));
+  absl::StatusOr<v1::ForwardRequest> request = client_->MakeRequest(args);
+  if (!request.ok()) return request.status();
+  v1::ForwardStreamResponse reply;
+  if (!stream_->Write(*request) || !stream_->Read(&reply)) {
+    const absl::Status s = Close();
+    return s.ok() ? absl::UnavailableError("stream ended before the reply") : s;
+  }
+  if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
+  return client_->ReadResponse(reply.response());
+}
+
+absl::Status Session::Close() {
+  if (closed_) return final_;
+  closed_ = true;
+  stream_->WritesDone();
+  v1::ForwardStreamResponse unread;
+  while (stream_->Read(&unread)) {
+  }
+  final_ = FromGrpc(stream_->Finish());
+  return final_;
+}
+
+Session::~Session() {
+  if (!closed_) {
+    context_->TryCancel();
+    (void)Close();
+  }
+}
+
+}  // namespace client
+}  // namespace colibri

@@ -1,0 +1,146 @@
+#ifndef COLIBRI_CLIENTS_CPP_CLIENT_H_
+#define COLIBRI_CLIENTS_CPP_CLIENT_H_
+
+// colibri::client — the C++ client of the Router service, for LLM servers
+// that call Colibri for every MoE layer of every token.
+//
+//   auto client = colibri::client::Client::Connect({"127.0.0.1:50051"});
+//   colibri::client::ForwardArgs args;
+//   args.layer = 0;
+//   args.token_ids = {42};
+//   args.hidden = hidden;                       // [T * d_model] f32
+//   absl::StatusOr<ForwardResult> r = (*client)->Forward(args);
+//   // r->output: [T * d_model] f32, whatever dtype travelled
+//
+// For a decoding loop, a Session keeps one ForwardStream open and sends
+// every layer's call on it (no per-call set-up). Errors are absl::Status with
+// the server's code and message ("token_ids[1] = 64 is outside [0, 64)"),
+// or UNAVAILABLE / DEADLINE_EXCEEDED from the transport.
+// Client is thread-safe; a Session is used by one thread at a time.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "colibri/v1/router.grpc.pb.h"
+
+namespace colibri {
+namespace client {
+
+struct ClientOptions {
+  std::string target;                   // host:port of the router (any gRPC target)
+  absl::Duration timeout = absl::Seconds(30);  // deadline of each unary call
+  // TLS: a CA (PEM file) turns it on; cert + key add a client certificate
+  // (mutual TLS); server_name overrides the name checked in the router's
+  // certificate.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  int64_t max_message_bytes = int64_t{1} << 30;
+};
+
+enum class Routing { kLut, kGate, kClient };
+enum class WireType { kF32, kBF16 };  // how hidden states / outputs travel
+
+struct Routes {
+  int32_t top_k = 0;
+  std::vector<int32_t> expert_ids;  // [T * top_k]
+  std::vector<float> weights;       // [T * top_k]
+};
+
+struct Timing {
+  std::string stage;   // route, dispatch, aggregate, total, node:ADDR, node_compute:ADDR
+  int64_t start_nanos = 0;
+  int64_t nanos = 0;
+  std::string detail;  // node calls: "experts 0,3 rows 5"
+};
+
+struct ForwardArgs {
+  int32_t layer = 0;
+  std::vector<int32_t> token_ids;     // one per token; needed for lut routing
+  absl::Span<const float> hidden;     // [T * d_model] f32; T = hidden.size() / d_model
+  WireType send_as = WireType::kF32;  // kBF16 halves the request (rounds the inputs)
+  Routing routing = Routing::kLut;
+  Routes routes;                      // kClient only
+  WireType output = WireType::kF32;   // kBF16 halves the reply (rounds the output)
+  std::string request_id;
+  bool return_routes = false;
+  bool return_timings = false;
+};
+
+struct ForwardResult {
+  std::vector<float> output;  // [T * d_model]
+  Routes routes;              // when return_routes
+  std::vector<Timing> timings;  // when return_timings
+};
+
+class Session;
+
+class Client {
+ public:
+  // Opens a channel and asks the router for its model (GetModelInfo), so a
+  // wrong address fails here: UNAVAILABLE / DEADLINE_EXCEEDED naming the
+  // target; INVALID_ARGUMENT for unreadable TLS files.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  // One layer, synchronously, with the options' timeout.
+  absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
+  // The same without blocking: `done` runs once on a gRPC thread (keep it
+  // short). `args.hidden` is copied before this returns.
+  void ForwardAsync(const ForwardArgs& args, std::function<void(absl::StatusOr<ForwardResult>)> done);
+  // A ForwardStream for a decoding loop. The stream has no deadline of its
+  // own; a broken stream fails its next Forward.
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession();
+
+  const colibri::v1::GetModelInfoResponse& model() const { return model_; }
+  absl::StatusOr<colibri::v1::GetClusterStatusResponse> ClusterStatus();
+
+  // The request Forward sends (for callers that keep their own stubs).
+  absl::StatusOr<colibri::v1::ForwardRequest> MakeRequest(const ForwardArgs& args) const;
+  // A reply as a result (INTERNAL if it does not match the model's shape).
+  absl::StatusOr<ForwardResult> ReadResponse(const colibri::v1::ForwardResponse& response) const;
+
+ private:
+  Client(ClientOptions options, std::unique_ptr<colibri::v1::Router::Stub> stub)
+      : options_(std::move(options)), stub_(std::move(stub)) {}
+
+  const ClientOptions options_;
+  std::unique_ptr<colibri::v1::Router::Stub> stub_;
+  colibri::v1::GetModelInfoResponse model_;  // constant after Connect
+};
+
+class Session {
+ public:
+  ~Session();  // half-closes and finishes the stream
+
+  // Sends one request and reads its reply (in order). A request the router
+  // refused returns its status; the stream stays usable. A broken stream
+  // returns its final status and every later call fails.
+  absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
+  // Half-closes and returns the stream's final status. Idempotent.
+  absl::Status Close();
+
+ private:
+  friend class Client;
+  Session(const Client* client, std::unique_ptr<grpc::ClientContext> context,
+          std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>>
+              stream)
+      : client_(client), context_(std::move(context)), stream_(std::move(stream)) {}
+
+  const Client* client_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>> stream_;
+  bool closed_ = false;
+  absl::Status final_;
+};
+
+}  // namespace client
+}  // namespace colibri
+
+#endif  // COLIBRI_CLIENTS_CPP_CLIENT_H_

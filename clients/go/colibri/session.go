@@ -1,0 +1,107 @@
+package colibri
+
+import (
+	"context"
+	"io"
+	"sync"
+
+	pb "github.com/colibri-moe/colibri/clients/go/colibriv1"
+	"google.golang.org/grpc/codes"
+)
+
+// Session is one open ForwardStream: requests answered in order on one
+// stream, for a decoding loop. A request the router refuses fails alone and
+// the stream stays usable; a broken stream fails this and every later call.
+// Its methods serialize, so a Session can be shared, but calls do not overlap.
+type Session struct {
+	c      *Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	stream pb.Router_ForwardStreamClient
+
+	mu     sync.Mutex
+	broken error // the stream's failure, once it failed; guarded by mu
+}
+
+// OpenSession opens a stream that lives until Close or until ctx is done.
+// Options.Timeout does not apply to it.
+func (c *Client) OpenSession(ctx context.Context) (*Session, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := c.router.ForwardStream(ctx)
+	if err != nil {
+		cancel()
+		return nil, toError(err)
+	}
+	return &Session{c: c, ctx: ctx, cancel: cancel, stream: stream}, nil
+}
+
+// Forward sends one request and waits for its reply. A reply with a non-zero
+// code is an *Error with that code and message.
+func (s *Session) Forward(args *ForwardArgs) (*ForwardResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		return nil, s.broken
+	}
+	req, err := s.c.request(s.ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.stream.Send(req); err != nil {
+		// io.EOF means the stream ended; Recv tells why.
+		if err == io.EOF {
+			_, err = s.stream.Recv()
+		}
+		return nil, s.fail(err)
+	}
+	reply, err := s.stream.Recv()
+	if err == io.EOF {
+		return nil, s.fail(errorf(codes.Unavailable, "the router ended the stream"))
+	}
+	if err != nil {
+		return nil, s.fail(err)
+	}
+	if reply.RequestId != req.RequestId {
+		return nil, s.fail(errorf(codes.Internal, "reply for request id %q while waiting for %q",
+			reply.RequestId, req.RequestId))
+	}
+	if reply.Code != int32(codes.OK) {
+		return nil, &Error{Code: codes.Code(reply.Code), Message: reply.Message}
+	}
+	if reply.Response == nil {
+		return nil, errorf(codes.Internal, "router reply: OK without a response")
+	}
+	return result(reply.Response, reply.RequestId)
+}
+
+// fail marks the stream broken with err (as an *Error) and returns it.
+func (s *Session) fail(err error) error {
+	if _, ok := err.(*Error); !ok {
+		err = toError(err)
+	}
+	s.broken = err
+	s.cancel()
+	return err
+}
+
+// Close half-closes the stream, waits for the router to end it and returns
+// the stream's status (nil when it ended normally or had already failed).
+func (s *Session) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.cancel()
+	if s.broken != nil {
+		return nil
+	}
+	s.broken = errorf(codes.FailedPrecondition, "session is closed")
+	if err := s.stream.CloseSend(); err != nil {
+		return toError(err)
+	}
+	for {
+		if _, err := s.stream.Recv(); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return toError(err)
+		}
+	}
+}

@@ -1,0 +1,198 @@
+// The C++ client (clients/cpp) against a real colibri-router with two real
+// colibri-expert processes on 127.0.0.1:0: unary, async and streaming calls,
+// routes and timings, bf16 on the wire, errors carrying the server's code and
+// message, and a clear failure for a router that is not there.
+
+#include "clients/cpp/client.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <future>
+#include <memory>
+#include <random>
+
+#include "clients/cpp/tensor.h"
+#include "tests/test_util.h"
+
+namespace colibri {
+namespace client {
+namespace {
+
+using colibri::testing::Binary;
+using colibri::testing::ProcessGuard;
+using colibri::testing::TempDir;
+
+struct Cluster {
+  TempDir dir;
+  std::unique_ptr<ProcessGuard> a, b, router;
+  int port = 0;
+  Cluster() {
+    colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+    auto node = [&](const std::string& experts) {
+      auto p = std::make_unique<ProcessGuard>(std::vector<std::string>{
+          Binary("expert_node/colibri-expert"), "--model=" + (dir / "model"), "--experts=" + experts,
+          "--listen=127.0.0.1:0", "--nomlock", "--threads=1"});
+      return p;
+    };
+    a = node("0-2");
+    const int port_a = a->ReadPort();
+    b = node("2-3");
+    const int port_b = b->ReadPort();
+    router = std::make_unique<ProcessGuard>(std::vector<std::string>{
+        Binary("router_node/colibri-router"), "--model=" + (dir / "model"),
+        "--experts_at=127.0.0.1:" + std::to_string(port_a) + ",127.0.0.1:" + std::to_string(port_b),
+        "--listen=127.0.0.1:0"});
+    port = router->ReadPort();
+  }
+  std::unique_ptr<Client> Connect() {
+    ClientOptions options;
+    options.target = "127.0.0.1:" + std::to_string(port);
+    auto c = Client::Connect(options);
+    REQUIRE(c.ok());
+    return std::move(c).value();
+  }
+};
+
+std::vector<float> Hidden(int64_t tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(tokens * 48);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+TEST_CASE("unary, async and client-routed calls agree, with routes and timings") {
+  Cluster cluster;
+  auto client = cluster.Connect();
+  CHECK(client->model().d_model() == 48);
+  CHECK(client->model().backend() == "distributed");
+  const std::vector<float> x = Hidden(5, 1);
+  ForwardArgs args;
+  args.layer = 1;
+  args.token_ids = {3, 14, 15, 9, 26};
+  args.hidden = x;
+  args.return_routes = true;
+  args.return_timings = true;
+  absl::StatusOr<ForwardResult> r = client->Forward(args);
+  INFO(r.status());
+  REQUIRE(r.ok());
+  REQUIRE(r->output.size() == x.size());
+  CHECK(r->routes.top_k == 2);
+  CHECK(r->routes.expert_ids.size() == 10);
+  std::set<std::string> stages;
+  for (const Timing& t : r->timings) stages.insert(t.stage.substr(0, t.stage.find(':')));
+  CHECK(stages == std::set<std::string>{"route", "dispatch", "aggregate", "total", "node", "node_compute"});
+
+  ForwardArgs client_routed = args;
+  client_routed.routing = Routing::kClient;
+  client_routed.routes = r->routes;
+  absl::StatusOr<ForwardResult> same = client->Forward(client_routed);
+  REQUIRE(same.ok());
+  CHECK(same->output == r->output);
+
+  std::promise<absl::StatusOr<ForwardResult>> promise;
+  client->ForwardAsync(args, [&](absl::StatusOr<ForwardResult> result) { promise.set_value(std::move(result)); });
+  absl::StatusOr<ForwardResult> async = promise.get_future().get();
+  REQUIRE(async.ok());
+  CHECK(async->output == r->output);
+
+  // bf16 both ways: the output is the f32 one rounded, from inputs rounded.
+  ForwardArgs half = args;
+  half.send_as = WireType::kBF16;
+  half.output = WireType::kBF16;
+  absl::StatusOr<ForwardResult> h = client->Forward(half);
+  REQUIRE(h.ok());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff += std::pow(double(h->output[i]) - r->output[i], 2);
+    norm += std::pow(double(r->output[i]), 2);
+  }
+  CHECK(std::sqrt(diff / norm) < 2e-2);
+
+  absl::StatusOr<v1::GetClusterStatusResponse> status = client->ClusterStatus();
+  REQUIRE(status.ok());
+  CHECK(status->nodes_size() == 2);
+  CHECK(status->serving());
+}
+
+TEST_CASE("a session answers in order, reports a refused request and goes on") {
+  Cluster cluster;
+  auto client = cluster.Connect();
+  auto session = client->OpenSession();
+  REQUIRE(session.ok());
+  const std::vector<float> x = Hidden(1, 2);
+  ForwardArgs args;
+  args.hidden = x;
+  std::vector<std::vector<float>> outputs;
+  for (int i = 0; i < 6; ++i) {
+    args.layer = i % 2;
+    args.token_ids = {i == 3 ? 64 : i};
+    absl::StatusOr<ForwardResult> r = (*session)->Forward(args);
+    if (i == 3) {
+      REQUIRE(!r.ok());
+      CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK(r.status().message().find("token_ids[0] = 64") != absl::string_view::npos);
+      continue;
+    }
+    INFO(r.status());
+    REQUIRE(r.ok());
+    // The same call unary gives the same bytes.
+    absl::StatusOr<ForwardResult> unary = client->Forward(args);
+    REQUIRE(unary.ok());
+    CHECK(unary->output == r->output);
+  }
+  CHECK((*session)->Close().ok());
+  CHECK((*session)->Forward(args).status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("errors carry the server's code and message, and a missing router fails Connect clearly") {
+  Cluster cluster;
+  auto client = cluster.Connect();
+  const std::vector<float> x = Hidden(2, 3);
+  ForwardArgs args;
+  args.layer = 7;
+  args.token_ids = {1, 2};
+  args.hidden = x;
+  absl::Status s = client->Forward(args).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("layer 7 is outside [0, 2)") != absl::string_view::npos);
+  args.layer = 0;
+  args.hidden = absl::MakeConstSpan(x.data(), 47);
+  s = client->Forward(args).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("multiple of d_model 48") != absl::string_view::npos);
+
+  ClientOptions nowhere;
+  nowhere.target = "127.0.0.1:1";
+  nowhere.timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<Client>> none = Client::Connect(nowhere);
+  REQUIRE(!none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(none.status().message().find("127.0.0.1:1") != absl::string_view::npos);
+}
+
+TEST_CASE("tensor helpers pack and unpack f32, bf16 and f16") {
+  const std::vector<float> v = {1.0f, -2.5f, 3.14159f, 1e-3f};
+  absl::StatusOr<std::vector<float>> f = Unpack(PackF32(v, 2, 2));
+  REQUIRE(f.ok());
+  CHECK(*f == v);
+  absl::StatusOr<std::vector<float>> b = Unpack(PackBf16(v, 2, 2));
+  REQUIRE(b.ok());
+  CHECK((*b)[0] == 1.0f);
+  CHECK((*b)[1] == -2.5f);
+  CHECK(std::abs((*b)[2] - 3.14159f) < 0.02f);
+  v1::Tensor bad = PackF32(v, 2, 2);
+  bad.mutable_data()->pop_back();
+  CHECK(Unpack(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  v1::Tensor half;
+  half.set_dtype(v1::DATA_TYPE_F16);
+  half.add_shape(1);
+  half.set_data(std::string("\x00\x3c", 2));  // 1.0 in f16
+  absl::StatusOr<std::vector<float>> one = Unpack(half);
+  REQUIRE(one.ok());
+  CHECK((*one)[0] == 1.0f);
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace colibri
