@@ -11,23 +11,36 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "tools/kernel_bench.h"
+#include "tools/load_bench.h"
 #include "tools/router_bench.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output). Required.");
 ABSL_FLAG(int64_t, layer, 0, "MoE layer to time.");
 ABSL_FLAG(std::string, tokens, "1,8,32,128", "Comma-separated token counts T.");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU).");
-ABSL_FLAG(int, warmup, 3, "Untimed calls before each measurement.");
-ABSL_FLAG(int, repeat, 30, "Timed calls per measurement (median and p99 are over these).");
+ABSL_FLAG(int, warmup, 3, "Untimed calls before each measurement (run: per client).");
+ABSL_FLAG(int, repeat, 30, "Timed calls per measurement (median and p99 are over these); run: sequences per client.");
 ABSL_FLAG(int64_t, onednn_min_tokens, 0, "bf16/f32 experts with at least this many rows use oneDNN; 0 = never.");
 ABSL_FLAG(int64_t, dequant_min_tokens, -1,
           "int8/int4 experts with at least this many rows dequantize each block once to a bf16 tile; 0 = never; "
           "-1 = the executor's per-type defaults.");
 ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
-ABSL_FLAG(std::string, router, "", "router: host:port of the router to time.");
+ABSL_FLAG(std::string, router, "", "router, run: host:port of the router to time.");
 ABSL_FLAG(int, router_pid, 0, "router: the router's pid, to report its CPU time per call (0: not reported).");
-ABSL_FLAG(std::string, routing, "lut", "router: routing mode of the calls, lut or gate.");
+ABSL_FLAG(std::string, routing, "lut", "router, run: routing mode of the calls, lut or gate.");
+ABSL_FLAG(std::string, local, "", "run: drive the in-process engine on this model directory instead of --router.");
+ABSL_FLAG(int64_t, batch_size, 1, "run: tokens per Forward call.");
+ABSL_FLAG(int64_t, seq_len, 16, "run: decoding steps per sequence (each step calls every layer).");
+ABSL_FLAG(int64_t, layers, 0, "run: MoE layers per step (0: all of the model's).");
+ABSL_FLAG(int, concurrency, 1, "run: client threads, each with its own stream.");
+ABSL_FLAG(double, duration, 0, "run: seconds to run (0: --repeat sequences per client instead).");
+ABSL_FLAG(bool, unary, false, "run: unary Forward calls instead of one ForwardStream per client.");
+ABSL_FLAG(std::string, trace, "", "run: write a Chrome trace (chrome://tracing, Perfetto) of the calls to this file.");
+ABSL_FLAG(int64_t, trace_calls, 2000, "run: most calls written to --trace.");
+ABSL_FLAG(int64_t, check, 0, "run: afterwards, compare this many tokens per layer with the reference MoE layer "
+          "(needs --model for a router); exit 1 if outside the weight type's tolerance.");
+ABSL_FLAG(bool, progress, true, "run: a progress line on stderr for runs of 2 s or more.");
 ABSL_FLAG(bool, json, false, "One JSON object per result instead of the table.");
 
 int main(int argc, char** argv) {
@@ -39,11 +52,45 @@ int main(int argc, char** argv) {
       "  router   the same Forward calls through a running router and through the in-process engine on\n"
       "           --model, interleaved: p50/p99 of both, the added latency, the router's own stage times\n"
       "           and CPU, and whether the outputs are identical.\n"
-      "           Example: colibri-bench router --model model/ --router 127.0.0.1:50051 --tokens 1,8,128");
+      "           Example: colibri-bench router --model model/ --router 127.0.0.1:50051 --tokens 1,8,128\n"
+      "  run      drive a router (--router) or the in-process engine (--local) with a decoding workload:\n"
+      "           throughput, latency percentiles, per-stage times, expert load, --trace, --json, --check.\n"
+      "           Example: colibri-bench run --router 127.0.0.1:50051 --concurrency 2 --duration 10 --trace t.json");
   const std::string command = args.size() == 2 ? args[1] : "";
-  if (command != "kernels" && command != "router") {
-    std::cerr << "colibri-bench: expected the subcommand 'kernels' or 'router' (see --help)\n";
+  if (command != "kernels" && command != "router" && command != "run") {
+    std::cerr << "colibri-bench: expected the subcommand 'kernels', 'router' or 'run' (see --help)\n";
     return 2;
+  }
+  if (command == "run") {
+    colibri::tools::LoadBenchOptions r;
+    r.router = absl::GetFlag(FLAGS_router);
+    r.local_model = absl::GetFlag(FLAGS_local);
+    r.model_dir = absl::GetFlag(FLAGS_model);
+    r.local_threads = absl::GetFlag(FLAGS_threads);
+    r.batch_size = absl::GetFlag(FLAGS_batch_size);
+    r.seq_len = absl::GetFlag(FLAGS_seq_len);
+    r.layers = absl::GetFlag(FLAGS_layers);
+    r.routing = absl::GetFlag(FLAGS_routing);
+    r.concurrency = absl::GetFlag(FLAGS_concurrency);
+    r.warmup = absl::GetFlag(FLAGS_warmup);
+    r.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+    r.duration_seconds = absl::GetFlag(FLAGS_duration);
+    r.unary = absl::GetFlag(FLAGS_unary);
+    r.trace_path = absl::GetFlag(FLAGS_trace);
+    r.trace_calls = absl::GetFlag(FLAGS_trace_calls);
+    r.json = absl::GetFlag(FLAGS_json);
+    r.check_tokens = absl::GetFlag(FLAGS_check);
+    r.progress = absl::GetFlag(FLAGS_progress);
+    if (r.routing != "lut" && r.routing != "gate") {
+      std::cerr << "colibri-bench: --routing must be lut or gate\n";
+      return 2;
+    }
+    const absl::Status status = colibri::tools::RunLoadBench(r, std::cout);
+    if (!status.ok()) {
+      std::cerr << "colibri-bench: " << status.message() << "\n";
+      return 1;
+    }
+    return 0;
   }
   colibri::tools::KernelBenchOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model);

@@ -106,7 +106,8 @@ func Dial(target string, opts Options) (*Client, error) {
 		max = DefaultMaxMessageBytes
 	}
 	dialOpts := []grpc.DialOption{
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{}),
+			grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
 	}
 	if opts.TLS == nil {
 		dialOpts = append(dialOpts, grpc.WithInsecure())
