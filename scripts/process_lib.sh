@@ -5,8 +5,10 @@
 #   proc_start NAME CMD... runs CMD, waits until it prints "listening on port
 #                          N"; sets $port and $last_pid. Fails (exit 1) with
 #                          the process's stderr if it exits or takes > 60 s.
-#   proc_stop_all          SIGTERM to every started process, then waits.
+#   proc_stop_all          SIGTERM to every started process, waits (SIGKILL after
+#                          10 s) and prints each one's exit status.
 proc_pids=()
+proc_names=()
 proc_init() {
   proc_logs=$(mktemp -d)
   trap 'proc_stop_all; rm -rf "$proc_logs"' EXIT
@@ -18,6 +20,7 @@ proc_start() {
   "$@" >>"$proc_logs/$name.out" 2>"$proc_logs/$name.err" &
   last_pid=$!
   proc_pids+=("$last_pid")
+  proc_names+=("$name")
   for _ in $(seq 1 600); do
     port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$proc_logs/$name.out" || true)
     [ -n "$port" ] && return 0
@@ -29,12 +32,15 @@ proc_start() {
   echo "$name did not start within 60 s" >&2; exit 1
 }
 proc_stop_all() {
-  local p
+  local i p status
   for p in "${proc_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${proc_pids[@]}"; do
+  for i in "${!proc_pids[@]}"; do
+    p=${proc_pids[$i]}
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null && status=0 || status=$?
+    echo "stopped ${proc_names[$i]} (pid $p): exit status $status"
   done
   proc_pids=()
+  proc_names=()
 }

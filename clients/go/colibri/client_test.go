@@ -237,8 +237,15 @@ func TestForwardLUTReturnsRoutesAndClientRoutesGiveTheSameBits(t *testing.T) {
 			t.Errorf("routes.expert_ids[%d] = %d is outside [0, %d)", i, e, f.info.NExperts)
 		}
 	}
-	if len(lut.Timings) == 0 {
-		t.Error("no timings returned")
+	stages := map[string]bool{}
+	for _, tm := range lut.Timings {
+		stages[tm.Stage] = true
+		if tm.Duration < 0 || tm.Start < 0 {
+			t.Errorf("timing %+v is negative", tm)
+		}
+	}
+	if !stages["route"] || !stages["total"] {
+		t.Errorf("timings %+v lack route or total", lut.Timings)
 	}
 	nonzero := false
 	for _, v := range lut.Output {

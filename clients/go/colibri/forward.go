@@ -69,6 +69,11 @@ type ForwardArgs struct {
 type Timing struct {
 	Stage    string
 	Duration time.Duration
+	// Start is the offset from the start of the router's call (route
+	// starts at 0); a node_compute span is placed at the end of its call.
+	Start time.Duration
+	// Detail describes node calls: "experts 0,3 rows 5" (+ " retry").
+	Detail string
 }
 
 // ForwardResult is the output of one layer.
@@ -184,7 +189,8 @@ func result(resp *pb.ForwardResponse, requestID string) (*ForwardResult, error) 
 		r.Routes = &Routes{TopK: int(rt.TopK), ExpertIDs: rt.ExpertIds, Weights: rt.Weights}
 	}
 	for _, t := range resp.Timings {
-		r.Timings = append(r.Timings, Timing{Stage: t.Stage, Duration: time.Duration(t.Nanos)})
+		r.Timings = append(r.Timings, Timing{Stage: t.Stage, Duration: time.Duration(t.Nanos),
+			Start: time.Duration(t.StartNanos), Detail: t.Detail})
 	}
 	return r, nil
 }

@@ -24,12 +24,18 @@ import (
 )
 
 func main() {
+	// Bad flags exit 1 like every other error (the flag package's default is 2).
+	flag.CommandLine.Init(os.Args[0], flag.ContinueOnError)
 	router := flag.String("router", "", "router address HOST:PORT (required)")
 	steps := flag.Int("steps", 4, "decoding steps")
 	layers := flag.Int("layers", 0, "layers per step; 0 = all of the model's")
 	seed := flag.Uint64("seed", 1, "seed of the token and hidden-state generator")
 	routing := flag.String("routing", "lut", "routing mode: lut or gate")
-	flag.Parse()
+	if err := flag.CommandLine.Parse(os.Args[1:]); err == flag.ErrHelp {
+		os.Exit(0)
+	} else if err != nil {
+		os.Exit(1) // the flag package printed the error and the usage
+	}
 	if err := run(*router, *steps, *layers, *seed, *routing); err != nil {
 		fmt.Fprintln(os.Stderr, "colibri-decode-example:", err)
 		os.Exit(1)
