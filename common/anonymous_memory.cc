@@ -11,6 +11,14 @@
 
 namespace colibri {
 namespace common {
+namespace {
+
+// MADV_POPULATE_WRITE (Linux 5.14; Debian 12 runs 6.1): fault every page in
+// now and report failure as an error. Older kernels return EINVAL, and the
+// caller falls back to transparent huge pages.
+constexpr int kMadvPopulateWrite = 23;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<AnonymousMemory>> AnonymousMemory::Create(size_t bytes, const Options& options) {
   constexpr size_t kHuge = size_t{2} << 20;
@@ -18,6 +26,21 @@ absl::StatusOr<std::unique_ptr<AnonymousMemory>> AnonymousMemory::Create(size_t 
   if (options.numa_node >= 0 && numa_available() < 0) {
     return absl::UnavailableError(absl::StrCat("NUMA node ", options.numa_node,
                                                " requested but libnuma reports no NUMA support"));
+  }
+  if (options.hugepages) {
+    // Reserved 2 MiB pages first (hugetlbfs: a Kubernetes pod's
+    // hugepages-2Mi resources, or vm.nr_hugepages), populated here — after
+    // the NUMA binding — so a shortage is an error now, not a SIGBUS later.
+    void* h = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    if (h != MAP_FAILED) {
+      if (options.numa_node >= 0) numa_tonode_memory(h, size, options.numa_node);
+      if (madvise(h, size, kMadvPopulateWrite) == 0) {
+        std::string description = "hugetlb 2 MiB pages";
+        if (options.numa_node >= 0) absl::StrAppend(&description, ", NUMA node ", options.numa_node);
+        return std::unique_ptr<AnonymousMemory>(new AnonymousMemory(static_cast<uint8_t*>(h), size, description));
+      }
+      munmap(h, size);  // not enough reserved pages (on that node): transparent huge pages instead
+    }
   }
   // Map 2 MiB more and trim, so the region starts on a huge-page boundary
   // (an unaligned start gets few or no transparent huge pages).
@@ -32,8 +55,9 @@ absl::StatusOr<std::unique_ptr<AnonymousMemory>> AnonymousMemory::Create(size_t 
   void* p = reinterpret_cast<void*>(aligned);
   std::string description;
   if (options.hugepages) {
-    description = madvise(p, size, MADV_HUGEPAGE) == 0 ? "huge pages advised"
-                                                        : absl::StrCat("huge pages refused (", std::strerror(errno), ")");
+    description = madvise(p, size, MADV_HUGEPAGE) == 0
+                      ? "transparent huge pages advised"
+                      : absl::StrCat("huge pages refused (", std::strerror(errno), ")");
   } else {
     description = "4 KiB pages";
   }

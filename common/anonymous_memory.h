@@ -19,7 +19,7 @@ namespace common {
 class AnonymousMemory {
  public:
   struct Options {
-    bool hugepages = true;  // MADV_HUGEPAGE
+    bool hugepages = true;  // reserved 2 MiB pages (MAP_HUGETLB) if available, else MADV_HUGEPAGE
     int numa_node = -1;     // >= 0: bind the pages to that node before first touch
   };
 
@@ -32,7 +32,7 @@ class AnonymousMemory {
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
-  // What was applied, for the log: e.g. "huge pages advised, NUMA node 0".
+  // What was applied, for the log: e.g. "hugetlb 2 MiB pages, NUMA node 0" or "transparent huge pages advised".
   const std::string& description() const { return description_; }
 
  private:

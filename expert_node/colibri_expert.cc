@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 pic
 ABSL_FLAG(std::string, model_root, "", "Reload may only load directories inside this one (default: --model's parent).");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU, of --numa_node if set).");
 ABSL_FLAG(int, numa_node, -1, "Bind compute threads and weight copies to this NUMA node (-1: no binding).");
+ABSL_FLAG(bool, numa_node_auto, false, "Bind to the NUMA node of the CPUs this process may run on (one socket's CPUs, "
+          "e.g. as Kubernetes' topology manager assigned them); refused if they span several nodes.");
 ABSL_FLAG(bool, verify_checksums, true, "Verify every owned file's checksum at load and reload.");
 ABSL_FLAG(bool, mlock, true, "Lock the weights in RAM.");
 ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be locked (instead of warning).");
@@ -57,6 +59,19 @@ int main(int argc, char** argv) {
   options.store.require_mlock = absl::GetFlag(FLAGS_require_mlock);
   options.store.hugepages = absl::GetFlag(FLAGS_hugepages);
   options.store.numa_node = absl::GetFlag(FLAGS_numa_node);
+  if (absl::GetFlag(FLAGS_numa_node_auto)) {
+    if (options.store.numa_node >= 0) {
+      std::cerr << "colibri-expert: --numa_node and --numa_node_auto exclude each other\n";
+      return 2;
+    }
+    absl::StatusOr<int> node = colibri::kernels::ThreadPool::NumaNodeOfAllowedCpus();
+    if (!node.ok()) {
+      std::cerr << "colibri-expert: --numa_node_auto: " << node.status().message() << "\n";
+      return 1;
+    }
+    options.store.numa_node = *node;
+    std::cerr << "colibri-expert: --numa_node_auto: NUMA node " << *node << std::endl;
+  }
   options.listen = absl::GetFlag(FLAGS_listen);
   options.model_root = absl::GetFlag(FLAGS_model_root);
   options.threads = absl::GetFlag(FLAGS_threads);

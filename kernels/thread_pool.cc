@@ -2,6 +2,8 @@
 #include "kernels/thread_pool.h"
 
 #include <numa.h>
+
+#include <algorithm>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -75,6 +77,22 @@ ThreadPool::~ThreadPool() {
   }
   start_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
+}
+
+absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
+  if (numa_available() < 0) return 0;
+  std::vector<int> nodes;
+  for (const int cpu : AllowedCpus()) {
+    const int node = numa_node_of_cpu(cpu);
+    if (node >= 0 && std::find(nodes.begin(), nodes.end(), node) == nodes.end()) nodes.push_back(node);
+  }
+  if (nodes.size() == 1) return nodes[0];
+  if (nodes.empty()) return absl::FailedPreconditionError("no allowed CPU belongs to a NUMA node");
+  std::string list;
+  for (const int n : nodes) absl::StrAppend(&list, list.empty() ? "" : ",", n);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the CPUs this process may use span NUMA nodes ", list,
+      "; restrict it to one node (taskset/numactl, or Kubernetes' topology manager) or pass --numa_node"));
 }
 
 void ThreadPool::WorkerLoop(int index) {

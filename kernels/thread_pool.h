@@ -38,6 +38,12 @@ class ThreadPool {
   // allowed to this process; UNAVAILABLE if libnuma reports no NUMA support
   // while a node was asked for.
   static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(const Options& options);
+
+  // The NUMA node every CPU this process may run on belongs to — the node a
+  // container's CPU set was placed on (Kubernetes' topology manager with the
+  // static CPU manager). FAILED_PRECONDITION naming the nodes if the CPUs
+  // span several; 0 on a machine without NUMA support (one node).
+  static absl::StatusOr<int> NumaNodeOfAllowedCpus();
   ~ThreadPool();  // joins the workers
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
