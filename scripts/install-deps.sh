@@ -18,7 +18,11 @@ packages=(
   python3-grpcio python3-protobuf
   # the Go client (clients/go), built offline against Debian's Go sources
   golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc
+  # the Helm chart's tests: render with text/template + Sprig, read YAML
+  golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev golang-gopkg-yaml.v3-dev python3-yaml
 )
+# Node.js (for the Kubernetes schema validators) unless some node is already installed.
+command -v npm >/dev/null || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -27,13 +31,21 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages already installed"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -q
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages already installed"
+else
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The Kubernetes schema validators the chart test uses (npm registry, pinned),
+# installed once into ${COLIBRI_NODE_TOOLS:-/opt/colibri-tools}.
+tools=${COLIBRI_NODE_TOOLS:-/opt/colibri-tools}
+if [ ! -f "$tools/node_modules/kubernetes-models/package.json" ] || [ ! -f "$tools/node_modules/yaml/package.json" ]; then
+  echo "install-deps: npm install kubernetes-models@5.1.0 yaml@2.9.1 into $tools"
+  $SUDO mkdir -p "$tools"
+  (cd "$tools" && $SUDO npm install --no-audit --no-fund --silent kubernetes-models@5.1.0 yaml@2.9.1)
+fi

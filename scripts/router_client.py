@@ -15,6 +15,7 @@ Subcommands:
            same layout as torch_moe_reference.py forward, so its `compare`
            subcommand checks the two.
   info     print GetModelInfo as JSON.
+  status   print GetClusterStatus as JSON.
 
 Exit codes: 0 ok, 1 the call failed (the status code and message are
 printed), 2 bad arguments or files, 77 grpcio/protobuf not installed.
@@ -90,16 +91,24 @@ def cmd_forward(args, pb, tpb, channel):
     return 0
 
 
-def cmd_info(args, pb, tpb, channel):
+def print_unary(args, pb, channel, method):
     from google.protobuf import json_format
+    request_type, response_type = getattr(pb, method + "Request"), getattr(pb, method + "Response")
     try:
-        resp = unary(channel, "GetModelInfo", pb.GetModelInfoRequest, pb.GetModelInfoResponse)(
-            pb.GetModelInfoRequest(), timeout=args.timeout)
+        resp = unary(channel, method, request_type, response_type)(request_type(), timeout=args.timeout)
     except grpc.RpcError as ex:
-        print(f"GetModelInfo failed: {ex.code().name}: {ex.details()}")
+        print(f"{method} failed: {ex.code().name}: {ex.details()}")
         return 1
     print(json_format.MessageToJson(resp))
     return 0
+
+
+def cmd_info(args, pb, tpb, channel):
+    return print_unary(args, pb, channel, "GetModelInfo")
+
+
+def cmd_status(args, pb, tpb, channel):
+    return print_unary(args, pb, channel, "GetClusterStatus")
 
 
 def main():
@@ -115,6 +124,7 @@ def main():
     f.add_argument("--routes", help="client routing: a file with expert_ids / expert_weights")
     f.add_argument("--out", required=True)
     sub.add_parser("info")
+    sub.add_parser("status")
     args = p.parse_args()
     if args.cmd == "forward" and args.routing == "client" and not args.routes:
         p.error("--routing client needs --routes")
@@ -125,7 +135,7 @@ def main():
         return 2
     channel = grpc.insecure_channel(args.router)
     try:
-        return {"forward": cmd_forward, "info": cmd_info}[args.cmd](args, pb, tpb, channel)
+        return {"forward": cmd_forward, "info": cmd_info, "status": cmd_status}[args.cmd](args, pb, tpb, channel)
     except ref.RefError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2

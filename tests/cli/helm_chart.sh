@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The Helm chart without Helm (none is packaged for Debian 12):
+#  1. renders it with deploy/helm/render (Go text/template + Sprig, the
+#     engine Helm uses) for the default values and for the per-socket
+#     multi-shard example, and validates every object against the Kubernetes
+#     schemas (npm kubernetes-models, installed by scripts/install-deps.sh);
+#  2. lint: NOTES.txt renders; missing or contradictory values fail with a
+#     clear message; the rendered objects say what the layout needs (integer
+#     CPUs, gRPC probes, IPC_LOCK, anti-affinity, PDBs, huge pages, NUMA);
+#  3. runs each layout on loopback with the rendered flags (only addresses,
+#     paths and thread counts replaced): real colibri-expert processes for
+#     every pod and a colibri-router reading the rendered cluster file — the
+#     router first sees one shard, then the file grows and it discovers the
+#     rest without a restart and serves.
+# Skips (77) only when go, node or the validators are missing.
+# Usage: helm_chart.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+chart=$src/deploy/helm/colibri
+modules=${COLIBRI_NODE_TOOLS:-/opt/colibri-tools}/node_modules
+py=/usr/bin/python3
+for need in go node; do
+  command -v $need >/dev/null || { echo "SKIP: $need is not installed (scripts/install-deps.sh installs it)"; exit 77; }
+done
+[ -f "$modules/kubernetes-models/package.json" ] ||
+  { echo "SKIP: no kubernetes-models in $modules (scripts/install-deps.sh installs it)"; exit 77; }
+source "$src/scripts/process_lib.sh"
+proc_init
+tmp=$proc_logs
+fail() { echo "FAIL: $*"; exit 1; }
+
+echo "--- build the renderer (offline, GOPATH mode, Debian's Sprig and YAML sources)"
+gopath=$build/helm-render
+mkdir -p "$gopath/src/colibri"
+ln -sfn "$src/deploy/helm/render" "$gopath/src/colibri/helmrender"
+(cd "$gopath/src/colibri/helmrender" && GO111MODULE=off GOPATH=$gopath:/usr/share/gocode GOFLAGS= GOPROXY=off \
+  GOCACHE=$gopath/cache nice -n 10 go build -o "$gopath/render" .)
+render() { "$gopath/render" -chart "$chart" "$@"; }
+
+echo "--- render and validate against the Kubernetes schemas"
+render > "$tmp/default.yaml"
+render -f "$src/deploy/helm/examples/values-per-socket.yaml" > "$tmp/socket.yaml"
+node "$src/deploy/helm/validate/k8s_validate.mjs" "$modules" "$tmp/default.yaml" "$tmp/socket.yaml" | tail -1
+node "$src/deploy/helm/validate/k8s_validate.mjs" "$modules" "$tmp/default.yaml" "$tmp/socket.yaml" >/dev/null ||
+  { node "$src/deploy/helm/validate/k8s_validate.mjs" "$modules" "$tmp/default.yaml" "$tmp/socket.yaml" | grep FAIL; fail "schema validation"; }
+
+echo "--- lint"
+render -notes | grep -q "port-forward svc/colibri-router 50051" || fail "NOTES.txt does not say how to call the router"
+expect_fail() {  # needle values-yaml
+  printf '%s\n' "$2" > "$tmp/bad.yaml"
+  if render -f "$tmp/bad.yaml" > /dev/null 2> "$tmp/err"; then fail "rendered despite: $2"; fi
+  grep -qF -- "$1" "$tmp/err" || fail "for '$2' expected '$1', got: $(cat "$tmp/err")"
+  echo "ok: refused ($1)"
+}
+expect_fail "model.pvc or model.hostPath is required" 'model: {hostPath: ""}'
+expect_fail "give either pvc or hostPath, not both" 'model: {pvc: claim}'
+expect_fail "is more than model.nExperts" 'experts: {shards: 9}'
+expect_fail "one --experts spec per shard" 'experts: {assignment: explicit, shardExperts: ["0-3"]}'
+expect_fail "must be even or explicit" 'experts: {assignment: random}'
+expect_fail "whole number of CPUs" 'experts: {cpus: 2.5}'
+expect_fail "replicasPerShard must be at least 1" 'experts: {replicasPerShard: 0}'
+$py - "$tmp/default.yaml" "$tmp/socket.yaml" <<'PY'
+import sys, yaml
+for path, shards, replicas in ((sys.argv[1], 2, 2), (sys.argv[2], 4, 2)):
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    sts = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert len(sts) == shards, (path, len(sts))
+    socket = "socket" in path
+    specs = []
+    for s in sts:
+        pod = s["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        r = c["resources"]
+        assert r["requests"] == r["limits"], "Guaranteed QoS needs requests == limits"
+        assert isinstance(r["requests"]["cpu"], int), "integer CPUs"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert "grpc" in c[probe], probe
+        assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+        anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert anti["topologyKey"] == "kubernetes.io/hostname"
+        assert anti["labelSelector"]["matchLabels"]["colibri.dev/shard"] == s["metadata"]["labels"]["colibri.dev/shard"]
+        assert s["spec"]["replicas"] == replicas
+        assert ("--numa_node_auto" in c["args"]) == socket
+        assert (r["limits"].get("hugepages-2Mi") == "24Gi") == socket
+        specs += [a.split("=", 1)[1] for a in c["args"] if a.startswith("--experts=")]
+    pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and "expert" in d["metadata"]["name"]]
+    assert len(pdbs) == shards and all(p["spec"].get("maxUnavailable") == 1 for p in pdbs)
+    print(f"ok: {path.rsplit('/', 1)[1]}: {shards} shards ({', '.join(specs)}), requests == limits, integer CPUs, "
+          f"gRPC probes, IPC_LOCK, anti-affinity per shard, PDBs{', NUMA auto, huge pages' if socket else ''}")
+PY
+render -f <(printf 'experts: {replicasPerShard: 1}\n') | grep -q "minAvailable: 1" || fail "a single replica's PDB must keep it"
+echo "ok: a shard with one replica gets minAvailable: 1"
+
+echo "--- the rendered flags on loopback: nodes, router, discovery through the cluster file"
+"$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 64 --d_ff 96 --layers 2 --experts 8 --vocab 50 >/dev/null
+"$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/models/model" --weight_type int8 --progress=false >/dev/null
+bash "$src/scripts/make_test_certs.sh" "$tmp/raw" >/dev/null
+mkdir -p "$tmp/certs/node" "$tmp/certs/router"
+cp "$tmp/raw/server.crt" "$tmp/certs/node/tls.crt"; cp "$tmp/raw/server.key" "$tmp/certs/node/tls.key"
+cp "$tmp/raw/client.crt" "$tmp/certs/router/tls.crt"; cp "$tmp/raw/client.key" "$tmp/certs/router/tls.key"
+cp "$tmp/raw/ca.crt" "$tmp/certs/node/ca.crt"; cp "$tmp/raw/ca.crt" "$tmp/certs/router/ca.crt"
+for layout in default socket; do
+  run=$tmp/run_$layout
+  mkdir -p "$run"
+  $py "$src/deploy/helm/validate/local_args.py" "$tmp/$layout.yaml" "$tmp/models/model" "$tmp/certs" "$run"
+  : > "$run/all.txt"
+  i=0
+  while read -r name args; do
+    # shellcheck disable=SC2086
+    proc_start "${layout}_node_$i" "$build/expert_node/colibri-expert" $args
+    echo "$name 127.0.0.1:$port" >> "$run/all.txt"
+    i=$((i + 1))
+  done < "$run/nodes.txt"
+  first_shard=$(head -1 "$run/all.txt" | cut -d' ' -f1 | cut -d. -f2)
+  grep "\.$first_shard\." "$run/all.txt" | cut -d' ' -f2 > "$run/experts.txt"
+  # shellcheck disable=SC2046
+  proc_start "${layout}_router" "$build/router_node/colibri-router" $(cat "$run/router.txt") --listen=127.0.0.1:0 \
+    --health_interval_ms=200 --node_tls_server_name=localhost
+  router=127.0.0.1:$port
+  status() { $py "$src/scripts/router_client.py" --router "$router" status; }
+  status | grep -q '"serving": true' && fail "$layout: serving with one shard of $i pods"
+  echo "ok: $layout: with only $first_shard in the cluster file the router does not serve"
+  sleep 1.1  # a new mtime even on coarse-grained file systems
+  cut -d' ' -f2 "$run/all.txt" > "$run/experts.txt.new" && mv "$run/experts.txt.new" "$run/experts.txt"
+  for _ in $(seq 1 100); do status | grep -q '"serving": true' && break; sleep 0.1; done
+  status | grep -q '"serving": true' || { status; fail "$layout: the router did not discover every shard"; }
+  "$build/clients/cpp/colibri-decode-example" --router "$router" --steps 2 >/dev/null ||
+    fail "$layout: the decode example failed against the discovered cluster"
+  echo "ok: $layout: $i expert pods discovered from the grown cluster file; the router serves (decode example ran)"
+  proc_stop_all > "$run/stopped"
+  grep -v "exit status 0" "$run/stopped" && fail "a process did not exit 0"
+  echo "ok: $layout: $(wc -l < "$run/stopped") processes stopped, each with exit status 0"
+done
+echo "PASS"
