@@ -59,13 +59,12 @@ proc_start router "$router_bin" --model "$model" --experts_at "$(IFS=,; echo "${
   --listen "127.0.0.1:$router_port"
 router_port=$port
 echo "router: 127.0.0.1:$router_port in front of ${#addresses[@]} expert node(s)"
-for _ in $(seq 1 100); do
-  /usr/bin/python3 "$root/scripts/router_client.py" --router "127.0.0.1:$router_port" status 2>/dev/null |
-    grep -q '"serving": true' && break
-  sleep 0.1
-done
-/usr/bin/python3 "$root/scripts/router_client.py" --router "127.0.0.1:$router_port" status | grep -q '"serving": true' ||
-  { echo "run-local: the router does not serve every expert" >&2; exit 1; }
+serving() {
+  /usr/bin/python3 "$root/scripts/router_client.py" --router "127.0.0.1:$router_port" status > "$proc_logs/status" 2>&1
+  grep -q '"serving": true' "$proc_logs/status"
+}
+for _ in $(seq 1 100); do serving && break; sleep 0.1; done
+serving || { cat "$proc_logs/status" >&2; echo "run-local: the router does not serve every expert" >&2; exit 1; }
 echo "serving every expert of every layer"
 [ "$ready_only" = 1 ] && exit 0
 echo "Ctrl-C stops the cluster."

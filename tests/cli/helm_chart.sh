@@ -118,13 +118,15 @@ for layout in default socket; do
   proc_start "${layout}_router" "$build/router_node/colibri-router" $(cat "$run/router.txt") --listen=127.0.0.1:0 \
     --health_interval_ms=200 --node_tls_server_name=localhost
   router=127.0.0.1:$port
-  status() { $py "$src/scripts/router_client.py" --router "$router" status; }
-  status | grep -q '"serving": true' && fail "$layout: serving with one shard of $i pods"
+  # (grep reads a file, not a pipe: grep -q closing a pipe early fails the writer under pipefail)
+  serving() { $py "$src/scripts/router_client.py" --router "$router" status > "$run/status.json" 2>&1 || true
+              grep -q '"serving": true' "$run/status.json"; }
+  serving && fail "$layout: serving with one shard of $i pods"
   echo "ok: $layout: with only $first_shard in the cluster file the router does not serve"
   sleep 1.1  # a new mtime even on coarse-grained file systems
   cut -d' ' -f2 "$run/all.txt" > "$run/experts.txt.new" && mv "$run/experts.txt.new" "$run/experts.txt"
-  for _ in $(seq 1 100); do status | grep -q '"serving": true' && break; sleep 0.1; done
-  status | grep -q '"serving": true' || { status; fail "$layout: the router did not discover every shard"; }
+  for _ in $(seq 1 100); do serving && break; sleep 0.1; done
+  serving || { cat "$run/status.json"; fail "$layout: the router did not discover every shard"; }
   "$build/clients/cpp/colibri-decode-example" --router "$router" --steps 2 >/dev/null ||
     fail "$layout: the decode example failed against the discovered cluster"
   echo "ok: $layout: $i expert pods discovered from the grown cluster file; the router serves (decode example ran)"
