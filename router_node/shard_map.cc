@@ -51,8 +51,19 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
                           excluded.count(n) > 0 ? "failed this request" : node.last_error);
         }
       }
+      if (why.empty()) {
+        // No node that ever answered owns it: say which nodes could not be asked.
+        for (const NodeState& node : map.nodes()) {
+          if (!node.live && node.owned.empty()) {
+            absl::StrAppend(&why, why.empty() ? " (not reachable: " : "; ", node.address, ": ", node.last_error);
+          }
+        }
+        why = why.empty() ? " (no configured node owns it)" : why + ")";
+      } else {
+        why += ")";
+      }
       return absl::UnavailableError(absl::StrCat("layer ", layer, " expert ", expert, ": no live expert node serves it",
-                                                 why.empty() ? " (no configured node owns it)" : why + ")"));
+                                                 why));
     }
     NodeCall& call = calls[best];
     call.node = best;
