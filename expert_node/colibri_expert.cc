@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: require client certificates signed by it (mutual TLS).");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on.");
+ABSL_FLAG(int, inject_delay_ms, 0, "Fault injection for tests and benchmarks: a Compute call waits this long "
+          "before it runs (a slow node); 0: off.");
+ABSL_FLAG(int, inject_delay_every, 1, "With --inject_delay_ms: delay every Nth Compute call (1: all of them).");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
 int main(int argc, char** argv) {
@@ -84,6 +87,8 @@ int main(int argc, char** argv) {
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
+  options.inject_delay_ms = absl::GetFlag(FLAGS_inject_delay_ms);
+  options.inject_delay_every = absl::GetFlag(FLAGS_inject_delay_every);
 
   // Block the signals we handle before any thread starts, so sigwait sees them.
   sigset_t signals;

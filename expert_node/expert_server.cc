@@ -45,6 +45,8 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.numa_node = options.store.numa_node;
   service_options.metrics = &s->metrics_;
+  service_options.inject_delay_ms = options.inject_delay_ms;
+  service_options.inject_delay_every = options.inject_delay_every;
   if (options.metrics_port >= 0) {
     COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
                              common::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));

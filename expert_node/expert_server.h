@@ -45,6 +45,8 @@ struct ServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  int inject_delay_ms = 0;             // fault injection: a Compute sleeps this long first ...
+  int inject_delay_every = 1;          // ... every this many calls
   int metrics_port = -1;               // >= 0: serve Prometheus /metrics on it (0 picks a free port)
   std::string metrics_host = "0.0.0.0";
 };

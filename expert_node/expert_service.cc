@@ -1,7 +1,10 @@
 #include "expert_node/expert_service.h"
 
+#include "expert_node/compute_request.h"
+
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -12,42 +15,6 @@ namespace expert_node {
 namespace {
 
 namespace v1 = colibri::v1;
-
-// rows: [R, d_model] f32 or bf16 -> f32. Sizes are checked against the bytes
-// actually received before anything is allocated.
-absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
-  if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("rows: shape has ", t.shape_size(), " dims", t.shape_size() == 2 ? absl::StrCat(" [", t.shape(0), ", ", t.shape(1), "]") : "",
-                                                   "; must be [R, ", d_model, "]"));
-  }
-  size_t element = 0;
-  if (t.dtype() == v1::DATA_TYPE_F32) element = 4;
-  if (t.dtype() == v1::DATA_TYPE_BF16) element = 2;
-  if (element == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rows: dtype ", static_cast<int>(t.dtype()), " (", v1::DataType_Name(t.dtype()),
-                     ") is not supported (f32 or bf16)"));
-  }
-  // R <= bytes received, so R * d_model * element cannot overflow for any message gRPC accepted.
-  const int64_t received = static_cast<int64_t>(t.data().size());
-  if (t.shape(0) > received || t.shape(0) * d_model * static_cast<int64_t>(element) != received) {
-    return absl::InvalidArgumentError(absl::StrCat("rows: ", received, " bytes do not hold [", t.shape(0), ", ",
-                                                   d_model, "] values of ", element, " bytes"));
-  }
-  const int64_t count = t.shape(0) * d_model;
-  in->num_rows = t.shape(0);
-  in->rows.resize(count);
-  if (element == 4) {
-    std::memcpy(in->rows.data(), t.data().data(), count * 4);
-    return absl::OkStatus();
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    uint16_t h;
-    std::memcpy(&h, t.data().data() + 2 * i, 2);
-    in->rows[i] = common::Bf16ToFloat(h);
-  }
-  return absl::OkStatus();
-}
 
 void FillOutput(const ComputeOutput& out, int64_t d_model, v1::DataType dtype, v1::Tensor* t) {
   t->add_shape(static_cast<int64_t>(out.output.size()) / d_model);
@@ -179,21 +146,17 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
       return;
     }
+    if (options_.inject_delay_ms > 0 && ++computes_ % std::max(1, options_.inject_delay_every) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_delay_ms));
+    }
     const int64_t queue_nanos =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - queued).count();
     const int64_t d_model = store_->Current()->model().manifest().d_model;
     auto input = std::make_unique<ComputeInput>();
-    input->layer = request->layer();
-    input->model_id = request->model_id();
     input->check_finite = options_.check_finite;
-    input->per_expert_output = request->per_expert_output();
-    if (absl::Status s = ParseRows(request->rows(), d_model, input.get()); !s.ok()) {
+    if (absl::Status s = ParseComputeRequest(*request, d_model, input.get()); !s.ok()) {
       Finish(reactor, "Compute", common::ToGrpcStatus(s));
       return;
-    }
-    for (const v1::ExpertWork& w : request->experts()) {
-      input->experts.push_back({w.expert(), {w.row_indices().begin(), w.row_indices().end()},
-                                {w.weights().begin(), w.weights().end()}});
     }
     absl::StatusOr<ComputeOutput> out = engine_->Compute(*input);
     if (!out.ok()) {

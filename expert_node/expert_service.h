@@ -32,6 +32,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     std::string kernel_isa;
     int numa_node = -1;
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
+    int inject_delay_ms = 0;    // fault injection (tests, benchmarks): sleep this long before a Compute ...
+    int inject_delay_every = 1;  // ... every this many calls (1: all)
   };
 
   // `store` and `engine` must outlive the service.
@@ -67,7 +69,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   std::string last_reload_error_;                    // guarded by mu_
   bool reload_running_ = false;                      // guarded by mu_
   std::thread compute_thread_;
-  std::thread reload_thread_;  // guarded by mu_: the last reload's worker, joined before the next
+  std::thread reload_thread_;
+  int64_t computes_ = 0;  // compute thread only: calls run, for inject_delay_every  // guarded by mu_: the last reload's worker, joined before the next
 };
 
 }  // namespace expert_node

@@ -31,6 +31,8 @@ ABSL_FLAG(bool, verify_checksums, true, "Verify the gate and LUT files' (and in 
           "start.");
 ABSL_FLAG(int, node_timeout_ms, 5000, "Deadline of one node call attempt (capped by the client's); a node that "
           "misses it is failed over.");
+ABSL_FLAG(int, hedge_after_ms, 0, "Hedged calls: when a node has not answered a layer call within this, send its "
+          "work to another replica too and take the first answer (0: off; set near the nodes' p95 latency).");
 ABSL_FLAG(int, health_interval_ms, 500, "How often every expert node is asked GetNodeInfo (health and shard map).");
 ABSL_FLAG(int, health_timeout_ms, 1000, "Deadline of one health check.");
 ABSL_FLAG(std::string, node_tls_ca, "", "PEM CA: call the expert nodes over TLS, checking their certificates.");
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.remote.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
   o.remote.health_interval = absl::Milliseconds(absl::GetFlag(FLAGS_health_interval_ms));
+  o.remote.hedge_after = absl::Milliseconds(absl::GetFlag(FLAGS_hedge_after_ms));
   o.remote.health_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_health_timeout_ms));
   o.remote.tls_ca_file = absl::GetFlag(FLAGS_node_tls_ca);
   o.remote.tls_cert_file = absl::GetFlag(FLAGS_node_tls_cert);

@@ -74,6 +74,7 @@ struct NodeCallRecord {
   int64_t experts = 0;
   std::string experts_list;  // "0,3": the expert ids of the call
   int attempt = 0;           // 0 first try, 1 the retry on another replica
+  bool hedge = false;        // a hedge: sent because the planned call was slow
   absl::StatusCode code = absl::StatusCode::kOk;
   int64_t node_compute_nanos = 0;  // the node's own kernel time, when known
 };

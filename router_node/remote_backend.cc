@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "common/grpc_credentials.h"
@@ -84,9 +86,13 @@ bool Retriable(grpc::StatusCode code) {
   }
 }
 
+}  // namespace
+
 // One Compute call in flight.
-struct Call {
+struct RemoteBackend::Call {
   int node = 0;
+  bool hedge = false;  // sent because the planned call was slow
+  bool done = false;   // guarded by the layer's Tracker::mu
   std::string address;
   NodeCall plan;
   grpc::ClientContext context;
@@ -96,6 +102,10 @@ struct Call {
   int64_t start_nanos = 0;
   int64_t end_nanos = 0;
 };
+
+namespace {
+
+using Call = RemoteBackend::Call;
 
 // The request of one node call: the distinct rows its experts need, each once,
 // and per expert the positions of its rows in that list.
@@ -385,6 +395,22 @@ std::vector<NodeStatusView> RemoteBackend::Nodes() const {
   return out;
 }
 
+// Completion of a layer's node calls: callbacks mark calls done under mu, the
+// dispatching thread waits on conditions over them.
+struct RemoteBackend::Tracker {
+  absl::Mutex mu;
+  // Waits until `ready()` (evaluated under mu) or `until`; true if ready.
+  bool WaitUntil(const std::function<bool()>& ready, absl::Time until) {
+    absl::MutexLock lock(&mu);
+    auto cond = [&ready]() { return ready(); };
+    if (until == absl::InfiniteFuture()) {
+      mu.Await(absl::Condition(&cond));
+      return true;
+    }
+    return mu.AwaitWithDeadline(absl::Condition(&cond), until);
+  }
+};
+
 absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions, CallControl& control,
                                     BackendStats* stats) {
   const auto start = std::chrono::steady_clock::now();
@@ -394,6 +420,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
   std::set<int> excluded;
   std::string first_failure;
   std::string retry_failure;
+  Tracker tracker;
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::vector<int> load(topo->nodes.size());
     for (size_t n = 0; n < load.size(); ++n) load[n] = topo->nodes[n]->in_flight.load(std::memory_order_relaxed);
@@ -405,76 +432,135 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
     }
     if (control.cancelled()) return absl::CancelledError("request cancelled by the client");
     const absl::Time deadline = std::min(control.deadline(), absl::Now() + options_.node_timeout);
+
+    // Every call of this attempt; races: a planned call and the hedge calls
+    // that may answer for its experts instead.
     std::vector<std::unique_ptr<Call>> calls;
-    for (NodeCall& nc : *plan) {
+    struct Race {
+      Call* primary;
+      std::vector<Call*> hedges;
+    };
+    std::vector<Race> races;
+    auto issue = [&](NodeCall nc, bool hedge) {
       auto call = std::make_unique<Call>();
       call->node = nc.node;
       call->address = topo->nodes[nc.node]->address;
       call->plan = std::move(nc);
+      call->hedge = hedge;
       BuildRequest(work, options_.d_model, options_.model_id, call.get());
       call->context.set_deadline(absl::ToChronoTime(deadline));
-      calls.push_back(std::move(call));
-    }
-    absl::BlockingCounter done(static_cast<int>(calls.size()));
-    for (auto& c : calls) {
-      Node& node = *topo->nodes[c->node];
+      Node& node = *topo->nodes[call->node];
       node.in_flight.fetch_add(1, std::memory_order_relaxed);
       node.calls.fetch_add(1, std::memory_order_relaxed);
-      c->start_nanos = NanosSince(start);
-      Call* raw = c.get();
+      call->start_nanos = NanosSince(start);
+      Call* raw = call.get();
+      {
+        absl::MutexLock lock(&tracker.mu);
+        calls.push_back(std::move(call));
+      }
       node.stub->async()->Compute(&raw->context, &raw->request, &raw->response,
-                                  [raw, &node, &done, start](grpc::Status s) {
+                                  [raw, &node, &tracker, start](grpc::Status s) {
+                                    node.in_flight.fetch_sub(1, std::memory_order_relaxed);
+                                    absl::MutexLock lock(&tracker.mu);
                                     raw->status = std::move(s);
                                     raw->end_nanos = NanosSince(start);
-                                    node.in_flight.fetch_sub(1, std::memory_order_relaxed);
-                                    done.DecrementCount();
+                                    raw->done = true;
                                   });
-    }
-    const int hook = control.AddHook([&calls] {
+      return raw;
+    };
+    for (NodeCall& nc : *plan) races.push_back({issue(std::move(nc), false), {}});
+    const int hook = control.AddHook([&calls, &tracker] {
+      absl::MutexLock lock(&tracker.mu);
       for (auto& c : calls) c->context.TryCancel();
     });
-    done.Wait();
+    // A race is settled when its planned call succeeded, when all its hedges
+    // did, or when everything in it has finished.
+    auto settled = [](const Race& r) {
+      bool hedges_done = true, hedges_ok = !r.hedges.empty();
+      for (const Call* h : r.hedges) {
+        hedges_done = hedges_done && h->done;
+        hedges_ok = hedges_ok && h->done && h->status.ok();
+      }
+      return (r.primary->done && r.primary->status.ok()) || hedges_ok || (r.primary->done && hedges_done);
+    };
+    auto all_settled = [&] {
+      for (const Race& r : races) {
+        if (!settled(r)) return false;
+      }
+      return true;
+    };
+    const bool hedging = options_.hedge_after > absl::ZeroDuration() && attempt == 0;
+    if (!tracker.WaitUntil(all_settled, hedging ? absl::Now() + options_.hedge_after : absl::InfiniteFuture())) {
+      // Hedge: the work of every call still out goes to other replicas too.
+      std::vector<std::pair<size_t, std::vector<int>>> slow;
+      {
+        absl::MutexLock lock(&tracker.mu);
+        for (size_t i = 0; i < races.size(); ++i) {
+          if (!races[i].primary->done) slow.push_back({i, races[i].primary->plan.works});
+        }
+      }
+      for (auto& [i, works] : slow) {
+        std::set<int> avoid = excluded;
+        avoid.insert(races[i].primary->node);
+        absl::StatusOr<std::vector<NodeCall>> alternative =
+            PlanNodeCalls(*topo->map, work.layer, work.experts, works, load, avoid);
+        if (!alternative.ok()) continue;  // no other replica: wait for the slow one
+        std::vector<Call*> hedges;
+        for (NodeCall& nc : *alternative) hedges.push_back(issue(std::move(nc), true));
+        {
+          absl::MutexLock lock(&tracker.mu);
+          races[i].hedges = std::move(hedges);
+        }
+        hedges_.fetch_add(1, std::memory_order_relaxed);
+        if (options_.metrics != nullptr) {
+          options_.metrics->GetCounter("colibri_router_hedges_total", "Node calls hedged on another replica.")->Add();
+        }
+      }
+      tracker.WaitUntil(all_settled, absl::InfiniteFuture());
+    }
     control.RemoveHook(hook);
+    // The losers of settled races are not needed: cancel, and wait until
+    // every callback has run (they point into this frame).
+    {
+      absl::MutexLock lock(&tracker.mu);
+      for (auto& c : calls) {
+        if (!c->done) c->context.TryCancel();
+      }
+    }
+    tracker.WaitUntil([&] {
+      for (const auto& c : calls) {
+        if (!c->done) return false;
+      }
+      return true;
+    }, absl::InfiniteFuture());
 
     std::vector<int> failed;
     absl::Status error;
-    for (auto& c : calls) {
-      Node& node = *topo->nodes[c->node];
-      if (stats != nullptr) {
-        NodeCallRecord r;
-        r.node = c->address;
-        r.start_nanos = c->start_nanos;
-        r.end_nanos = c->end_nanos;
-        r.rows = c->request.rows().shape(0);
-        r.experts = c->request.experts_size();
-        for (const v1::ExpertWork& w : c->request.experts()) {
-          absl::StrAppend(&r.experts_list, r.experts_list.empty() ? "" : ",", w.expert());
+    for (const auto& c : calls) Record(*c, attempt, stats);
+    for (const Race& r : races) {
+      std::vector<const Call*> winners;
+      if (r.primary->status.ok()) {
+        winners = {r.primary};
+      } else if (!r.hedges.empty() &&
+                 std::all_of(r.hedges.begin(), r.hedges.end(), [](const Call* h) { return h->status.ok(); })) {
+        winners.assign(r.hedges.begin(), r.hedges.end());
+        hedge_wins_.fetch_add(1, std::memory_order_relaxed);
+        if (options_.metrics != nullptr) {
+          options_.metrics->GetCounter("colibri_router_hedge_wins_total", "Hedged calls answered by the hedge.")->Add();
         }
-        r.attempt = attempt;
-        r.code = static_cast<absl::StatusCode>(c->status.error_code());
-        for (const v1::StageTiming& t : c->response.timings()) {
-          if (t.stage() == "compute") r.node_compute_nanos = t.nanos();
+      }
+      if (!winners.empty()) {
+        for (const Call* w : winners) {
+          absl::Status s = ScatterReply(work, options_.d_model, *w, contributions);
+          if (!s.ok() && error.ok()) error = s;
         }
-        stats->calls.push_back(r);
-      }
-      if (options_.metrics != nullptr) {
-        options_.metrics
-            ->GetCounter("colibri_router_node_calls_total", "Compute calls to expert nodes by node and status code.",
-                         {{"node", c->address}, {"code", std::to_string(static_cast<int>(c->status.error_code()))}})
-            ->Add();
-        options_.metrics
-            ->GetHistogram("colibri_router_node_seconds", "Duration of Compute calls to each expert node.",
-                           {{"node", c->address}}, common::LatencyBuckets())
-            ->Observe((c->end_nanos - c->start_nanos) * 1e-9);
-      }
-      if (c->status.ok()) {
-        absl::Status s = ScatterReply(work, options_.d_model, *c, contributions);
-        if (!s.ok() && error.ok()) error = s;
         continue;
       }
-      node.failed.fetch_add(1, std::memory_order_relaxed);
-      const grpc::StatusCode code = c->status.error_code();
-      const std::string what = absl::StrCat("node ", c->address, ": ", c->status.error_message(), " (code ",
+      // Nothing in the race answered: classify the planned call's failure.
+      const Call& c = *r.primary;
+      topo->nodes[c.node]->failed.fetch_add(1, std::memory_order_relaxed);
+      const grpc::StatusCode code = c.status.error_code();
+      const std::string what = absl::StrCat("node ", c.address, ": ", c.status.error_message(), " (code ",
                                             static_cast<int>(code), ")");
       if (control.cancelled()) {
         if (error.ok()) error = absl::CancelledError("request cancelled by the client");
@@ -483,9 +569,10 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
           error = absl::DeadlineExceededError(absl::StrCat("layer ", work.layer, ": deadline exceeded waiting for ", what));
         }
       } else if (Retriable(code)) {
-        if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) MarkDown(topo->nodes[c->node], what);
-        excluded.insert(c->node);
-        failed.insert(failed.end(), c->plan.works.begin(), c->plan.works.end());
+        if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) MarkDown(topo->nodes[c.node], what);
+        excluded.insert(c.node);
+        for (const Call* h : r.hedges) excluded.insert(h->node);
+        failed.insert(failed.end(), c.plan.works.begin(), c.plan.works.end());
         if (first_failure.empty()) first_failure = absl::StrCat("first try failed on ", what);
         retry_failure = what;
       } else if (error.ok()) {
@@ -510,6 +597,37 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
     }
   }
   return absl::InternalError("unreachable");
+}
+
+void RemoteBackend::Record(const Call& c, int attempt, BackendStats* stats) {
+  if (stats != nullptr) {
+    NodeCallRecord r;
+    r.node = c.address;
+    r.start_nanos = c.start_nanos;
+    r.end_nanos = c.end_nanos;
+    r.rows = c.request.rows().shape_size() > 0 ? c.request.rows().shape(0) : 0;
+    r.experts = c.request.experts_size();
+    for (const v1::ExpertWork& w : c.request.experts()) {
+      absl::StrAppend(&r.experts_list, r.experts_list.empty() ? "" : ",", w.expert());
+    }
+    r.attempt = attempt;
+    r.hedge = c.hedge;
+    r.code = static_cast<absl::StatusCode>(c.status.error_code());
+    for (const v1::StageTiming& t : c.response.timings()) {
+      if (t.stage() == "compute") r.node_compute_nanos = t.nanos();
+    }
+    stats->calls.push_back(std::move(r));
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics
+        ->GetCounter("colibri_router_node_calls_total", "Compute calls to expert nodes by node and status code.",
+                     {{"node", c.address}, {"code", std::to_string(static_cast<int>(c.status.error_code()))}})
+        ->Add();
+    options_.metrics
+        ->GetHistogram("colibri_router_node_seconds", "Duration of Compute calls to each expert node.",
+                       {{"node", c.address}}, common::LatencyBuckets())
+        ->Observe((c.end_nanos - c.start_nanos) * 1e-9);
+  }
 }
 
 }  // namespace router_node

@@ -50,6 +50,10 @@ struct RemoteOptions {
   int64_t n_experts = 0;
   int64_t d_model = 0;
   absl::Duration node_timeout = absl::Seconds(5);      // per node call attempt
+  // > 0: when a node has not answered within this, send its work to another
+  // replica as well and take whichever answers first (the other is
+  // cancelled). Off by default; set it near the nodes' p95 call latency.
+  absl::Duration hedge_after = absl::ZeroDuration();
   absl::Duration health_interval = absl::Milliseconds(500);
   absl::Duration health_timeout = absl::Seconds(1);    // per GetNodeInfo
   int64_t max_message_bytes = 1 << 30;                 // per node call, both ways
@@ -102,10 +106,15 @@ class RemoteBackend final : public ExpertBackend {
   std::vector<NodeStatusView> Nodes() const;
   std::shared_ptr<const ShardMap> map() const;
   int64_t retries() const { return retries_.load(std::memory_order_relaxed); }
+  int64_t hedges() const { return hedges_.load(std::memory_order_relaxed); }
+  int64_t hedge_wins() const { return hedge_wins_.load(std::memory_order_relaxed); }
+
+  struct Call;  // one Compute call in flight (remote_backend.cc)
 
  private:
   struct Node;
   struct Topology;
+  struct Tracker;
   explicit RemoteBackend(RemoteOptions options) : options_(std::move(options)) {}
 
   absl::Status SetAddresses(const std::vector<std::string>& addresses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -113,6 +122,8 @@ class RemoteBackend final : public ExpertBackend {
   void Rebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDown(const std::shared_ptr<Node>& node, const std::string& error);
   std::shared_ptr<const Topology> topology() const;
+  // Adds a finished call to `stats` (may be null) and the metrics.
+  void Record(const Call& call, int attempt, BackendStats* stats);
 
   // Constant after construction.
   const RemoteOptions options_;
@@ -127,6 +138,8 @@ class RemoteBackend final : public ExpertBackend {
 
   absl::Mutex health_mu_;  // one health round at a time
   std::atomic<int64_t> retries_{0};
+  std::atomic<int64_t> hedges_{0};
+  std::atomic<int64_t> hedge_wins_{0};
   std::thread watcher_;
 };
 

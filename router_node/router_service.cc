@@ -1,5 +1,7 @@
 #include "router_node/router_service.h"
 
+#include "router_node/forward_request.h"
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -20,53 +22,6 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
   const auto d = context->deadline();
   if (d >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) return absl::InfiniteFuture();
   return absl::FromChrono(d);
-}
-
-absl::StatusOr<common::DType> ParseDType(v1::DataType t, bool unspecified_is_f32, const char* field) {
-  if (t == v1::DATA_TYPE_UNSPECIFIED && unspecified_is_f32) return common::DType::kF32;
-  if (t == v1::DATA_TYPE_F32 || t == v1::DATA_TYPE_BF16 || t == v1::DATA_TYPE_F16) {
-    return static_cast<common::DType>(t);  // the same numbers (tensor.proto, common/dtype.h)
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " ", static_cast<int>(t), " is not supported (f32, bf16 or f16)"));
-}
-
-// The request as the core's input, pointing into `request`.
-absl::StatusOr<ForwardInput> ParseRequest(const v1::ForwardRequest& request) {
-  ForwardInput in;
-  in.layer = request.layer();
-  in.token_ids = absl::MakeConstSpan(request.token_ids().data(), request.token_ids().size());
-  const v1::Tensor& h = request.hidden();
-  if (h.shape_size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden.shape has ", h.shape_size(), " dims; must be [T, d_model]"));
-  }
-  in.num_tokens = h.shape(0);
-  in.cols = h.shape(1);
-  COLIBRI_ASSIGN_OR_RETURN(in.hidden_dtype, ParseDType(h.dtype(), false, "hidden.dtype"));
-  in.hidden = h.data().data();
-  in.hidden_bytes = static_cast<int64_t>(h.data().size());
-  switch (request.routing()) {
-    case v1::ROUTING_MODE_UNSPECIFIED:
-    case v1::ROUTING_MODE_LUT:
-      in.routing = RoutingMode::kLut;
-      break;
-    case v1::ROUTING_MODE_GATE:
-      in.routing = RoutingMode::kGate;
-      break;
-    case v1::ROUTING_MODE_CLIENT:
-      in.routing = RoutingMode::kClient;
-      in.client_top_k = request.routes().top_k();
-      in.client_expert_ids =
-          absl::MakeConstSpan(request.routes().expert_ids().data(), request.routes().expert_ids().size());
-      in.client_weights = absl::MakeConstSpan(request.routes().weights().data(), request.routes().weights().size());
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("routing ", static_cast<int>(request.routing()), " is not a known mode (lut, gate, client)"));
-  }
-  COLIBRI_ASSIGN_OR_RETURN(in.output_dtype, ParseDType(request.output_dtype(), true, "output_dtype"));
-  in.request_id = request.request_id();
-  return in;
 }
 
 void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t start, int64_t nanos,
@@ -240,7 +195,7 @@ absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallCo
                                        v1::ForwardResponse* response) {
   if (control.cancelled()) return absl::CancelledError("cancelled before it ran");
   if (absl::Now() > control.deadline()) return absl::DeadlineExceededError("deadline passed while queued");
-  COLIBRI_ASSIGN_OR_RETURN(ForwardInput in, ParseRequest(request));
+  COLIBRI_ASSIGN_OR_RETURN(ForwardInput in, ParseForwardRequest(request));
   COLIBRI_ASSIGN_OR_RETURN(ForwardOutput out, router_->Forward(in, control));
   v1::Tensor* t = response->mutable_output();
   t->set_dtype(static_cast<v1::DataType>(out.output_dtype));
@@ -260,7 +215,8 @@ absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallCo
     AddTiming(response, "aggregate", st.route_nanos + st.dispatch_nanos, st.aggregate_nanos);
     AddTiming(response, "total", 0, st.total_nanos);
     for (const NodeCallRecord& c : out.backend.calls) {
-      const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "");
+      const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
+                                              c.hedge ? " hedge" : "");
       AddTiming(response, absl::StrCat("node:", c.node), st.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos,
                 detail);
       AddTiming(response, absl::StrCat("node_compute:", c.node), st.route_nanos + c.end_nanos - c.node_compute_nanos,
@@ -286,7 +242,7 @@ void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::
                                   out.timings.aggregate_nanos / 1000, " us, total ", out.timings.total_nanos / 1000,
                                   " us; nodes:");
   for (const NodeCallRecord& c : out.backend.calls) {
-    absl::StrAppend(&line, " ", c.node, (c.attempt > 0 ? " (retry)" : ""), " ", (c.end_nanos - c.start_nanos) / 1000,
+    absl::StrAppend(&line, " ", c.node, (c.attempt > 0 ? " (retry)" : ""), (c.hedge ? " (hedge)" : ""), " ", (c.end_nanos - c.start_nanos) / 1000,
                     " us (compute ", c.node_compute_nanos / 1000, " us, ", c.rows, " rows, ", c.experts, " experts)");
   }
   *options_.log << line << std::endl;

@@ -33,6 +33,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetMaxReceiveMessageSize(max_bytes);
   args.SetMaxSendMessageSize(max_bytes);
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  // A router that restarts is reached again within a second, not after minutes of backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(options.target, *credentials, args);
   std::unique_ptr<Client> client(new Client(options, v1::Router::NewStub(channel)));
   grpc::ClientContext context;

@@ -1,0 +1,67 @@
+#include "expert_node/compute_request.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+
+namespace colibri {
+namespace expert_node {
+namespace {
+
+namespace v1 = colibri::v1;
+
+// rows: [R, d_model] f32 or bf16 -> f32. Sizes are checked against the bytes
+// actually received before anything is allocated.
+absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
+  if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
+    return absl::InvalidArgumentError(absl::StrCat("rows: shape has ", t.shape_size(), " dims", t.shape_size() == 2 ? absl::StrCat(" [", t.shape(0), ", ", t.shape(1), "]") : "",
+                                                   "; must be [R, ", d_model, "]"));
+  }
+  size_t element = 0;
+  if (t.dtype() == v1::DATA_TYPE_F32) element = 4;
+  if (t.dtype() == v1::DATA_TYPE_BF16) element = 2;
+  if (element == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows: dtype ", static_cast<int>(t.dtype()), " (", v1::DataType_Name(t.dtype()),
+                     ") is not supported (f32 or bf16)"));
+  }
+  // R <= bytes received, so R * d_model * element cannot overflow for any message gRPC accepted.
+  const int64_t received = static_cast<int64_t>(t.data().size());
+  if (t.shape(0) > received || t.shape(0) * d_model * static_cast<int64_t>(element) != received) {
+    return absl::InvalidArgumentError(absl::StrCat("rows: ", received, " bytes do not hold [", t.shape(0), ", ",
+                                                   d_model, "] values of ", element, " bytes"));
+  }
+  const int64_t count = t.shape(0) * d_model;
+  in->num_rows = t.shape(0);
+  in->rows.resize(count);
+  if (element == 4) {
+    std::memcpy(in->rows.data(), t.data().data(), count * 4);
+    return absl::OkStatus();
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.data().data() + 2 * i, 2);
+    in->rows[i] = common::Bf16ToFloat(h);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_model, ComputeInput* input) {
+  input->layer = request.layer();
+  input->model_id = request.model_id();
+  input->per_expert_output = request.per_expert_output();
+  absl::Status s = ParseRows(request.rows(), d_model, input);
+  if (!s.ok()) return s;
+  input->experts.clear();
+  for (const v1::ExpertWork& w : request.experts()) {
+    input->experts.push_back({w.expert(), {w.row_indices().begin(), w.row_indices().end()},
+                              {w.weights().begin(), w.weights().end()}});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace expert_node
+}  // namespace colibri

@@ -1,0 +1,166 @@
+#ifndef COLIBRI_TESTS_INTEGRATION_CLUSTER_H_
+#define COLIBRI_TESTS_INTEGRATION_CLUSTER_H_
+
+// Helpers for tests that run colibri-expert and colibri-router as real
+// processes on 127.0.0.1 (ProcessGuard kills them when the test ends, however
+// it ends): start them, call the router, poll for a condition, and drive a
+// steady load from client threads.
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "colibri/v1/router.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/test_util.h"
+
+namespace colibri {
+namespace testing {
+
+namespace v1 = colibri::v1;
+using Clock = std::chrono::steady_clock;
+
+inline constexpr int64_t kDModel = 48;  // SmallSynth's
+
+inline std::string Address(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+struct Proc {
+  std::unique_ptr<ProcessGuard> process;
+  int port = 0;
+};
+
+inline Proc StartNode(const std::string& model, const std::string& experts, int port = 0,
+                      const std::vector<std::string>& extra = {}) {
+  Proc p;
+  std::vector<std::string> args = {Binary("expert_node/colibri-expert"), "--model=" + model, "--experts=" + experts,
+                                   "--listen=" + Address(port), "--nomlock", "--threads=1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  p.process = std::make_unique<ProcessGuard>(args);
+  p.port = p.process->ReadPort();
+  return p;
+}
+
+inline Proc StartRouter(std::vector<std::string> args, int port = 0) {
+  args.insert(args.begin(), Binary("router_node/colibri-router"));
+  args.push_back("--listen=" + Address(port));
+  args.push_back("--health_interval_ms=100");
+  Proc p;
+  p.process = std::make_unique<ProcessGuard>(args);
+  p.port = p.process->ReadPort();
+  return p;
+}
+
+inline std::unique_ptr<v1::Router::Stub> Connect(int port) {
+  return v1::Router::NewStub(grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()));
+}
+
+inline v1::ForwardRequest Request(int32_t layer, const std::vector<int32_t>& ids, uint32_t seed,
+                           v1::RoutingMode routing = v1::ROUTING_MODE_LUT) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(ids.size() * kDModel);
+  for (float& v : x) v = normal(rng);
+  v1::ForwardRequest r;
+  r.set_layer(layer);
+  for (const int32_t id : ids) r.add_token_ids(id);
+  r.mutable_hidden()->set_dtype(v1::DATA_TYPE_F32);
+  r.mutable_hidden()->add_shape(static_cast<int64_t>(ids.size()));
+  r.mutable_hidden()->add_shape(kDModel);
+  r.mutable_hidden()->set_data(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+  r.set_routing(routing);
+  r.set_return_routes(true);
+  return r;
+}
+
+inline grpc::Status Call(v1::Router::Stub& stub, const v1::ForwardRequest& request, v1::ForwardResponse* response,
+                  std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  return stub.Forward(&context, request, response);
+}
+
+inline v1::GetClusterStatusResponse Status(v1::Router::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetClusterStatusResponse status;
+  REQUIRE(stub.GetClusterStatus(&context, v1::GetClusterStatusRequest(), &status).ok());
+  return status;
+}
+
+inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port) {
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckResponse response;
+  REQUIRE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+  return response.status();
+}
+
+// Polls `done` every 50 ms for up to 15 s; returns whether it became true.
+template <typename F>
+bool WaitFor(F done) {
+  const auto until = Clock::now() + std::chrono::seconds(15);
+  while (Clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+struct Model {
+  TempDir dir;
+  std::string path;
+  explicit Model(common::DType type) : path(dir / "model") {
+    colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), path, type);
+  }
+};
+
+// Sends Forward calls from `threads` clients until Stop(); counts outcomes by
+// status code (the first error message is kept).
+struct Load {
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+
+  void Start(int port, int threads) {
+    for (int c = 0; c < threads; ++c) {
+      clients.emplace_back([this, port, c] {
+        auto stub = Connect(port);
+        for (int i = 0; !stop; ++i) {
+          const v1::ForwardRequest request =
+              Request(i % 2, {static_cast<int32_t>((i * 7 + c) % 64), 3, 9, 33}, i, v1::ROUTING_MODE_GATE);
+          v1::ForwardResponse response;
+          const grpc::Status s = Call(*stub, request, &response);
+          if (s.ok()) {
+            ++ok;
+          } else {
+            ++failed;
+            std::lock_guard<std::mutex> lock(mu);
+            if (first_error.empty()) first_error = s.error_message();
+          }
+        }
+      });
+    }
+  }
+  void Stop() {
+    stop = true;
+    for (std::thread& t : clients) t.join();
+  }
+};
+
+}  // namespace testing
+}  // namespace colibri
+
+#endif  // COLIBRI_TESTS_INTEGRATION_CLUSTER_H_

@@ -1,0 +1,244 @@
+// Faults under load, with real processes on 127.0.0.1 (docs/RELIABILITY.md):
+// a replica killed (kill -9) or hung (SIGSTOP), a shard with no replica left,
+// the router restarted, nodes reloading their weights — each test drives
+// client load through the fault, prints what it did and the counts, and
+// checks what a client sees.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+
+#include "clients/cpp/client.h"
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "tests/integration/cluster.h"
+
+namespace colibri {
+namespace {
+
+using namespace colibri::testing;  // NOLINT: the cluster helpers
+namespace v1 = colibri::v1;
+
+TEST_CASE("killing one of two replicas under load fails no request, and its return is picked up") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "all");
+  Proc b = StartNode(model.path, "all");
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port)});
+  auto stub = Connect(router.port);
+
+  Load load;
+  load.Start(router.port, 3);
+  REQUIRE(WaitFor([&] { return load.ok > 50; }));
+  const int before_kill = load.ok;
+  a.process->Signal(SIGKILL);
+  REQUIRE(WaitFor([&] { return load.ok > before_kill + 200; }));
+  const int a_port = a.port;
+  a = Proc();  // reaped
+  CHECK(WaitFor([&] { return !Status(*stub).nodes(0).live(); }));
+  // The node comes back on its port: the router uses it again, no restart.
+  Proc again = StartNode(model.path, "all", a_port);
+  CHECK(WaitFor([&] { return Status(*stub).nodes(0).live(); }));
+  const int64_t calls_back = Status(*stub).nodes(0).calls();
+  CHECK(WaitFor([&] { return Status(*stub).nodes(0).calls() > calls_back + 10; }));
+  load.Stop();
+  std::printf("kill -9 of a replica under load: %d requests ok, %d failed, retries %lld\n", load.ok.load(),
+              load.failed.load(), static_cast<long long>(Status(*stub).retries()));
+  INFO("first error: " << load.first_error);
+  CHECK(load.failed == 0);
+  CHECK(Health(router.port) == grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, then recover") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "0-1");
+  Proc b = StartNode(model.path, "2-3");
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port)});
+  auto stub = Connect(router.port);
+
+  v1::ForwardRequest needs_b = Request(1, {1, 2}, 1, v1::ROUTING_MODE_CLIENT);
+  needs_b.mutable_routes()->set_top_k(2);
+  for (int32_t e : {0, 3, 1, 2}) needs_b.mutable_routes()->add_expert_ids(e);
+  for (int i = 0; i < 4; ++i) needs_b.mutable_routes()->add_weights(0.5f);
+  v1::ForwardRequest only_a = needs_b;
+  only_a.mutable_routes()->set_expert_ids(1, 1);
+  only_a.mutable_routes()->set_expert_ids(3, 0);
+  v1::ForwardResponse response;
+  REQUIRE(Call(*stub, needs_b, &response).ok());
+
+  const int b_port = b.port;
+  b.process->Signal(SIGKILL);
+  b = Proc();
+  const auto start = Clock::now();
+  const grpc::Status failed = Call(*stub, needs_b, &response, std::chrono::milliseconds(5000));
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  INFO(failed.error_message());
+  CHECK(failed.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(failed.error_message().find("layer 1 expert") != std::string::npos);
+  CHECK(seconds < 5.0);
+  // Experts on the live node still serve; health says not every expert is covered.
+  CHECK(Call(*stub, only_a, &response).ok());
+  CHECK(WaitFor([&] { return Health(router.port) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; }));
+
+  Proc again = StartNode(model.path, "2-3", b_port);
+  CHECK(WaitFor([&] { return Call(*stub, needs_b, &response).ok(); }));
+  CHECK(WaitFor([&] { return Health(router.port) == grpc::health::v1::HealthCheckResponse::SERVING; }));
+  std::printf("no replica: UNAVAILABLE after %.3f s (\"%s\"), recovered after the node's return\n", seconds,
+              failed.error_message().c_str());
+}
+
+TEST_CASE("a hung node (SIGSTOP) is failed over by the node timeout, and without a replica the client's deadline holds") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "all");
+  Proc b = StartNode(model.path, "all");
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port),
+                             "--node_timeout_ms=300"});
+  auto stub = Connect(router.port);
+  const v1::ForwardRequest request = Request(0, {1, 2, 3, 4, 5, 6, 7, 8}, 5, v1::ROUTING_MODE_GATE);
+  v1::ForwardResponse response;
+  REQUIRE(Call(*stub, request, &response).ok());
+
+  a.process->Pause();  // alive (the socket accepts) but never answers
+  int ok = 0;
+  double slowest = 0;
+  for (int i = 0; i < 10; ++i) {
+    const auto start = Clock::now();
+    const grpc::Status s = Call(*stub, request, &response, std::chrono::milliseconds(5000));
+    slowest = std::max(slowest, std::chrono::duration<double>(Clock::now() - start).count());
+    INFO(s.error_message());
+    CHECK(s.ok());
+    ok += s.ok();
+  }
+  CHECK(slowest < 3.0);
+
+  b.process->Pause();  // now no replica answers: the client's 500 ms deadline bounds the call
+  const auto start = Clock::now();
+  const grpc::Status s = Call(*stub, request, &response, std::chrono::milliseconds(500));
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  INFO(s.error_message());
+  CHECK((s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || s.error_code() == grpc::StatusCode::UNAVAILABLE));
+  CHECK(waited < 2.0);
+  a.process->Signal(SIGCONT);
+  b.process->Signal(SIGCONT);
+  CHECK(WaitFor([&] { return Call(*stub, request, &response).ok(); }));
+  std::printf("SIGSTOPped replica: %d/10 calls ok (slowest %.3f s); both stopped: code %d after %.3f s\n", ok, slowest,
+              static_cast<int>(s.error_code()), waited);
+}
+
+TEST_CASE("restarting the router under client load: clients see UNAVAILABLE, then the same client reconnects") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "all");
+  const std::vector<std::string> args = {"--model=" + model.path, "--experts_at=" + Address(a.port)};
+  Proc router = StartRouter(args);
+  const int port = router.port;
+  client::ClientOptions options;
+  options.target = Address(port);
+  options.timeout = absl::Seconds(2);
+  auto connected = client::Client::Connect(options);
+  REQUIRE(connected.ok());
+  std::unique_ptr<client::Client> c = std::move(connected).value();
+  std::vector<float> x(kDModel, 0.25f);
+  client::ForwardArgs forward;
+  forward.token_ids = {5};
+  forward.hidden = x;
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, unavailable{0}, other{0};
+  std::string other_error;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 2; ++t) {
+    clients.emplace_back([&] {
+      while (!stop) {
+        const absl::Status s = c->Forward(forward).status();
+        if (s.ok()) {
+          ++ok;
+        } else if (s.code() == absl::StatusCode::kUnavailable) {
+          ++unavailable;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        } else {
+          ++other;
+          std::lock_guard<std::mutex> lock(mu);
+          other_error = s.ToString();
+        }
+      }
+    });
+  }
+  REQUIRE(WaitFor([&] { return ok > 50; }));
+  router.process->Signal(SIGKILL);
+  router = Proc();
+  REQUIRE(WaitFor([&] { return unavailable > 0; }));
+  const int ok_before = ok;
+  Proc again = StartRouter(args, port);
+  const auto restarted = Clock::now();
+  const bool back = WaitFor([&] { return ok > ok_before + 50; });
+  const double seconds = std::chrono::duration<double>(Clock::now() - restarted).count();
+  stop = true;
+  for (std::thread& t : clients) t.join();
+  std::printf("router kill -9 and restart under 2 clients: %d ok, %d UNAVAILABLE while it was down, %d other; "
+              "the same client was served again %.2f s after the restart\n",
+              ok.load(), unavailable.load(), other.load(), seconds);
+  INFO(other_error);
+  CHECK(back);
+  CHECK(other == 0);
+}
+
+TEST_CASE("nodes reloading their weights under load fail no request") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "0-2");
+  Proc b = StartNode(model.path, "2-3");
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port)});
+  Load load;
+  load.Start(router.port, 3);
+  REQUIRE(WaitFor([&] { return load.ok > 20; }));
+  int reloads = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (const Proc* node : {&a, &b}) {
+      auto stub = v1::ExpertNode::NewStub(
+          grpc::CreateChannel(Address(node->port), grpc::InsecureChannelCredentials()));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::ReloadResponse response;
+      const grpc::Status s = stub->Reload(&context, v1::ReloadRequest(), &response);
+      INFO(s.error_message());
+      CHECK(s.ok());
+      reloads += s.ok();
+      const int before = load.ok;
+      CHECK(WaitFor([&] { return load.ok > before + 10; }));
+    }
+  }
+  load.Stop();
+  std::printf("weights reloaded %d times on 2 nodes under 3 clients: %d requests ok, %d failed\n", reloads,
+              load.ok.load(), load.failed.load());
+  INFO("first error: " << load.first_error);
+  CHECK(load.failed == 0);
+}
+
+TEST_CASE("a slow replica is hedged: the other one answers, with the same bytes") {
+  Model model(common::DType::kBF16);
+  Proc slow = StartNode(model.path, "all", 0, {"--inject_delay_ms=400"});
+  Proc fast = StartNode(model.path, "all");
+  const std::string nodes = "--experts_at=" + Address(slow.port) + "," + Address(fast.port);
+  Proc hedged = StartRouter({"--model=" + model.path, nodes, "--hedge_after_ms=20"});
+  Proc plain = StartRouter({"--model=" + model.path, "--experts_at=" + Address(fast.port)});
+  auto hedged_stub = Connect(hedged.port);
+  auto plain_stub = Connect(plain.port);
+  int hedge_answers = 0;
+  for (int i = 0; i < 5; ++i) {
+    v1::ForwardRequest request = Request(i % 2, {1, 2, 3}, 40 + i, v1::ROUTING_MODE_GATE);
+    request.set_return_timings(true);
+    v1::ForwardResponse with_hedge, without;
+    const grpc::Status s = Call(*hedged_stub, request, &with_hedge);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    REQUIRE(Call(*plain_stub, request, &without).ok());
+    CHECK(with_hedge.output().data() == without.output().data());
+    for (const v1::Timing& t : with_hedge.timings()) {
+      if (t.stage() == "node:" + Address(fast.port) && t.detail().find("hedge") != std::string::npos) ++hedge_answers;
+    }
+  }
+  std::printf("hedging: 5 calls whose first node sleeps 400 ms; %d answered by a hedge on the other replica, "
+              "outputs identical to an unhedged router's\n", hedge_answers);
+  CHECK(hedge_answers == 5);
+}
+
+}  // namespace
+}  // namespace colibri
