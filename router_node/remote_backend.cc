@@ -432,6 +432,10 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
     }
     if (control.cancelled()) return absl::CancelledError("request cancelled by the client");
     const absl::Time deadline = std::min(control.deadline(), absl::Now() + options_.node_timeout);
+    // When the client's deadline is the sooner one, a DEADLINE_EXCEEDED is the
+    // client's — never a reason to take a node out (gRPC's clock may call it
+    // a moment before absl::Now() reaches the deadline).
+    const bool client_deadline = deadline == control.deadline();
 
     // Every call of this attempt; races: a planned call and the hedge calls
     // that may answer for its experts instead.
@@ -564,7 +568,8 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
                                             static_cast<int>(code), ")");
       if (control.cancelled()) {
         if (error.ok()) error = absl::CancelledError("request cancelled by the client");
-      } else if (absl::Now() >= control.deadline()) {
+      } else if (absl::Now() >= control.deadline() ||
+                 (client_deadline && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
         if (error.ok()) {
           error = absl::DeadlineExceededError(absl::StrCat("layer ", work.layer, ": deadline exceeded waiting for ", what));
         }

@@ -36,11 +36,14 @@ ABSL_FLAG(int64_t, layers, 0, "run: MoE layers per step (0: all of the model's).
 ABSL_FLAG(int, concurrency, 1, "run: client threads, each with its own stream.");
 ABSL_FLAG(double, duration, 0, "run: seconds to run (0: --repeat sequences per client instead).");
 ABSL_FLAG(bool, unary, false, "run: unary Forward calls instead of one ForwardStream per client.");
+ABSL_FLAG(int, deadline_ms, 0, "run: unary calls with this deadline; calls that miss it are counted as abandoned, "
+          "not failed (a client that gives up).");
 ABSL_FLAG(std::string, trace, "", "run: write a Chrome trace (chrome://tracing, Perfetto) of the calls to this file.");
 ABSL_FLAG(int64_t, trace_calls, 2000, "run: most calls written to --trace.");
 ABSL_FLAG(int64_t, check, 0, "run: afterwards, compare this many tokens per layer with the reference MoE layer "
           "(needs --model for a router); exit 1 if outside the weight type's tolerance.");
 ABSL_FLAG(bool, progress, true, "run: a progress line on stderr for runs of 2 s or more.");
+ABSL_FLAG(uint64_t, seed, 1, "run: seed of the token ids and hidden states.");
 ABSL_FLAG(bool, json, false, "One JSON object per result instead of the table.");
 
 int main(int argc, char** argv) {
@@ -76,6 +79,8 @@ int main(int argc, char** argv) {
     r.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
     r.duration_seconds = absl::GetFlag(FLAGS_duration);
     r.unary = absl::GetFlag(FLAGS_unary);
+    r.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+    r.seed = absl::GetFlag(FLAGS_seed);
     r.trace_path = absl::GetFlag(FLAGS_trace);
     r.trace_calls = absl::GetFlag(FLAGS_trace_calls);
     r.json = absl::GetFlag(FLAGS_json);

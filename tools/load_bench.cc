@@ -253,6 +253,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   if (!o.router.empty()) {
     client::ClientOptions co;
     co.target = o.router;
+    if (o.deadline_ms > 0) co.timeout = absl::Milliseconds(o.deadline_ms);
     COLIBRI_ASSIGN_OR_RETURN(client, client::Client::Connect(co));
     const auto& m = client->model();
     model = {m.d_model(), m.n_layers(), m.n_experts(), m.top_k(), m.vocab_size(), m.weight_type(), m.backend()};
@@ -273,7 +274,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
       targets.push_back(std::make_unique<EngineTarget>(engine.get()));
     } else {
       std::unique_ptr<client::Session> session;
-      if (!o.unary) {
+      if (!o.unary && o.deadline_ms <= 0) {
         COLIBRI_ASSIGN_OR_RETURN(session, client->OpenSession());
       }
       targets.push_back(std::make_unique<RouterTarget>(client.get(), std::move(session)));
@@ -288,7 +289,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   std::mutex mu;
   std::vector<CallRecord> records;
   absl::Status failure;
-  std::atomic<int64_t> calls_done{0}, tokens_done{0};
+  std::atomic<int64_t> calls_done{0}, tokens_done{0}, abandoned{0};
   std::atomic<bool> stop{false};
   std::atomic<int> running{o.concurrency};
   std::vector<std::thread> threads;
@@ -314,6 +315,11 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
             const auto start = Clock::now();
             absl::StatusOr<client::ForwardResult> r = targets[c]->Forward(args);
             const auto end = Clock::now();
+            if (!r.ok() && o.deadline_ms > 0 && (r.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                                                 r.status().code() == absl::StatusCode::kCancelled)) {
+              ++abandoned;
+              break;  // this step's hidden state is gone: start the next step
+            }
             if (!r.ok()) {
               std::lock_guard<std::mutex> lock(mu);
               if (failure.ok()) failure = r.status();
@@ -395,13 +401,13 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
     out << absl::StrFormat(
         R"({"target":%s,"backend":%s,"weight_type":%s,"d_model":%d,"layers":%d,"experts":%d,"top_k":%d,)"
         R"("batch_size":%d,"seq_len":%d,"concurrency":%d,"routing":%s,"stream":%s,"seconds":%.3f,"calls":%d,)"
-        R"("tokens_per_s":%.3f,"calls_per_s":%.3f,"latency_us":{"p50":%.1f,"p90":%.1f,"p99":%.1f,"max":%.1f},)"
+        R"("abandoned":%d,"tokens_per_s":%.3f,"calls_per_s":%.3f,"latency_us":{"p50":%.1f,"p90":%.1f,"p99":%.1f,"max":%.1f},)"
         R"("stages_p50_us":{"route":%.1f,"dispatch":%.1f,"slowest_node":%.1f,"node_compute":%.1f,"aggregate":%.1f,)"
         R"("router_total":%.1f},"tokens_per_expert":[%s],"check":%s,"trace":%s})",
         JsonString(target_name), JsonString(model.backend), JsonString(model.weight_type), model.d_model, layers,
         model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency, JsonString(o.routing),
-        (o.unary || engine != nullptr) ? "false" : "true", elapsed, static_cast<int64_t>(records.size()),
-        tokens_per_s, calls_per_s, Percentile(latency, 0.5), Percentile(latency, 0.9), Percentile(latency, 0.99),
+        (o.unary || engine != nullptr || o.deadline_ms > 0) ? "false" : "true", elapsed,
+        static_cast<int64_t>(records.size()), abandoned.load(), tokens_per_s, calls_per_s, Percentile(latency, 0.5), Percentile(latency, 0.9), Percentile(latency, 0.99),
         Percentile(latency, 1.0), Percentile(route, 0.5), Percentile(dispatch, 0.5), Percentile(slowest, 0.5),
         Percentile(compute, 0.5), Percentile(aggregate, 0.5), Percentile(router_total, 0.5), experts,
         JsonString(check_summary), JsonString(o.trace_path));
@@ -415,6 +421,10 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
                          o.batch_size, o.seq_len, layers, o.routing, elapsed);
   out << absl::StrFormat("throughput: %.1f tokens/s through %d layers (%.1f layer calls/s)\n", tokens_per_s, layers,
                          calls_per_s);
+  if (o.deadline_ms > 0) {
+    out << absl::StrFormat("abandoned (deadline %d ms passed, the client gave up): %d calls\n", o.deadline_ms,
+                           abandoned.load());
+  }
   out << absl::StrFormat("latency per layer call (us): p50 %.0f  p90 %.0f  p99 %.0f  max %.0f  (n=%d)\n",
                          Percentile(latency, 0.5), Percentile(latency, 0.9), Percentile(latency, 0.99),
                          Percentile(latency, 1.0), static_cast<int64_t>(latency.size()));

@@ -37,6 +37,10 @@ struct LoadBenchOptions {
   int64_t repeat = 1;            // sequences per client (when duration == 0)
   double duration_seconds = 0;   // > 0: run for this long instead
   bool unary = false;            // unary calls instead of one stream per client
+  // > 0: unary calls with this deadline, as a client that gives up would make
+  // them; calls that end DEADLINE_EXCEEDED or CANCELLED are counted as
+  // abandoned (not failures) and the run goes on.
+  int deadline_ms = 0;
   std::string trace_path;        // Chrome trace JSON (at most trace_calls calls)
   int64_t trace_calls = 2000;
   bool json = false;             // print one JSON object instead of the tables

@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   auto channel = grpc::CreateCustomChannel(options.target, *credentials, args);
   std::unique_ptr<Client> client(new Client(options, v1::Router::NewStub(channel)));
   grpc::ClientContext context;
-  SetDeadline(&context, options.timeout);
+  SetDeadline(&context, options.connect_timeout);
   const grpc::Status s = client->stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &client->model_);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),

@@ -164,7 +164,7 @@ TEST_CASE("errors carry the server's code and message, and a missing router fail
 
   ClientOptions nowhere;
   nowhere.target = "127.0.0.1:1";
-  nowhere.timeout = absl::Seconds(2);
+  nowhere.connect_timeout = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<Client>> none = Client::Connect(nowhere);
   REQUIRE(!none.ok());
   CHECK(none.status().code() == absl::StatusCode::kUnavailable);

@@ -212,6 +212,27 @@ TEST_CASE("nodes reloading their weights under load fail no request") {
   CHECK(load.failed == 0);
 }
 
+TEST_CASE("clients that give up (deadlines shorter than the layer) never take a node out of the map") {
+  Model model(common::DType::kBF16);
+  Proc a = StartNode(model.path, "all");
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port)});
+  auto stub = Connect(router.port);
+  const v1::ForwardRequest request = Request(0, std::vector<int32_t>(32, 7), 9);
+  v1::ForwardResponse response;
+  REQUIRE(Call(*stub, request, &response).ok());
+  int expired = 0;
+  for (int i = 0; i < 30; ++i) {
+    const grpc::Status s = Call(*stub, request, &response, std::chrono::milliseconds(1));
+    expired += s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    CHECK((s.ok() || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED));
+  }
+  const v1::GetClusterStatusResponse status = Status(*stub);
+  CHECK(status.nodes(0).live());
+  CHECK(status.retries() == 0);
+  CHECK(Call(*stub, request, &response).ok());
+  std::printf("30 calls with a 1 ms deadline: %d DEADLINE_EXCEEDED; the node stayed live, no retry\n", expired);
+}
+
 TEST_CASE("a slow replica is hedged: the other one answers, with the same bytes") {
   Model model(common::DType::kBF16);
   Proc slow = StartNode(model.path, "all", 0, {"--inject_delay_ms=400"});
