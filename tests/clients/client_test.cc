@@ -10,6 +10,9 @@
 #include <future>
 #include <memory>
 #include <random>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
 
 #include "clients/cpp/tensor.h"
 #include "tests/test_util.h"
@@ -43,6 +46,15 @@ struct Cluster {
         "--experts_at=127.0.0.1:" + std::to_string(port_a) + ",127.0.0.1:" + std::to_string(port_b),
         "--listen=127.0.0.1:0"});
     port = router->ReadPort();
+    // Serving once its health checks reached both nodes (slow builds, e.g. TSan, take a while).
+    auto stub = v1::Router::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    for (int i = 0; i < 300; ++i) {
+      grpc::ClientContext context;
+      v1::GetClusterStatusResponse status;
+      if (stub->GetClusterStatus(&context, v1::GetClusterStatusRequest(), &status).ok() && status.serving()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   std::unique_ptr<Client> Connect() {
     ClientOptions options;

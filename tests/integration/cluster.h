@@ -56,6 +56,16 @@ inline Proc StartRouter(std::vector<std::string> args, int port = 0) {
   Proc p;
   p.process = std::make_unique<ProcessGuard>(args);
   p.port = p.process->ReadPort();
+  // A distributed router serves once its health checks reached the nodes
+  // (slow builds, e.g. TSan, take a while); tests that expect it not to
+  // serve wait for that themselves.
+  auto stub = v1::Router::NewStub(grpc::CreateChannel(Address(p.port), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 200; ++i) {
+    grpc::ClientContext context;
+    v1::GetClusterStatusResponse status;
+    if (stub->GetClusterStatus(&context, v1::GetClusterStatusRequest(), &status).ok() && status.serving()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   return p;
 }
 
