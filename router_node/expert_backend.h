@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace colibri {
@@ -42,7 +42,7 @@ class CallControl {
 
  private:
   const absl::Time deadline_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   int next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);

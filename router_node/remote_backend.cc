@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -15,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "common/grpc_credentials.h"
@@ -33,7 +34,7 @@ struct RemoteBackend::Node {
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> failed{0};
 
-  absl::Mutex mu;
+  std::mutex mu;
   bool live ABSL_GUARDED_BY(mu) = false;
   std::string last_error ABSL_GUARDED_BY(mu) = "not checked yet";
   std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
@@ -184,7 +185,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
     COLIBRI_ASSIGN_OR_RETURN(addresses, ReadClusterFile(options.cluster_file));
   }
   {
-    absl::MutexLock lock(&b->mu_);
+    std::lock_guard<std::mutex> lock(b->mu_);
     b->cluster_file_mtime_ = options.cluster_file.empty() ? -1 : MtimeNanos(options.cluster_file);
     COLIBRI_RETURN_IF_ERROR(b->SetAddresses(addresses));
   }
@@ -192,9 +193,9 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   b->watcher_ = std::thread([raw = b.get()] {
     for (;;) {
       {
-        absl::MutexLock lock(&raw->mu_);
-        auto stopping = [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->mu_) { return raw->stopping_; };
-        raw->mu_.AwaitWithTimeout(absl::Condition(&stopping), raw->options_.health_interval);
+        std::unique_lock<std::mutex> lock(raw->mu_);
+        raw->stop_cv_.wait_for(lock, absl::ToChronoMilliseconds(raw->options_.health_interval),
+                               [raw] { return raw->stopping_; });
         if (raw->stopping_) return;
       }
       raw->HealthRound();
@@ -207,11 +208,12 @@ RemoteBackend::~RemoteBackend() { Stop(); }
 
 void RemoteBackend::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  stop_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   listener_ = nullptr;
 }
 
@@ -254,7 +256,7 @@ absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& address
 void RemoteBackend::Rebuild() {
   std::vector<NodeState> states;
   for (const auto& n : topology_->nodes) {
-    absl::MutexLock lock(&n->mu);
+    std::lock_guard<std::mutex> lock(n->mu);
     states.push_back({n->address, n->live, n->last_error, n->owned});
   }
   auto topo = std::make_shared<Topology>(*topology_);
@@ -263,7 +265,7 @@ void RemoteBackend::Rebuild() {
 }
 
 std::shared_ptr<const RemoteBackend::Topology> RemoteBackend::topology() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return topology_;
 }
 
@@ -272,7 +274,7 @@ std::shared_ptr<const ShardMap> RemoteBackend::map() const { return topology()->
 bool RemoteBackend::serving() const { return !map()->FirstUncovered().has_value(); }
 
 void RemoteBackend::SetServingListener(std::function<void(bool)> listener) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   listener_ = std::move(listener);
   last_serving_ = !topology_->map->FirstUncovered().has_value();
   if (listener_) listener_(last_serving_);
@@ -281,9 +283,9 @@ void RemoteBackend::SetServingListener(std::function<void(bool)> listener) {
 void RemoteBackend::CheckNow() { HealthRound(); }
 
 void RemoteBackend::HealthRound() {
-  absl::MutexLock round(&health_mu_);
+  std::lock_guard<std::mutex> round(health_mu_);
   if (!options_.cluster_file.empty()) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     const int64_t mtime = MtimeNanos(options_.cluster_file);
     if (mtime != cluster_file_mtime_) {
       cluster_file_mtime_ = mtime;
@@ -328,7 +330,7 @@ void RemoteBackend::HealthRound() {
                info.n_experts() != options_.n_experts) {
       error = "model shape differs from the router's";
     }
-    absl::MutexLock lock(&node.mu);
+    std::lock_guard<std::mutex> lock(node.mu);
     const bool was_live = node.live;
     node.live = error.empty();
     node.last_error = error;
@@ -352,7 +354,7 @@ void RemoteBackend::HealthRound() {
   std::function<void(bool)> notify;
   bool serving = false;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Rebuild();
     serving = !topology_->map->FirstUncovered().has_value();
     if (serving != last_serving_ && listener_) notify = listener_;
@@ -363,7 +365,7 @@ void RemoteBackend::HealthRound() {
 
 void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::string& error) {
   {
-    absl::MutexLock lock(&node->mu);
+    std::lock_guard<std::mutex> lock(node->mu);
     if (!node->live) return;
     node->live = false;
     node->last_error = error;
@@ -373,7 +375,7 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     options_.metrics->GetCounter("colibri_router_failovers_total", "Nodes taken out of the map after a failed call.")
         ->Add();
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   Rebuild();
 }
 
@@ -385,7 +387,7 @@ std::vector<NodeStatusView> RemoteBackend::Nodes() const {
     v.in_flight = n->in_flight.load();
     v.calls = n->calls.load();
     v.failed_calls = n->failed.load();
-    absl::MutexLock lock(&n->mu);
+    std::lock_guard<std::mutex> lock(n->mu);
     v.live = n->live;
     v.last_error = n->last_error;
     v.owned = n->owned;
@@ -398,16 +400,16 @@ std::vector<NodeStatusView> RemoteBackend::Nodes() const {
 // Completion of a layer's node calls: callbacks mark calls done under mu, the
 // dispatching thread waits on conditions over them.
 struct RemoteBackend::Tracker {
-  absl::Mutex mu;
+  std::mutex mu;
+  std::condition_variable cv;  // notified (under mu) whenever a call finishes
   // Waits until `ready()` (evaluated under mu) or `until`; true if ready.
   bool WaitUntil(const std::function<bool()>& ready, absl::Time until) {
-    absl::MutexLock lock(&mu);
-    auto cond = [&ready]() { return ready(); };
+    std::unique_lock<std::mutex> lock(mu);
     if (until == absl::InfiniteFuture()) {
-      mu.Await(absl::Condition(&cond));
+      cv.wait(lock, ready);
       return true;
     }
-    return mu.AwaitWithDeadline(absl::Condition(&cond), until);
+    return cv.wait_until(lock, absl::ToChronoTime(until), ready);
   }
 };
 
@@ -459,22 +461,23 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       call->start_nanos = NanosSince(start);
       Call* raw = call.get();
       {
-        absl::MutexLock lock(&tracker.mu);
+        std::lock_guard<std::mutex> lock(tracker.mu);
         calls.push_back(std::move(call));
       }
       node.stub->async()->Compute(&raw->context, &raw->request, &raw->response,
                                   [raw, &node, &tracker, start](grpc::Status s) {
                                     node.in_flight.fetch_sub(1, std::memory_order_relaxed);
-                                    absl::MutexLock lock(&tracker.mu);
+                                    std::lock_guard<std::mutex> lock(tracker.mu);
                                     raw->status = std::move(s);
                                     raw->end_nanos = NanosSince(start);
                                     raw->done = true;
+                                    tracker.cv.notify_all();  // under mu: the waiter may free the tracker after
                                   });
       return raw;
     };
     for (NodeCall& nc : *plan) races.push_back({issue(std::move(nc), false), {}});
     const int hook = control.AddHook([&calls, &tracker] {
-      absl::MutexLock lock(&tracker.mu);
+      std::lock_guard<std::mutex> lock(tracker.mu);
       for (auto& c : calls) c->context.TryCancel();
     });
     // A race is settled when its planned call succeeded, when all its hedges
@@ -498,7 +501,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       // Hedge: the work of every call still out goes to other replicas too.
       std::vector<std::pair<size_t, std::vector<int>>> slow;
       {
-        absl::MutexLock lock(&tracker.mu);
+        std::lock_guard<std::mutex> lock(tracker.mu);
         for (size_t i = 0; i < races.size(); ++i) {
           if (!races[i].primary->done) slow.push_back({i, races[i].primary->plan.works});
         }
@@ -512,7 +515,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
         std::vector<Call*> hedges;
         for (NodeCall& nc : *alternative) hedges.push_back(issue(std::move(nc), true));
         {
-          absl::MutexLock lock(&tracker.mu);
+          std::lock_guard<std::mutex> lock(tracker.mu);
           races[i].hedges = std::move(hedges);
         }
         hedges_.fetch_add(1, std::memory_order_relaxed);
@@ -526,7 +529,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
     // The losers of settled races are not needed: cancel, and wait until
     // every callback has run (they point into this frame).
     {
-      absl::MutexLock lock(&tracker.mu);
+      std::lock_guard<std::mutex> lock(tracker.mu);
       for (auto& c : calls) {
         if (!c->done) c->context.TryCancel();
       }
