@@ -72,7 +72,16 @@ TEST_CASE("colibri-expert serves, reloads under load with no failed call, and ex
       }
     });
   }
+  // Reloads happen while calls are running: wait for calls before each one.
+  auto calls_advance = [&] {
+    const int before = calls;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (calls < before + 3 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
   for (int i = 0; i < 3; ++i) {
+    calls_advance();
     v1::ReloadRequest reload;
     reload.set_model_dir(i % 2 == 0 ? dir / "root/b" : dir / "root/a");
     v1::ReloadResponse response;

@@ -1,0 +1,69 @@
+#ifndef COLIBRI_ROUTER_NODE_REMOTE_BACKEND_INTERNAL_H_
+#define COLIBRI_ROUTER_NODE_REMOTE_BACKEND_INTERNAL_H_
+
+// RemoteBackend's private types, shared by its two files:
+// remote_backend.cc (the node set, health checks, the shard map) and
+// remote_dispatch.cc (one layer's node calls: plan, send, hedge, retry,
+// scatter). Not for other code.
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "router_node/remote_backend.h"
+
+namespace colibri {
+namespace router_node {
+
+namespace v1 = colibri::v1;
+
+struct RemoteBackend::Node {
+  std::string address;
+  std::unique_ptr<v1::ExpertNode::Stub> stub;
+  std::atomic<int> in_flight{0};
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> failed{0};
+
+  std::mutex mu;
+  bool live ABSL_GUARDED_BY(mu) = false;
+  std::string last_error ABSL_GUARDED_BY(mu) = "not checked yet";
+  std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
+  uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;
+};
+
+struct RemoteBackend::Topology {
+  std::vector<std::shared_ptr<Node>> nodes;
+  std::shared_ptr<const ShardMap> map;
+};
+
+// One Compute call in flight.
+struct RemoteBackend::Call {
+  int node = 0;
+  bool hedge = false;  // sent because the planned call was slow
+  bool done = false;   // guarded by the layer's Tracker::mu
+  std::string address;
+  NodeCall plan;
+  grpc::ClientContext context;
+  v1::ComputeRequest request;
+  v1::ComputeResponse response;
+  grpc::Status status;
+  int64_t start_nanos = 0;
+  int64_t end_nanos = 0;
+};
+
+
+inline int64_t NanosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace router_node
+}  // namespace colibri
+
+#endif  // COLIBRI_ROUTER_NODE_REMOTE_BACKEND_INTERNAL_H_
