@@ -103,6 +103,22 @@ const char* RoutingModeName(RoutingMode mode) {
   return "?";
 }
 
+std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
+  const StageTimings& t = out.timings;
+  std::vector<TimingSpan> spans = {{"route", 0, t.route_nanos, ""},
+                                   {"dispatch", t.route_nanos, t.dispatch_nanos, ""},
+                                   {"aggregate", t.route_nanos + t.dispatch_nanos, t.aggregate_nanos, ""},
+                                   {"total", 0, t.total_nanos, ""}};
+  for (const NodeCallRecord& c : out.backend.calls) {
+    const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
+                                            c.hedge ? " hedge" : "");
+    spans.push_back({absl::StrCat("node:", c.node), t.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos, detail});
+    spans.push_back({absl::StrCat("node_compute:", c.node), t.route_nanos + c.end_nanos - c.node_compute_nanos,
+                     c.node_compute_nanos, detail});
+  }
+  return spans;
+}
+
 Router::Router(std::unique_ptr<common::ModelDir> model, ExpertBackend* backend, const RouterOptions& options)
     : model_(std::move(model)), backend_(backend), options_(options) {}
 

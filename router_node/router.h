@@ -67,6 +67,19 @@ struct ForwardOutput {
   BackendStats backend;      // the backend's node calls
 };
 
+// One stage of a Forward as clients see it (Router's Timing message):
+// route, dispatch, aggregate, total, and per node call "node:<address>" and
+// "node_compute:<address>" (placed at the end of the call: a node reports
+// how long its kernels ran, not when they started). Starts are from the
+// beginning of the Forward.
+struct TimingSpan {
+  std::string stage;
+  int64_t start_nanos = 0;
+  int64_t nanos = 0;
+  std::string detail;  // node calls: "experts 0,3 rows 5" (+ " retry", " hedge")
+};
+std::vector<TimingSpan> TimingSpans(const ForwardOutput& output);
+
 struct RouterOptions {
   int64_t max_tokens = 65536;  // tokens of one Forward; beyond: RESOURCE_EXHAUSTED
   bool verify_checksums = true;  // of the gate and LUT files at load

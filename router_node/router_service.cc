@@ -25,7 +25,7 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
 }
 
 void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t start, int64_t nanos,
-               const std::string& detail = "") {
+               const std::string& detail) {
   v1::Timing* t = response->add_timings();
   t->set_stage(stage);
   t->set_start_nanos(start);
@@ -209,18 +209,8 @@ absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallCo
     r->mutable_weights()->Add(out.routes.weights.begin(), out.routes.weights.end());
   }
   if (request.return_timings()) {
-    const StageTimings& st = out.timings;
-    AddTiming(response, "route", 0, st.route_nanos);
-    AddTiming(response, "dispatch", st.route_nanos, st.dispatch_nanos);
-    AddTiming(response, "aggregate", st.route_nanos + st.dispatch_nanos, st.aggregate_nanos);
-    AddTiming(response, "total", 0, st.total_nanos);
-    for (const NodeCallRecord& c : out.backend.calls) {
-      const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
-                                              c.hedge ? " hedge" : "");
-      AddTiming(response, absl::StrCat("node:", c.node), st.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos,
-                detail);
-      AddTiming(response, absl::StrCat("node_compute:", c.node), st.route_nanos + c.end_nanos - c.node_compute_nanos,
-                c.node_compute_nanos, detail);
+    for (const TimingSpan& span : TimingSpans(out)) {
+      AddTiming(response, span.stage, span.start_nanos, span.nanos, span.detail);
     }
   }
   Record(out, in.num_tokens, in.request_id, in.layer);

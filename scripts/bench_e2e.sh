@@ -24,22 +24,15 @@ while [ $# -gt 0 ]; do
 done
 bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
-work=${COLIBRI_BENCH_DIR:-$build/bench}/$name
-mkdir -p "$work"
-if [ ! -f "$work/checkpoint/config.json" ]; then
-  "$build/tools/colibri-synth" --out "$work/checkpoint" --naming mixtral "${shape[@]}" --layers 1 --experts 8 \
-    --top_k 2 --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
-fi
-if [ ! -f "$work/bf16/manifest.json" ]; then
-  "$build/tools/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/bf16" --weight_type bf16 \
-    --progress=false --overwrite >/dev/null
-fi
+source "$root/scripts/bench_lib.sh"
+bench_layer "$name" bf16 "${shape[@]}"
+model=$bench_model
 source "$root/scripts/process_lib.sh"
 proc_init
-node=("$build/expert_node/colibri-expert" --model "$work/bf16" --listen 127.0.0.1:0 --threads 2)
+node=("$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --threads 2)
 proc_start node_a "${node[@]}" --experts 0-3; a=$port
 proc_start node_b "${node[@]}" --experts 4-7; b=$port
-proc_start router "$build/router_node/colibri-router" --model "$work/bf16" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
+proc_start router "$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
   --listen 127.0.0.1:0
 router=127.0.0.1:$port
 results=$proc_logs/results.jsonl
@@ -47,7 +40,7 @@ echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: 
 run=(run --batch_size 0 --seq_len 1 --layers 1 --repeat "$repeat" --warmup 2 --routing gate --json --progress=false)
 for t in ${tokens//,/ }; do
   run[2]=$t
-  "$build/tools/colibri-bench" "${run[@]}" --local "$work/bf16" | sed 's/^{/{"path":"engine",/' >>"$results"
+  "$build/tools/colibri-bench" "${run[@]}" --local "$model" | sed 's/^{/{"path":"engine",/' >>"$results"
   "$build/tools/colibri-bench" "${run[@]}" --router "$router" | sed 's/^{/{"path":"router",/' >>"$results"
 done
 proc_stop_all >/dev/null

@@ -22,20 +22,15 @@ while [ $# -gt 0 ]; do
 done
 bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
-work=${COLIBRI_BENCH_DIR:-$build/bench}/small_layer
-mkdir -p "$work"
-if [ ! -f "$work/checkpoint/config.json" ]; then
-  "$build/tools/colibri-synth" --out "$work/checkpoint" --naming mixtral --d_model 1024 --d_ff 2816 --layers 1 \
-    --experts 8 --top_k 2 --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
-fi
-[ -f "$work/bf16/manifest.json" ] || "$build/tools/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/bf16" \
-  --weight_type bf16 --progress=false --overwrite >/dev/null
+source "$root/scripts/bench_lib.sh"
+bench_layer small_layer bf16 --d_model 1024 --d_ff 2816
+model=$bench_model
 source "$root/scripts/process_lib.sh"
 proc_init
-node=("$build/expert_node/colibri-expert" --model "$work/bf16" --listen 127.0.0.1:0 --experts all --threads 1)
+node=("$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --experts all --threads 1)
 proc_start slow "${node[@]}" --inject_delay_ms "$delay" --inject_delay_every "$every"; a=$port
 proc_start fast "${node[@]}"; b=$port
-router=("$build/router_node/colibri-router" --model "$work/bf16" --experts_at "127.0.0.1:$a,127.0.0.1:$b" --listen 127.0.0.1:0)
+router=("$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" --listen 127.0.0.1:0)
 proc_start plain "${router[@]}"; plain=$port
 proc_start hedged "${router[@]}" --hedge_after_ms "$hedge"; hedged=$port
 echo "# machine: $(nproc) CPUs, $(date -u +%Y-%m-%dT%H:%MZ); node A sleeps $delay ms every $every calls; $calls calls each"

@@ -32,28 +32,21 @@ while [ $# -gt 0 ]; do
 done
 
 bash "$root/scripts/build.sh" >/dev/null
-bin=${COLIBRI_BUILD_DIR:-$root/build}/tools
-work=${COLIBRI_BENCH_DIR:-${COLIBRI_BUILD_DIR:-$root/build}/bench}/$name
-mkdir -p "$work"
-if [ ! -f "$work/checkpoint/config.json" ]; then
-  "$bin/colibri-synth" --out "$work/checkpoint" --naming mixtral "${shape[@]}" --layers 1 --experts 8 --top_k 2 \
-    --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
-fi
+build=${COLIBRI_BUILD_DIR:-$root/build}
+bin=$build/tools
+source "$root/scripts/bench_lib.sh"
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
 for type in ${types//,/ }; do
-  if [ ! -f "$work/$type/manifest.json" ]; then
-    "$bin/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/$type" --weight_type "$type" \
-      --progress=false --overwrite >/dev/null
-  fi
-  "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat"
+  bench_layer "$name" "$type" "${shape[@]}"
+  "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat"
   if [ "$type" = int8 ] || [ "$type" = int4 ]; then
     echo "# the same, without bf16 tiles (dequantization in registers for every T):"
-    "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --dequant_min_tokens 0 \
+    "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --dequant_min_tokens 0 \
       --single_expert=false | grep -v '^#'
   fi
   if [ "$type" = bf16 ] || [ "$type" = f32 ]; then
     echo "# the same, oneDNN for every T (default: hand-written kernels only):"
-    "$bin/colibri-bench" kernels --model "$work/$type" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 1 \
+    "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 1 \
       --single_expert=false | grep -v '^#'
   fi
 done

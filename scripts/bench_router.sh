@@ -38,20 +38,13 @@ done
 
 bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
-work=${COLIBRI_BENCH_DIR:-$build/bench}/$name
-mkdir -p "$work"
-if [ ! -f "$work/checkpoint/config.json" ]; then
-  "$build/tools/colibri-synth" --out "$work/checkpoint" --naming mixtral "${shape[@]}" --layers 1 --experts 8 \
-    --top_k 2 --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
-fi
-if [ ! -f "$work/bf16/manifest.json" ]; then
-  "$build/tools/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/bf16" --weight_type bf16 \
-    --progress=false --overwrite >/dev/null
-fi
+source "$root/scripts/bench_lib.sh"
+bench_layer "$name" bf16 "${shape[@]}"
+model=$bench_model
 
 source "$root/scripts/process_lib.sh"
 proc_init
-node=("$build/expert_node/colibri-expert" --model "$work/bf16" --listen 127.0.0.1:0 --threads "$node_threads")
+node=("$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --threads "$node_threads")
 experts_a=0-3; experts_b=4-7
 [ "$layout" = replicated ] && experts_a=all && experts_b=all
 if [ "$node_threads" = 1 ] && [ "$(nproc)" -ge 2 ]; then
@@ -61,13 +54,13 @@ else
   proc_start node_a "${node[@]}" --experts $experts_a; a=$port
   proc_start node_b "${node[@]}" --experts $experts_b; b=$port
 fi
-proc_start router env COLIBRI_DEBUG=${COLIBRI_DEBUG:-0} "$build/router_node/colibri-router" --model "$work/bf16" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
+proc_start router env COLIBRI_DEBUG=${COLIBRI_DEBUG:-0} "$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
   --listen 127.0.0.1:0
 router_port=$port
 router_pid=$last_pid
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# nodes: A experts $experts_a on 127.0.0.1:$a, B experts $experts_b on 127.0.0.1:$b, $node_threads thread(s) each"
-"$build/tools/colibri-bench" router --model "$work/bf16" --router "127.0.0.1:$router_port" --router_pid "$router_pid" \
+"$build/tools/colibri-bench" router --model "$model" --router "127.0.0.1:$router_port" --router_pid "$router_pid" \
   --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads "${COLIBRI_BENCH_ENGINE_THREADS:-0}"
 [ "${COLIBRI_DEBUG:-0}" != 0 ] && cat "$proc_logs/router.err" >&2
 exit 0

@@ -71,16 +71,8 @@ class EngineTarget final : public Target {
     r.routes.top_k = static_cast<int32_t>(out.routes.top_k);
     r.routes.expert_ids = std::move(out.routes.expert_ids);
     r.routes.weights = std::move(out.routes.weights);
-    const router_node::StageTimings& t = out.timings;
-    r.timings = {{"route", 0, t.route_nanos, ""},
-                 {"dispatch", t.route_nanos, t.dispatch_nanos, ""},
-                 {"aggregate", t.route_nanos + t.dispatch_nanos, t.aggregate_nanos, ""},
-                 {"total", 0, t.total_nanos, ""}};
-    for (const router_node::NodeCallRecord& c : out.backend.calls) {
-      const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows);
-      r.timings.push_back({"node:local", t.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos, detail});
-      r.timings.push_back({"node_compute:local", t.route_nanos + c.end_nanos - c.node_compute_nanos,
-                           c.node_compute_nanos, detail});
+    for (router_node::TimingSpan& span : router_node::TimingSpans(out)) {
+      r.timings.push_back({std::move(span.stage), span.start_nanos, span.nanos, std::move(span.detail)});
     }
     return r;
   }

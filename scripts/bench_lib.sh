@@ -1,0 +1,22 @@
+# The benchmarks' one-layer Mixtral-naming model, made once and cached
+# (sourced by bench_kernels.sh, bench_router.sh, bench_e2e.sh, bench_hedge.sh).
+#   bench_layer NAME TYPE SHAPE_ARGS...   e.g. bench_layer small_layer bf16 --d_model 1024 --d_ff 2816
+# synthesizes ${COLIBRI_BENCH_DIR:-$build/bench}/NAME/checkpoint (8 experts,
+# top-2, vocab 32000, bf16, 2 shards, seed 1) unless it is there, converts it
+# to NAME/TYPE unless that is there, and sets $bench_model to that directory.
+# REQUIRES: $build, the build directory with the tools.
+bench_layer() {
+  local name=$1 type=$2
+  shift 2
+  local work=${COLIBRI_BENCH_DIR:-$build/bench}/$name
+  mkdir -p "$work"
+  if [ ! -f "$work/checkpoint/config.json" ]; then
+    "$build/tools/colibri-synth" --out "$work/checkpoint" --naming mixtral "$@" --layers 1 --experts 8 \
+      --top_k 2 --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
+  fi
+  if [ ! -f "$work/$type/manifest.json" ]; then
+    "$build/tools/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/$type" --weight_type "$type" \
+      --progress=false --overwrite >/dev/null
+  fi
+  bench_model=$work/$type
+}
