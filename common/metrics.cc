@@ -60,14 +60,14 @@ MetricsRegistry::Family& MetricsRegistry::FamilyFor(const std::string& name, con
 }
 
 Counter* MetricsRegistry::GetCounter(const std::string& name, const std::string& help, const Labels& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& slot = FamilyFor(name, help, "counter").counters[RenderLabels(labels)];
   if (slot == nullptr) slot = std::make_unique<Counter>();
   return slot.get();
 }
 
 Gauge* MetricsRegistry::GetGauge(const std::string& name, const std::string& help, const Labels& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& slot = FamilyFor(name, help, "gauge").gauges[RenderLabels(labels)];
   if (slot == nullptr) slot = std::make_unique<Gauge>();
   return slot.get();
@@ -75,7 +75,7 @@ Gauge* MetricsRegistry::GetGauge(const std::string& name, const std::string& hel
 
 Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::string& help, const Labels& labels,
                                          const std::vector<double>& upper_bounds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Family& f = FamilyFor(name, help, "histogram");
   auto& slot = f.histograms[RenderLabels(labels)];
   if (slot == nullptr) slot = std::make_unique<Histogram>(upper_bounds);
@@ -83,7 +83,7 @@ Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::str
 }
 
 std::string MetricsRegistry::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::string out;
   for (const auto& [name, f] : families_) {
     absl::StrAppend(&out, "# HELP ", name, " ", f.help, "\n# TYPE ", name, " ", f.type, "\n");

@@ -2,8 +2,7 @@
 #define COLIBRI_COMMON_METRICS_H_
 
 // A small Prometheus metrics registry (text exposition format 0.0.4):
-// counters, gauges and histograms with labels. Debian 12 has no
-// prometheus-cpp, and this is all a node needs. Metric objects live as long
+// counters, gauges and histograms with labels. Metric objects live as long
 // as the registry; Get* returns the same object for the same name + labels.
 // Thread-safe: updates are lock-free atomics, Get*/Render take a mutex.
 
@@ -11,9 +10,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 
 namespace colibri {
 namespace common {
@@ -71,10 +72,11 @@ class MetricsRegistry {
     std::map<std::string, std::unique_ptr<Gauge>> gauges;
     std::map<std::string, std::unique_ptr<Histogram>> histograms;
   };
-  Family& FamilyFor(const std::string& name, const std::string& help, const char* type);
+  Family& FamilyFor(const std::string& name, const std::string& help, const char* type)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable std::mutex mu_;
-  std::map<std::string, Family> families_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, Family> families_ ABSL_GUARDED_BY(mu_);
 };
 
 // Latency buckets in seconds, 100 µs to 10 s.

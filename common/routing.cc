@@ -9,6 +9,25 @@
 namespace colibri {
 namespace common {
 
+const char* RoutingModeName(RoutingMode mode) {
+  switch (mode) {
+    case RoutingMode::kLut:
+      return "lut";
+    case RoutingMode::kGate:
+      return "gate";
+    case RoutingMode::kClient:
+      return "client";
+  }
+  return "?";
+}
+
+absl::StatusOr<RoutingMode> ParseRoutingMode(absl::string_view name) {
+  for (const RoutingMode mode : {RoutingMode::kLut, RoutingMode::kGate, RoutingMode::kClient}) {
+    if (name == RoutingModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown routing mode '", name, "' (lut, gate or client)"));
+}
+
 void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int64_t top_k,
                 bool normalize, int32_t* ids, float* weights) {
   std::vector<int32_t> order(n_experts);

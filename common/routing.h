@@ -1,7 +1,7 @@
 #ifndef COLIBRI_COMMON_ROUTING_H_
 #define COLIBRI_COMMON_ROUTING_H_
 
-// Routing modes of DESIGN.md §1, computed exactly:
+// The routing modes, and the exact routing of two of them:
 //   gate: p = softmax(G·x); the k largest (ties toward the lower expert id);
 //         weights renormalized to sum 1 when `normalize`.
 //   lut : the converter's precomputed routes for a token id; an id outside
@@ -13,10 +13,24 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace colibri {
 namespace common {
+
+// Where a layer's routes come from: the converter's table indexed by token id
+// (lut), the layer's gate applied to the hidden state (gate), or the caller
+// (client). The one vocabulary of the router, the tools and the benchmarks;
+// the proto and the C++ client have their own enums, mapped to this one at
+// their boundary (router_node/forward_request.cc, tools/load_bench.cc).
+enum class RoutingMode { kLut, kGate, kClient };
+
+// "lut", "gate" or "client".
+const char* RoutingModeName(RoutingMode mode);
+
+// The mode with that name; INVALID_ARGUMENT naming the accepted ones otherwise.
+absl::StatusOr<RoutingMode> ParseRoutingMode(absl::string_view name);
 
 // Routes of T tokens: expert_ids[t * top_k + j], weights[t * top_k + j], with
 // j = 0 the largest weight.

@@ -8,7 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/allocator.h"
-#include "common/flags.h"
+#include "runtime/flags.h"
 #include "expert_node/expert_server.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output). Required.");
@@ -38,9 +38,24 @@ ABSL_FLAG(int, inject_delay_ms, 0, "Fault injection for tests and benchmarks: a 
 ABSL_FLAG(int, inject_delay_every, 1, "With --inject_delay_ms: delay every Nth Compute call (1: all of them).");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
+namespace {
+
+// The options named in the library's errors, and the flags that set them.
+const colibri::runtime::OptionFlags kOptionFlags = {
+    {"shard spec", "--experts"},
+    {"ServerOptions::limits.max_rows", "--max_rows"},
+    {"ServerOptions::tls_cert_file", "--tls_cert"},
+    {"ServerOptions::tls_key_file", "--tls_key"},
+    {"ServerOptions::tls_client_ca_file", "--tls_client_ca"},
+    {"StoreOptions::require_mlock", "--require_mlock"},
+    {"ThreadPool::Options::numa_node", "--numa_node"},
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   colibri::common::TuneAllocatorForServer();
-  colibri::common::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(argc, argv,
       "Colibri expert node: owns a shard of a model's experts (mapped, verified, locked, optionally on one NUMA\n"
       "node) and computes them for the router over gRPC (colibri.v1.ExpertNode), with grpc.health.v1 and server\n"
       "reflection. SIGHUP reloads the weights; SIGTERM drains and exits.\n"
@@ -53,7 +68,7 @@ int main(int argc, char** argv) {
   }
   auto shard = colibri::expert_node::ShardSpec::Parse(absl::GetFlag(FLAGS_experts));
   if (!shard.ok()) {
-    std::cerr << "colibri-expert: " << shard.status().message() << "\n";
+    std::cerr << "colibri-expert: " << colibri::runtime::NameFlags(shard.status(), kOptionFlags).message() << "\n";
     return 2;
   }
   options.store.shard = *shard;
@@ -69,7 +84,8 @@ int main(int argc, char** argv) {
     }
     absl::StatusOr<int> node = colibri::kernels::ThreadPool::NumaNodeOfAllowedCpus();
     if (!node.ok()) {
-      std::cerr << "colibri-expert: --numa_node_auto: " << node.status().message() << "\n";
+      std::cerr << "colibri-expert: --numa_node_auto: "
+                << colibri::runtime::NameFlags(node.status(), kOptionFlags).message() << "\n";
       return 1;
     }
     options.store.numa_node = *node;
@@ -100,7 +116,7 @@ int main(int argc, char** argv) {
 
   auto server = colibri::expert_node::ExpertServer::Create(options, &std::cerr);
   if (!server.ok()) {
-    std::cerr << "colibri-expert: " << server.status().message() << "\n";
+    std::cerr << "colibri-expert: " << colibri::runtime::NameFlags(server.status(), kOptionFlags).message() << "\n";
     return 1;
   }
   std::cout << "colibri-expert: listening on port " << (*server)->port() << std::endl;

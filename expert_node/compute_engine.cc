@@ -104,7 +104,7 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
   out.output.assign((in.per_expert_output ? indices : in.num_rows) * m.d_model, 0.f);
   const auto start = std::chrono::steady_clock::now();
   {
-    std::lock_guard<std::mutex> lock(workspace_mu_);
+    common::MutexLock lock(&workspace_mu_);
     kernels::RunExperts(*pool_, tasks, in.rows.data(), m.d_model, out.output.data(), workspace_);
   }
   out.compute_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();

@@ -14,11 +14,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "expert_node/expert_store.h"
 #include "kernels/expert_executor.h"
 #include "kernels/thread_pool.h"
@@ -74,8 +75,8 @@ class ComputeEngine {
   ExpertStore* const store_;
   kernels::ThreadPool* const pool_;
   const Limits limits_;
-  std::mutex workspace_mu_;
-  kernels::Workspace workspace_;  // guarded by workspace_mu_
+  common::Mutex workspace_mu_;
+  kernels::Workspace workspace_ ABSL_GUARDED_BY(workspace_mu_);
 };
 
 }  // namespace expert_node

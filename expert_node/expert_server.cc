@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_credentials.h"
+#include "runtime/grpc_credentials.h"
 #include "common/status_macros.h"
 #include "expert_node/expert_service.h"
 #include "kernels/dispatch.h"
@@ -21,7 +21,7 @@ namespace {
 
 // Insecure, TLS, or mutual TLS, from the options.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
-  return common::ServerCredentialsFromFiles(o.tls_cert_file, o.tls_key_file, o.tls_client_ca_file, "--tls");
+  return runtime::ServerCredentialsFromFiles(o.tls_cert_file, o.tls_key_file, o.tls_client_ca_file, "ServerOptions::");
 }
 
 }  // namespace
@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.inject_delay_every = options.inject_delay_every;
   if (options.metrics_port >= 0) {
     COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
-                             common::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
+                             runtime::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
   }
   s->service_ = std::make_unique<ExpertService>(s->store_.get(), s->engine_.get(), service_options);
 
@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   const int64_t d_model = s->store_->Current()->model().manifest().d_model;
   if (options.limits.max_rows < 1 || options.limits.max_rows > (int64_t{1} << 24) ||
       options.limits.max_row_indices < 1 || options.limits.max_row_indices > (int64_t{1} << 28)) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_rows ", options.limits.max_rows,
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::limits.max_rows ", options.limits.max_rows,
                                                    " must be in [1, 2^24]"));
   }
   const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
-#include "common/metrics_server.h"
+#include "runtime/metrics_server.h"
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
 #include "kernels/thread_pool.h"
@@ -74,7 +74,7 @@ class ExpertServer {
   ExpertServer() = default;
 
   common::MetricsRegistry metrics_;
-  std::unique_ptr<common::MetricsServer> metrics_server_;
+  std::unique_ptr<runtime::MetricsServer> metrics_server_;
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<ComputeEngine> engine_;

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
-#include "common/grpc_status.h"
+#include "runtime/grpc_status.h"
 
 namespace colibri {
 namespace expert_node {
@@ -54,10 +54,10 @@ ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options 
 
 ExpertService::~ExpertService() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   compute_thread_.join();
   if (reload_thread_.joinable()) reload_thread_.join();
 }
@@ -75,7 +75,7 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
 absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard) {
   const absl::Status s = store_->Reload(model_dir, shard);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     last_reload_error_ = s.ok() ? "" : std::string(s.message());
   }
   if (options_.metrics != nullptr) {
@@ -103,8 +103,8 @@ void ExpertService::ComputeLoop() {
     std::function<void(bool)> job;
     bool run = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      common::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping and drained
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -155,12 +155,12 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     auto input = std::make_unique<ComputeInput>();
     input->check_finite = options_.check_finite;
     if (absl::Status s = ParseComputeRequest(*request, d_model, input.get()); !s.ok()) {
-      Finish(reactor, "Compute", common::ToGrpcStatus(s));
+      Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
       return;
     }
     absl::StatusOr<ComputeOutput> out = engine_->Compute(*input);
     if (!out.ok()) {
-      Finish(reactor, "Compute", common::ToGrpcStatus(out.status()));
+      Finish(reactor, "Compute", runtime::ToGrpcStatus(out.status()));
       return;
     }
     FillOutput(*out, d_model, output_dtype, response->mutable_output());
@@ -191,7 +191,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     Finish(reactor, "Compute", grpc::Status::OK);
   };
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     if (stopping_) {
       Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
       return reactor;
@@ -203,7 +203,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     }
     queue_.push_back(std::move(job));
   }
-  cv_.notify_one();
+  cv_.Signal();
   return reactor;
 }
 
@@ -234,7 +234,7 @@ grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext
   response->set_weights_version(set->version());
   response->set_weights_locked(set->locked());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     response->set_last_reload_error(last_reload_error_);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -261,12 +261,12 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
   if (!request->experts().empty()) {
     absl::StatusOr<ShardSpec> parsed = ShardSpec::Parse(request->experts());
     if (!parsed.ok()) {
-      Finish(reactor, "Reload", common::ToGrpcStatus(parsed.status()));
+      Finish(reactor, "Reload", runtime::ToGrpcStatus(parsed.status()));
       return reactor;
     }
     shard = *parsed;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   if (stopping_) {
     Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
     return reactor;
@@ -282,7 +282,7 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
   reload_thread_ = std::thread([this, reactor, response, dir, shard] {
     const absl::Status s = ReloadNow(dir, shard);
     {
-      std::lock_guard<std::mutex> guard(mu_);
+      common::MutexLock guard(&mu_);
       reload_running_ = false;
     }
     if (s.ok()) {
@@ -290,7 +290,7 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
       response->set_weights_version(set->version());
       response->set_model_id(set->model().model_id());
     }
-    Finish(reactor, "Reload", common::ToGrpcStatus(s));
+    Finish(reactor, "Reload", runtime::ToGrpcStatus(s));
   });
   return reactor;
 }

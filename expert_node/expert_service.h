@@ -2,20 +2,21 @@
 #define COLIBRI_EXPERT_NODE_EXPERT_SERVICE_H_
 
 // Transport for the ExpertNode service (proto/colibri/v1/expert_node.proto):
-// parse and validate requests, hand the work to one compute thread (never
-// computing on gRPC's threads), convert the status once, finish the reactor.
+// a Compute call is queued for the one compute thread, which parses,
+// validates and computes it (never on gRPC's threads); Reload calls load on a
+// thread of their own; each status is converted once and the reactor finished.
 // Thread-safe.
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
 
@@ -62,15 +63,15 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   ComputeEngine* const engine_;
   const Options options_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void(bool run)>> queue_;  // guarded by mu_; run=false: shutting down
-  bool stopping_ = false;                            // guarded by mu_
-  std::string last_reload_error_;                    // guarded by mu_
-  bool reload_running_ = false;                      // guarded by mu_
+  common::Mutex mu_;
+  common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
+  std::deque<std::function<void(bool run)>> queue_ ABSL_GUARDED_BY(mu_);  // run=false: shutting down
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string last_reload_error_ ABSL_GUARDED_BY(mu_);
+  bool reload_running_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reload_thread_ ABSL_GUARDED_BY(mu_);  // the last reload's worker, joined before the next
   std::thread compute_thread_;
-  std::thread reload_thread_;
-  int64_t computes_ = 0;  // compute thread only: calls run, for inject_delay_every  // guarded by mu_: the last reload's worker, joined before the next
+  int64_t computes_ = 0;  // compute thread only: calls run, for inject_delay_every
 };
 
 }  // namespace expert_node

@@ -39,30 +39,37 @@ absl::StatusOr<const common::ExpertWeights*> WeightSet::Find(int64_t layer, int6
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::string& model_dir,
                                                                   const StoreOptions& options, std::ostream* log) {
   std::unique_ptr<ExpertStore> store(new ExpertStore(options, log));
-  COLIBRI_ASSIGN_OR_RETURN(store->current_, store->Load(model_dir, options.shard, 1));
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(model_dir, options.shard, 1));
+  common::MutexLock lock(&store->mu_);  // no other thread sees the store yet; the lock states the rule
+  store->current_ = std::move(set);
   store->model_dir_ = model_dir;
   store->shard_ = options.shard;
   return store;
 }
 
 std::shared_ptr<const WeightSet> ExpertStore::Current() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   return current_;
 }
 
 std::string ExpertStore::model_dir() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   return model_dir_;
 }
 
 absl::Status ExpertStore::Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard) {
-  std::unique_lock<std::mutex> reload(reload_mu_, std::try_to_lock);
-  if (!reload.owns_lock()) return absl::AbortedError("another reload is in progress");
+  if (!reload_mu_.TryLock()) return absl::AbortedError("another reload is in progress");
+  absl::Status status = ReloadLocked(model_dir, shard);
+  reload_mu_.Unlock();
+  return status;
+}
+
+absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard) {
   std::string dir;
   ShardSpec spec;
   uint64_t version = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     dir = model_dir.empty() ? model_dir_ : model_dir;
     spec = shard.has_value() ? *shard : shard_;
     version = current_->version() + 1;
@@ -70,7 +77,7 @@ absl::Status ExpertStore::Reload(const std::string& model_dir, const std::option
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
   std::shared_ptr<const WeightSet> previous;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     previous = std::move(current_);  // freed when its last in-flight call ends
     current_ = std::move(next);
     model_dir_ = dir;
@@ -101,7 +108,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
           "mlock of ", size, " bytes for layer ", layer, " expert ", expert, " refused (", std::strerror(errno),
           "; RLIMIT_MEMLOCK is ", MemlockLimit(),
           "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity, or Kubernetes "
-          "securityContext.capabilities.add: [IPC_LOCK]) or pass --norequire_mlock to run unlocked");
+          "securityContext.capabilities.add: [IPC_LOCK]) or set StoreOptions::require_mlock to false to run unlocked");
       if (options_.require_mlock) return absl::FailedPreconditionError(why);
       if (log_ != nullptr) *log_ << "WARNING: " << why << "; continuing with unlocked weights\n";
       locked = false;

@@ -16,15 +16,16 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/model_dir.h"
+#include "common/mutex.h"
 #include "expert_node/shard_spec.h"
 
 namespace colibri {
@@ -88,15 +89,17 @@ class ExpertStore {
   ExpertStore(StoreOptions options, std::ostream* log) : options_(std::move(options)), log_(log) {}
   absl::StatusOr<std::shared_ptr<const WeightSet>> Load(const std::string& model_dir, const ShardSpec& shard,
                                                         uint64_t version) const;
+  absl::Status ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
 
   const StoreOptions options_;
   std::ostream* const log_;
 
-  std::mutex reload_mu_;  // one reload at a time
-  mutable std::mutex mu_;
-  std::shared_ptr<const WeightSet> current_;  // guarded by mu_
-  std::string model_dir_;                     // guarded by mu_
-  ShardSpec shard_;                           // guarded by mu_
+  common::Mutex reload_mu_;  // one reload at a time
+  mutable common::Mutex mu_;
+  std::shared_ptr<const WeightSet> current_ ABSL_GUARDED_BY(mu_);
+  std::string model_dir_ ABSL_GUARDED_BY(mu_);
+  ShardSpec shard_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace expert_node

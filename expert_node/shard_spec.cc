@@ -16,7 +16,7 @@ namespace {
 constexpr int64_t kMaxIndex = 1 << 20;
 
 absl::Status Bad(absl::string_view spec, absl::string_view part, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("bad --experts '", spec, "': '", part, "' ", why));
+  return absl::InvalidArgumentError(absl::StrCat("bad shard spec '", spec, "': '", part, "' ", why));
 }
 
 }  // namespace
@@ -69,12 +69,12 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ShardSpec::Resolve(int6
     const std::vector<Range> experts = c.experts.empty() ? std::vector<Range>{{0, n_experts - 1}} : c.experts;
     for (const Range& l : layers) {
       if (l.last >= n_layers) {
-        return absl::InvalidArgumentError(absl::StrCat("--experts '", text_, "' names layer ", l.last,
+        return absl::InvalidArgumentError(absl::StrCat("shard spec '", text_, "' names layer ", l.last,
                                                        " but the model has ", n_layers, " MoE layers"));
       }
       for (const Range& e : experts) {
         if (e.last >= n_experts) {
-          return absl::InvalidArgumentError(absl::StrCat("--experts '", text_, "' names expert ", e.last,
+          return absl::InvalidArgumentError(absl::StrCat("shard spec '", text_, "' names expert ", e.last,
                                                          " but the model has ", n_experts, " experts per layer"));
         }
         for (int64_t layer = l.first; layer <= l.last; ++layer) {
@@ -83,7 +83,7 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ShardSpec::Resolve(int6
       }
     }
   }
-  if (pairs.empty()) return absl::InvalidArgumentError(absl::StrCat("--experts '", text_, "' selects nothing"));
+  if (pairs.empty()) return absl::InvalidArgumentError(absl::StrCat("shard spec '", text_, "' selects nothing"));
   return std::vector<std::pair<int64_t, int64_t>>(pairs.begin(), pairs.end());
 }
 

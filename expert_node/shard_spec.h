@@ -1,7 +1,8 @@
 #ifndef COLIBRI_EXPERT_NODE_SHARD_SPEC_H_
 #define COLIBRI_EXPERT_NODE_SHARD_SPEC_H_
 
-// Which (layer, expert) pairs an expert node owns: the --experts flag.
+// Which (layer, expert) pairs an expert node owns (colibri-expert --experts,
+// StoreOptions::shard, the Reload call's `experts`).
 //
 //   all | (empty)              every expert of every layer
 //   0-3  |  1,3,5-7            these experts, in every layer

@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <tuple>
 #include <vector>
 
+#include "common/mutex.h"
 #include "dnnl.hpp"
 
 namespace colibri {
@@ -28,9 +28,9 @@ dnnl::engine& Engine() {
 }
 
 const Cached& Lookup(const Key& key) {
-  static std::mutex mu;
+  static common::Mutex mu;
   static std::map<Key, Cached>* cache = new std::map<Key, Cached>();  // never destroyed
-  std::lock_guard<std::mutex> lock(mu);
+  common::MutexLock lock(&mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   const auto [type, t, k, n, ldd] = key;

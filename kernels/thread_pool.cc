@@ -70,12 +70,12 @@ ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads) : cpus_(std::move
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     stop_ = true;
     ++generation_;
     published_generation_.store(generation_, std::memory_order_release);
   }
-  start_cv_.notify_all();
+  start_cv_.SignalAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -92,7 +92,7 @@ absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
   for (const int n : nodes) absl::StrAppend(&list, list.empty() ? "" : ",", n);
   return absl::FailedPreconditionError(absl::StrCat(
       "the CPUs this process may use span NUMA nodes ", list,
-      "; restrict it to one node (taskset/numactl, or Kubernetes' topology manager) or pass --numa_node"));
+      "; restrict it to one node (taskset/numactl, or Kubernetes' topology manager) or set ThreadPool::Options::numa_node"));
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -121,29 +121,29 @@ void ThreadPool::WorkerLoop(int index) {
     }
     const std::function<void(int)>* job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return generation_ != seen; });
+      common::MutexLock lock(&mu_);
+      while (generation_ == seen) start_cv_.Wait(&mu_);
       seen = generation_;
       if (stop_) return;
       job = job_;
     }
     (*job)(index);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--remaining_ == 0) done_cv_.notify_one();
+      common::MutexLock lock(&mu_);
+      if (--remaining_ == 0) done_cv_.Signal();
     }
   }
 }
 
 void ThreadPool::Run(const std::function<void(int)>& job) {
-  std::lock_guard<std::mutex> run_lock(run_mu_);
-  std::unique_lock<std::mutex> lock(mu_);
+  common::MutexLock run_lock(&run_mu_);
+  common::MutexLock lock(&mu_);
   job_ = &job;
   remaining_ = size();
   ++generation_;
   published_generation_.store(generation_, std::memory_order_release);
-  start_cv_.notify_all();
-  done_cv_.wait(lock, [&] { return remaining_ == 0; });
+  start_cv_.SignalAll();
+  while (remaining_ != 0) done_cv_.Wait(&mu_);
   job_ = nullptr;
 }
 

@@ -14,14 +14,14 @@
 // waits; it never computes, so a gRPC thread never runs kernels.
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 
 namespace colibri {
 namespace kernels {
@@ -66,15 +66,15 @@ class ThreadPool {
   std::vector<int> cpus_;
   std::vector<std::thread> workers_;
 
-  std::mutex run_mu_;  // one job at a time
+  common::Mutex run_mu_;  // one job at a time
 
-  std::mutex mu_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
-  const std::function<void(int)>* job_ = nullptr;  // guarded by mu_
-  uint64_t generation_ = 0;                         // guarded by mu_
-  int remaining_ = 0;                               // guarded by mu_
-  bool stop_ = false;                               // guarded by mu_
+  common::Mutex mu_;
+  common::CondVar start_cv_;
+  common::CondVar done_cv_;
+  const std::function<void(int)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int remaining_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> published_generation_{0};   // spin-read copy of generation_
 
   // Sense-reversing barrier.

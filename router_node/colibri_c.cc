@@ -145,14 +145,14 @@ absl::Status CheckBatch(const colibri_engine* engine, int64_t n_tokens) {
 float nothing_f32[1];
 int32_t nothing_i32[1];
 
-absl::StatusOr<router_node::RoutingMode> ToRoutingMode(int32_t routing) {
+absl::StatusOr<common::RoutingMode> ToRoutingMode(int32_t routing) {
   switch (routing) {
     case COLIBRI_ROUTING_LUT:
-      return router_node::RoutingMode::kLut;
+      return common::RoutingMode::kLut;
     case COLIBRI_ROUTING_GATE:
-      return router_node::RoutingMode::kGate;
+      return common::RoutingMode::kGate;
     case COLIBRI_ROUTING_CLIENT:
-      return router_node::RoutingMode::kClient;
+      return common::RoutingMode::kClient;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("routing ", routing, " is not LUT (1), GATE (2) or CLIENT (3)"));
@@ -217,15 +217,15 @@ colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t ro
   return Guarded([&]() -> absl::Status {
     namespace rn = colibri::router_node;
     COLIBRI_RETURN_IF_ERROR(colibri::CheckBatch(engine, n_tokens));
-    COLIBRI_ASSIGN_OR_RETURN(const rn::RoutingMode mode, colibri::ToRoutingMode(routing));
+    COLIBRI_ASSIGN_OR_RETURN(const colibri::common::RoutingMode mode, colibri::ToRoutingMode(routing));
     if (n_tokens == 0) {
       token_ids = route_experts = colibri::nothing_i32;
       hidden_in = route_weights = hidden_out = colibri::nothing_f32;
     }
     COLIBRI_RETURN_IF_ERROR(NotNull(hidden_in, "hidden_in"));
     COLIBRI_RETURN_IF_ERROR(NotNull(hidden_out, "hidden_out"));
-    if (mode == rn::RoutingMode::kLut) COLIBRI_RETURN_IF_ERROR(NotNull(token_ids, "token_ids"));
-    if (mode == rn::RoutingMode::kClient) {
+    if (mode == colibri::common::RoutingMode::kLut) COLIBRI_RETURN_IF_ERROR(NotNull(token_ids, "token_ids"));
+    if (mode == colibri::common::RoutingMode::kClient) {
       COLIBRI_RETURN_IF_ERROR(NotNull(route_experts, "route_experts"));
       COLIBRI_RETURN_IF_ERROR(NotNull(route_weights, "route_weights"));
     }
@@ -238,13 +238,13 @@ colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t ro
     rn::ForwardInput in;
     in.layer = layer;
     in.routing = mode;
-    if (mode == rn::RoutingMode::kLut) in.token_ids = absl::MakeConstSpan(token_ids, tokens);
+    if (mode == colibri::common::RoutingMode::kLut) in.token_ids = absl::MakeConstSpan(token_ids, tokens);
     in.hidden = hidden_in;
     in.hidden_bytes = static_cast<int64_t>(values * sizeof(float));
     in.hidden_dtype = colibri::common::DType::kF32;
     in.num_tokens = n_tokens;
     in.cols = m.d_model;
-    if (mode == rn::RoutingMode::kClient) {
+    if (mode == colibri::common::RoutingMode::kClient) {
       in.client_top_k = m.top_k;
       in.client_expert_ids = absl::MakeConstSpan(route_experts, slots);
       in.client_weights = absl::MakeConstSpan(route_weights, slots);

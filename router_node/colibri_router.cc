@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
-#include "common/flags.h"
+#include "runtime/flags.h"
 #include "router_node/router_server.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output): manifest, gates, LUTs. Required "
@@ -50,9 +50,28 @@ ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/m
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on.");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
+namespace {
+
+// The options named in the libraries' errors, and the flags that set them.
+const colibri::runtime::OptionFlags kOptionFlags = {
+    {"RouterOptions::max_tokens", "--max_tokens"},
+    {"RouterServerOptions::model_dir", "--model"},
+    {"RouterServerOptions::tls_cert_file", "--tls_cert"},
+    {"RouterServerOptions::tls_key_file", "--tls_key"},
+    {"RouterServerOptions::tls_client_ca_file", "--tls_client_ca"},
+    {"RemoteOptions::addresses", "--experts_at"},
+    {"RemoteOptions::cluster_file", "--cluster_file"},
+    {"RemoteOptions::tls_ca_file", "--node_tls_ca"},
+    {"RemoteOptions::tls_cert_file", "--node_tls_cert"},
+    {"RemoteOptions::tls_key_file", "--node_tls_key"},
+    {"ThreadPool::Options::numa_node", "--numa_node"},
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   colibri::common::TuneAllocatorForServer();
-  colibri::common::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(argc, argv,
       "Colibri router: serves colibri.v1.Router (Forward, ForwardStream, GetModelInfo, GetClusterStatus) with\n"
       "grpc.health.v1 and reflection. Routes each token (lut | gate | client), sends the rows to the expert nodes\n"
       "that own its experts (one call per node per layer) and returns the weighted sum; or, with --local, runs the\n"
@@ -113,7 +132,7 @@ int main(int argc, char** argv) {
 
   auto server = colibri::router_node::RouterServer::Create(o, &std::cerr);
   if (!server.ok()) {
-    std::cerr << "colibri-router: " << server.status().message() << "\n";
+    std::cerr << "colibri-router: " << colibri::runtime::NameFlags(server.status(), kOptionFlags).message() << "\n";
     return 1;
   }
   std::cout << "colibri-router: listening on port " << (*server)->port() << " ("

@@ -4,19 +4,19 @@ namespace colibri {
 namespace router_node {
 
 bool CallControl::cancelled() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   return cancelled_;
 }
 
 void CallControl::Cancel() {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   if (cancelled_) return;
   cancelled_ = true;
   for (auto& [id, hook] : hooks_) hook();  // under mu_: RemoveHook waits for a running hook
 }
 
 int CallControl::AddHook(std::function<void()> hook) {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   if (cancelled_) hook();
   const int id = next_id_++;
   hooks_.emplace(id, std::move(hook));
@@ -24,7 +24,7 @@ int CallControl::AddHook(std::function<void()> hook) {
 }
 
 void CallControl::RemoveHook(int id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   hooks_.erase(id);
 }
 

@@ -12,12 +12,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 
 namespace colibri {
 namespace router_node {
@@ -42,7 +43,7 @@ class CallControl {
 
  private:
   const absl::Time deadline_;
-  mutable std::mutex mu_;
+  mutable common::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   int next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);

@@ -20,6 +20,18 @@ absl::StatusOr<common::DType> ParseDType(v1::DataType t, bool unspecified_is_f32
 
 }  // namespace
 
+colibri::v1::RoutingMode ToProtoRoutingMode(common::RoutingMode mode) {
+  switch (mode) {
+    case common::RoutingMode::kLut:
+      return v1::ROUTING_MODE_LUT;
+    case common::RoutingMode::kGate:
+      return v1::ROUTING_MODE_GATE;
+    case common::RoutingMode::kClient:
+      return v1::ROUTING_MODE_CLIENT;
+  }
+  return v1::ROUTING_MODE_UNSPECIFIED;
+}
+
 absl::StatusOr<ForwardInput> ParseForwardRequest(const v1::ForwardRequest& request) {
   ForwardInput in;
   in.layer = request.layer();
@@ -36,13 +48,13 @@ absl::StatusOr<ForwardInput> ParseForwardRequest(const v1::ForwardRequest& reque
   switch (request.routing()) {
     case v1::ROUTING_MODE_UNSPECIFIED:
     case v1::ROUTING_MODE_LUT:
-      in.routing = RoutingMode::kLut;
+      in.routing = common::RoutingMode::kLut;
       break;
     case v1::ROUTING_MODE_GATE:
-      in.routing = RoutingMode::kGate;
+      in.routing = common::RoutingMode::kGate;
       break;
     case v1::ROUTING_MODE_CLIENT:
-      in.routing = RoutingMode::kClient;
+      in.routing = common::RoutingMode::kClient;
       in.client_top_k = request.routes().top_k();
       in.client_expert_ids =
           absl::MakeConstSpan(request.routes().expert_ids().data(), request.routes().expert_ids().size());

@@ -18,6 +18,10 @@ namespace router_node {
 // dtype other than f32/bf16/f16, an unknown routing mode.
 absl::StatusOr<ForwardInput> ParseForwardRequest(const colibri::v1::ForwardRequest& request);
 
+// The proto's value for a routing mode (the inverse of what
+// ParseForwardRequest reads; ROUTING_MODE_UNSPECIFIED is read as lut).
+colibri::v1::RoutingMode ToProtoRoutingMode(common::RoutingMode mode);
+
 }  // namespace router_node
 }  // namespace colibri
 

@@ -21,7 +21,7 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
     if (!weights.ok()) return weights.status();
     tasks.push_back({*weights, w.rows.data(), w.weights.data(), static_cast<int64_t>(w.rows.size()), w.slots.data()});
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   if (control.cancelled()) return absl::CancelledError("cancelled before the experts ran");
   if (absl::Now() > control.deadline()) {
     return absl::DeadlineExceededError(absl::StrCat("deadline passed before layer ", work.layer, " ran"));

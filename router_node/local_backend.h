@@ -6,9 +6,10 @@
 // node runs, writing each (token, expert) result to its slot — so local and
 // distributed answers are the same bits.
 
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "expert_node/expert_store.h"
 #include "kernels/expert_executor.h"
 #include "kernels/thread_pool.h"
@@ -33,8 +34,8 @@ class LocalBackend final : public ExpertBackend {
  private:
   expert_node::ExpertStore* const store_;
   kernels::ThreadPool* const pool_;
-  std::mutex mu_;
-  kernels::Workspace workspace_;  // guarded by mu_
+  common::Mutex mu_;
+  kernels::Workspace workspace_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace router_node

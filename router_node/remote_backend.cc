@@ -10,7 +10,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
-#include "common/grpc_credentials.h"
+#include "runtime/grpc_credentials.h"
 #include "common/status_macros.h"
 #include "router_node/remote_backend_internal.h"
 
@@ -45,22 +45,22 @@ int64_t MtimeNanos(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const RemoteOptions& options) {
   if (options.addresses.empty() == options.cluster_file.empty()) {
-    return absl::InvalidArgumentError("give the expert nodes either as addresses (--experts_at) or a cluster file");
+    return absl::InvalidArgumentError("give the expert nodes either as RemoteOptions::addresses or as RemoteOptions::cluster_file");
   }
   if (options.n_layers < 1 || options.n_experts < 1 || options.d_model < 1) {
     return absl::InvalidArgumentError("RemoteOptions: model shape not set");
   }
   std::unique_ptr<RemoteBackend> b(new RemoteBackend(options));
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                           common::ChannelCredentialsFromFiles(options.tls_ca_file, options.tls_cert_file,
-                                                               options.tls_key_file, "--node_tls"));
+                           runtime::ChannelCredentialsFromFiles(options.tls_ca_file, options.tls_cert_file,
+                                                               options.tls_key_file, "RemoteOptions::"));
   b->credentials_ = credentials;
   std::vector<std::string> addresses = options.addresses;
   if (!options.cluster_file.empty()) {
     COLIBRI_ASSIGN_OR_RETURN(addresses, ReadClusterFile(options.cluster_file));
   }
   {
-    std::lock_guard<std::mutex> lock(b->mu_);
+    common::MutexLock lock(&b->mu_);
     b->cluster_file_mtime_ = options.cluster_file.empty() ? -1 : MtimeNanos(options.cluster_file);
     COLIBRI_RETURN_IF_ERROR(b->SetAddresses(addresses));
   }
@@ -68,9 +68,12 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   b->watcher_ = std::thread([raw = b.get()] {
     for (;;) {
       {
-        std::unique_lock<std::mutex> lock(raw->mu_);
-        raw->stop_cv_.wait_for(lock, absl::ToChronoMilliseconds(raw->options_.health_interval),
-                               [raw] { return raw->stopping_; });
+        common::MutexLock lock(&raw->mu_);
+        const absl::Time next_round = absl::Now() + raw->options_.health_interval;
+        while (!raw->stopping_) {
+          const absl::Duration left = next_round - absl::Now();
+          if (left <= absl::ZeroDuration() || raw->stop_cv_.WaitWithTimeout(&raw->mu_, left)) break;
+        }
         if (raw->stopping_) return;
       }
       raw->HealthRound();
@@ -83,12 +86,12 @@ RemoteBackend::~RemoteBackend() { Stop(); }
 
 void RemoteBackend::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   if (watcher_.joinable()) watcher_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   listener_ = nullptr;
 }
 
@@ -131,7 +134,7 @@ absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& address
 void RemoteBackend::Rebuild() {
   std::vector<NodeState> states;
   for (const auto& n : topology_->nodes) {
-    std::lock_guard<std::mutex> lock(n->mu);
+    common::MutexLock lock(&n->mu);
     states.push_back({n->address, n->live, n->last_error, n->owned});
   }
   auto topo = std::make_shared<Topology>(*topology_);
@@ -140,7 +143,7 @@ void RemoteBackend::Rebuild() {
 }
 
 std::shared_ptr<const RemoteBackend::Topology> RemoteBackend::topology() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   return topology_;
 }
 
@@ -149,7 +152,7 @@ std::shared_ptr<const ShardMap> RemoteBackend::map() const { return topology()->
 bool RemoteBackend::serving() const { return !map()->FirstUncovered().has_value(); }
 
 void RemoteBackend::SetServingListener(std::function<void(bool)> listener) {
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   listener_ = std::move(listener);
   last_serving_ = !topology_->map->FirstUncovered().has_value();
   if (listener_) listener_(last_serving_);
@@ -158,9 +161,9 @@ void RemoteBackend::SetServingListener(std::function<void(bool)> listener) {
 void RemoteBackend::CheckNow() { HealthRound(); }
 
 void RemoteBackend::HealthRound() {
-  std::lock_guard<std::mutex> round(health_mu_);
+  common::MutexLock round(&health_mu_);
   if (!options_.cluster_file.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     const int64_t mtime = MtimeNanos(options_.cluster_file);
     if (mtime != cluster_file_mtime_) {
       cluster_file_mtime_ = mtime;
@@ -205,7 +208,7 @@ void RemoteBackend::HealthRound() {
                info.n_experts() != options_.n_experts) {
       error = "model shape differs from the router's";
     }
-    std::lock_guard<std::mutex> lock(node.mu);
+    common::MutexLock lock(&node.mu);
     const bool was_live = node.live;
     node.live = error.empty();
     node.last_error = error;
@@ -229,7 +232,7 @@ void RemoteBackend::HealthRound() {
   std::function<void(bool)> notify;
   bool serving = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     Rebuild();
     serving = !topology_->map->FirstUncovered().has_value();
     if (serving != last_serving_ && listener_) notify = listener_;
@@ -240,7 +243,7 @@ void RemoteBackend::HealthRound() {
 
 void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::string& error) {
   {
-    std::lock_guard<std::mutex> lock(node->mu);
+    common::MutexLock lock(&node->mu);
     if (!node->live) return;
     node->live = false;
     node->last_error = error;
@@ -250,7 +253,7 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     options_.metrics->GetCounter("colibri_router_failovers_total", "Nodes taken out of the map after a failed call.")
         ->Add();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  common::MutexLock lock(&mu_);
   Rebuild();
 }
 
@@ -262,7 +265,7 @@ std::vector<NodeStatusView> RemoteBackend::Nodes() const {
     v.in_flight = n->in_flight.load();
     v.calls = n->calls.load();
     v.failed_calls = n->failed.load();
-    std::lock_guard<std::mutex> lock(n->mu);
+    common::MutexLock lock(&n->mu);
     v.live = n->live;
     v.last_error = n->last_error;
     v.owned = n->owned;

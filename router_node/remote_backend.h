@@ -23,8 +23,6 @@
 // Thread-safe.
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,7 +33,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/base/thread_annotations.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "router_node/expert_backend.h"
 #include "router_node/shard_map.h"
 
@@ -130,15 +130,15 @@ class RemoteBackend final : public ExpertBackend {
   const RemoteOptions options_;
   std::shared_ptr<void> credentials_;  // grpc::ChannelCredentials, kept opaque in this header
 
-  mutable std::mutex mu_;
-  std::condition_variable stop_cv_;  // wakes the watcher on Stop()
+  mutable common::Mutex mu_;
+  common::CondVar stop_cv_;  // wakes the watcher on Stop()
   std::shared_ptr<const Topology> topology_ ABSL_GUARDED_BY(mu_);
   int64_t cluster_file_mtime_ ABSL_GUARDED_BY(mu_) = -1;
   std::function<void(bool)> listener_ ABSL_GUARDED_BY(mu_);
   bool last_serving_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::mutex health_mu_;  // one health round at a time
+  common::Mutex health_mu_;  // one health round at a time
   std::atomic<int64_t> retries_{0};
   std::atomic<int64_t> hedges_{0};
   std::atomic<int64_t> hedge_wins_{0};

@@ -9,14 +9,15 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
+#include "common/mutex.h"
 #include "router_node/remote_backend.h"
 
 namespace colibri {
@@ -31,7 +32,7 @@ struct RemoteBackend::Node {
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> failed{0};
 
-  std::mutex mu;
+  common::Mutex mu;
   bool live ABSL_GUARDED_BY(mu) = false;
   std::string last_error ABSL_GUARDED_BY(mu) = "not checked yet";
   std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
@@ -47,7 +48,9 @@ struct RemoteBackend::Topology {
 struct RemoteBackend::Call {
   int node = 0;
   bool hedge = false;  // sent because the planned call was slow
-  bool done = false;   // guarded by the layer's Tracker::mu
+  // Guarded by the layer's Tracker::mu (a comment, not ABSL_GUARDED_BY: a
+  // Call does not point to its Tracker, so the analysis could not name it).
+  bool done = false;
   std::string address;
   NodeCall plan;
   grpc::ClientContext context;

@@ -5,10 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -97,16 +95,20 @@ absl::Status ScatterReply(const LayerWork& work, int64_t d_model, const Call& ca
 }  // namespace
 
 struct RemoteBackend::Tracker {
-  std::mutex mu;
-  std::condition_variable cv;  // notified (under mu) whenever a call finishes
+  common::Mutex mu;
+  common::CondVar cv;  // signalled (under mu) whenever a call finishes
   // Waits until `ready()` (evaluated under mu) or `until`; true if ready.
   bool WaitUntil(const std::function<bool()>& ready, absl::Time until) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (until == absl::InfiniteFuture()) {
-      cv.wait(lock, ready);
-      return true;
+    common::MutexLock lock(&mu);
+    while (!ready()) {
+      if (until == absl::InfiniteFuture()) {
+        cv.Wait(&mu);
+        continue;
+      }
+      const absl::Duration left = until - absl::Now();
+      if (left <= absl::ZeroDuration() || cv.WaitWithTimeout(&mu, left)) return ready();
     }
-    return cv.wait_until(lock, absl::ToChronoTime(until), ready);
+    return true;
   }
 };
 
@@ -158,23 +160,23 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       call->start_nanos = NanosSince(start);
       Call* raw = call.get();
       {
-        std::lock_guard<std::mutex> lock(tracker.mu);
+        common::MutexLock lock(&tracker.mu);
         calls.push_back(std::move(call));
       }
       node.stub->async()->Compute(&raw->context, &raw->request, &raw->response,
                                   [raw, &node, &tracker, start](grpc::Status s) {
                                     node.in_flight.fetch_sub(1, std::memory_order_relaxed);
-                                    std::lock_guard<std::mutex> lock(tracker.mu);
+                                    common::MutexLock lock(&tracker.mu);
                                     raw->status = std::move(s);
                                     raw->end_nanos = NanosSince(start);
                                     raw->done = true;
-                                    tracker.cv.notify_all();  // under mu: the waiter may free the tracker after
+                                    tracker.cv.SignalAll();  // under mu: the waiter may free the tracker after
                                   });
       return raw;
     };
     for (NodeCall& nc : *plan) races.push_back({issue(std::move(nc), false), {}});
     const int hook = control.AddHook([&calls, &tracker] {
-      std::lock_guard<std::mutex> lock(tracker.mu);
+      common::MutexLock lock(&tracker.mu);
       for (auto& c : calls) c->context.TryCancel();
     });
     // A race is settled when its planned call succeeded, when all its hedges
@@ -198,7 +200,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       // Hedge: the work of every call still out goes to other replicas too.
       std::vector<std::pair<size_t, std::vector<int>>> slow;
       {
-        std::lock_guard<std::mutex> lock(tracker.mu);
+        common::MutexLock lock(&tracker.mu);
         for (size_t i = 0; i < races.size(); ++i) {
           if (!races[i].primary->done) slow.push_back({i, races[i].primary->plan.works});
         }
@@ -212,7 +214,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
         std::vector<Call*> hedges;
         for (NodeCall& nc : *alternative) hedges.push_back(issue(std::move(nc), true));
         {
-          std::lock_guard<std::mutex> lock(tracker.mu);
+          common::MutexLock lock(&tracker.mu);
           races[i].hedges = std::move(hedges);
         }
         hedges_.fetch_add(1, std::memory_order_relaxed);
@@ -226,7 +228,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
     // The losers of settled races are not needed: cancel, and wait until
     // every callback has run (they point into this frame).
     {
-      std::lock_guard<std::mutex> lock(tracker.mu);
+      common::MutexLock lock(&tracker.mu);
       for (auto& c : calls) {
         if (!c->done) c->context.TryCancel();
       }

@@ -91,18 +91,6 @@ absl::Status CheckClientRoutes(const ForwardInput& in, const common::Manifest& m
 
 }  // namespace
 
-const char* RoutingModeName(RoutingMode mode) {
-  switch (mode) {
-    case RoutingMode::kLut:
-      return "lut";
-    case RoutingMode::kGate:
-      return "gate";
-    case RoutingMode::kClient:
-      return "client";
-  }
-  return "?";
-}
-
 std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
   const StageTimings& t = out.timings;
   std::vector<TimingSpan> spans = {{"route", 0, t.route_nanos, ""},
@@ -125,7 +113,7 @@ Router::Router(std::unique_ptr<common::ModelDir> model, ExpertBackend* backend, 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(const std::string& model_dir, ExpertBackend* backend,
                                                        const RouterOptions& options) {
   if (options.max_tokens < 1 || options.max_tokens > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", options.max_tokens, " must be in [1, 2^24]"));
+    return absl::InvalidArgumentError(absl::StrCat("RouterOptions::max_tokens ", options.max_tokens, " must be in [1, 2^24]"));
   }
   COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(model_dir));
   std::unique_ptr<Router> r(new Router(std::move(model), backend, options));
@@ -166,13 +154,13 @@ absl::StatusOr<common::Routes> Router::Route(const ForwardInput& in, const float
   const common::Manifest& m = manifest();
   const common::LayerRouting& table = *routing_[in.layer];
   switch (in.routing) {
-    case RoutingMode::kLut:
+    case common::RoutingMode::kLut:
       if (static_cast<int64_t>(in.token_ids.size()) != in.num_tokens) {
         return absl::InvalidArgumentError(absl::StrCat("token_ids has ", in.token_ids.size(),
                                                        " ids; lut routing needs one per token (", in.num_tokens, ")"));
       }
       return common::RouteByLut(table.lut_ids, table.lut_weights, m.vocab_size, m.top_k, in.token_ids);
-    case RoutingMode::kGate:
+    case common::RoutingMode::kGate:
       for (int64_t i = 0; i < in.num_tokens * m.d_model; ++i) {
         if (!std::isfinite(x[i])) {
           return absl::InvalidArgumentError(absl::StrCat("hidden[", i / m.d_model, "][", i % m.d_model, "] = ", x[i],
@@ -180,7 +168,7 @@ absl::StatusOr<common::Routes> Router::Route(const ForwardInput& in, const float
         }
       }
       return common::RouteByGate(table.gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x, in.num_tokens);
-    case RoutingMode::kClient: {
+    case common::RoutingMode::kClient: {
       COLIBRI_RETURN_IF_ERROR(CheckClientRoutes(in, m));
       common::Routes routes;
       routes.top_k = m.top_k;
@@ -213,7 +201,7 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
   }
   if (in.num_tokens > options_.max_tokens) {
     return absl::ResourceExhaustedError(absl::StrCat("hidden.shape: ", in.num_tokens, " tokens exceed the limit of ",
-                                                     options_.max_tokens, " (--max_tokens)"));
+                                                     options_.max_tokens, " (RouterOptions::max_tokens)"));
   }
   // num_tokens <= 2^24 and d_model <= 2^20: no overflow.
   if (in.hidden_bytes != in.num_tokens * m.d_model * element) {

@@ -30,9 +30,6 @@
 namespace colibri {
 namespace router_node {
 
-enum class RoutingMode { kLut, kGate, kClient };
-const char* RoutingModeName(RoutingMode mode);
-
 struct ForwardInput {
   int32_t layer = 0;
   absl::Span<const int32_t> token_ids;  // T ids (lut mode), else may be empty
@@ -43,7 +40,7 @@ struct ForwardInput {
   common::DType hidden_dtype = common::DType::kF32;
   int64_t num_tokens = 0;
   int64_t cols = 0;
-  RoutingMode routing = RoutingMode::kLut;
+  common::RoutingMode routing = common::RoutingMode::kLut;
   // Client mode: top_k, expert_ids and weights as in common::Routes.
   int64_t client_top_k = 0;
   absl::Span<const int32_t> client_expert_ids;

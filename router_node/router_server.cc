@@ -8,17 +8,17 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_credentials.h"
+#include "runtime/grpc_credentials.h"
 #include "common/status_macros.h"
 
 namespace colibri {
 namespace router_node {
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerOptions options, std::ostream* log) {
-  if (options.model_dir.empty()) return absl::InvalidArgumentError("--model (or --local) is required");
+  if (options.model_dir.empty()) return absl::InvalidArgumentError("RouterServerOptions::model_dir is required");
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                           common::ServerCredentialsFromFiles(options.tls_cert_file, options.tls_key_file,
-                                                              options.tls_client_ca_file, "--tls"));
+                           runtime::ServerCredentialsFromFiles(options.tls_cert_file, options.tls_key_file,
+                                                              options.tls_client_ca_file, "RouterServerOptions::"));
   std::unique_ptr<RouterServer> s(new RouterServer());
   if (options.local) {
     options.engine.max_tokens = options.router.max_tokens;
@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   }
   if (options.metrics_port >= 0) {
     COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
-                             common::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
+                             runtime::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
   }
   options.service.metrics = &s->metrics_;
   options.service.remote = s->remote_.get();

@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
-#include "common/metrics_server.h"
+#include "runtime/metrics_server.h"
 #include "router_node/engine.h"
 #include "router_node/remote_backend.h"
 #include "router_node/router.h"
@@ -68,7 +68,7 @@ class RouterServer {
   RouterServer() = default;
 
   common::MetricsRegistry metrics_;
-  std::unique_ptr<common::MetricsServer> metrics_server_;
+  std::unique_ptr<runtime::MetricsServer> metrics_server_;
   std::unique_ptr<Engine> engine_;           // local mode
   std::unique_ptr<RemoteBackend> remote_;    // distributed mode
   std::unique_ptr<Router> remote_router_;    // distributed mode

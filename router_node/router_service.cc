@@ -9,8 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/grpc_status.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
+#include "runtime/grpc_status.h"
 
 namespace colibri {
 namespace router_node {
@@ -59,7 +60,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   void Run() { Done(service_->RunForward(*request_, control_, response_)); }
   void Done(const absl::Status& s) {
     service_->CountCall("Forward", s.code());
-    Finish(common::ToGrpcStatus(s));
+    Finish(runtime::ToGrpcStatus(s));
   }
 
   RouterService* const service_;
@@ -96,7 +97,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
     StartRead(&request_);
   }
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     cancelled_ = true;
     if (current_ != nullptr) current_->Cancel();
   }
@@ -106,13 +107,13 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
   void Run() {
     auto control = std::make_unique<CallControl>(deadline_);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      common::MutexLock lock(&mu_);
       if (cancelled_) control->Cancel();
       current_ = control.get();
     }
     const absl::Status s = service_->RunForward(request_, *control, reply_.mutable_response());
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      common::MutexLock lock(&mu_);
       current_ = nullptr;
     }
     Reply(s);
@@ -130,9 +131,9 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
   const absl::Time deadline_;
   v1::ForwardRequest request_;
   v1::ForwardStreamResponse reply_;
-  std::mutex mu_;
-  bool cancelled_ = false;           // guarded by mu_
-  CallControl* current_ = nullptr;   // guarded by mu_
+  common::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  CallControl* current_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace
@@ -152,20 +153,20 @@ RouterService::RouterService(Router* router, Options options) : router_(router),
 
 RouterService::~RouterService() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (std::thread& t : workers_) t.join();
 }
 
 bool RouterService::Submit(std::function<void()> job) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    common::MutexLock lock(&mu_);
     if (stopping_ || static_cast<int64_t>(queue_.size()) >= options_.max_queued_requests) return false;
     queue_.push_back(std::move(job));
   }
-  cv_.notify_one();
+  cv_.Signal();
   return true;
 }
 
@@ -173,8 +174,8 @@ void RouterService::WorkerLoop() {
   for (;;) {
     std::function<void()> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      common::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping and drained
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -264,9 +265,10 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
   response->set_norm_topk_prob(m.norm_topk_prob);
   response->set_vocab_size(static_cast<int32_t>(m.vocab_size));
   response->set_weight_type(common::DTypeName(m.weight_type));
-  response->add_routing_modes(v1::ROUTING_MODE_LUT);
-  response->add_routing_modes(v1::ROUTING_MODE_GATE);
-  response->add_routing_modes(v1::ROUTING_MODE_CLIENT);
+  for (const common::RoutingMode mode : {common::RoutingMode::kLut, common::RoutingMode::kGate,
+                                         common::RoutingMode::kClient}) {
+    response->add_routing_modes(ToProtoRoutingMode(mode));
+  }
   response->set_backend(router_->backend().kind());
   response->set_max_tokens(static_cast<int32_t>(router_->max_tokens()));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();

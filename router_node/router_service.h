@@ -7,17 +7,17 @@
 // gRPC's — run Router::Forward, convert the status once, finish. Cancelling a
 // call cancels its node calls. Thread-safe.
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "colibri/v1/router.grpc.pb.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "router_node/remote_backend.h"
 #include "router_node/router.h"
 
@@ -68,10 +68,10 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   const Options options_;
   common::Histogram* stage_[5] = {};  // route, dispatch, slowest_node, aggregate, total (if metrics)
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  common::Mutex mu_;
+  common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

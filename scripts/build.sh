@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
-# Configures and builds Colibri into ${COLIBRI_BUILD_DIR:-build} (Ninja, -j2).
+# Configures Colibri with a CMake preset (CMakePresets.json) and builds it
+# with -j ${COLIBRI_JOBS:-2}. The preset "default" (Ninja, RelWithDebInfo)
+# builds into build/ or $COLIBRI_BUILD_DIR; preset P into build-P/.
+# Usage: bash scripts/build.sh [--preset P] [cmake --build arguments, e.g. --target colibri_demo]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${COLIBRI_BUILD_DIR:-$root/build}
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${COLIBRI_BUILD_TYPE:-RelWithDebInfo} >/dev/null
-cmake --build "$build" -j "${COLIBRI_JOBS:-2}"
+preset=default
+if [ "${1:-}" = --preset ]; then
+  preset=$2
+  shift 2
+fi
+if [ "$preset" = default ]; then
+  build=${COLIBRI_BUILD_DIR:-$root/build}
+else
+  build=$root/build-$preset
+fi
+configure=(--preset "$preset" -B "$build")
+[ -n "${COLIBRI_BUILD_TYPE:-}" ] && configure+=(-DCMAKE_BUILD_TYPE="$COLIBRI_BUILD_TYPE")
+(cd "$root" && cmake "${configure[@]}" >/dev/null)
+cmake --build "$build" -j "${COLIBRI_JOBS:-2}" "$@"

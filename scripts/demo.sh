@@ -44,7 +44,7 @@ step() {  # step "title" command...
 }
 
 [ "$deps" = 1 ] && step "install dependencies" bash "$root/scripts/install-deps.sh"
-[ "$build_it" = 1 ] && step "build" bash "$root/scripts/build.sh"
+[ "$build_it" = 1 ] && step "build (what the demo runs)" bash "$root/scripts/build.sh" --target colibri_demo
 build=${COLIBRI_BUILD_DIR:-$root/build}
 bin=$build/tools
 work=${COLIBRI_DEMO_DIR:-$build/demo}

@@ -20,13 +20,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 command -v clang++ >/dev/null || { echo "fuzz: clang++ is not installed (scripts/install-deps.sh installs it)" >&2; exit 1; }
-build=${COLIBRI_FUZZ_BUILD_DIR:-$root/build-fuzz}
-flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DBUILD_TESTING=OFF -DCOLIBRI_FUZZ=ON >/dev/null
-targets=(safetensors_fuzz model_dir_fuzz expert_request_fuzz router_request_fuzz c_api_fuzz)
+build=$root/build-fuzz
+# The fuzz preset (CMakePresets.json): every library and server compiled by
+# clang with -Werror=thread-safety, so this build is also the check of the
+# locking annotations (common/mutex.h). Targets: tests/fuzz/*_fuzz.cc.
+targets=()
+for f in "$root"/tests/fuzz/*_fuzz.cc; do targets+=("$(basename "$f" .cc)"); done
 [ -n "$only" ] && targets=("$only")
-cmake --build "$build" -j "${COLIBRI_JOBS:-2}" --target "${targets[@]}"
+bash "$root/scripts/build.sh" --preset fuzz --target fuzz_all
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 failed=0
 for t in "${targets[@]}"; do

@@ -11,6 +11,6 @@ build=${COLIBRI_BUILD_DIR:-$root/build}
 (cd "$build" && ctest --output-on-failure -j "${COLIBRI_JOBS:-2}" --timeout 900 "$@")
 [ "${COLIBRI_QUICK:-0}" = 1 ] && exit 0
 echo "=== the suite under AddressSanitizer + UndefinedBehaviorSanitizer"
-bash "$root/scripts/sanitize.sh" -E torch "$@"
+bash "$root/scripts/sanitize.sh" "$@"
 echo "=== fuzz targets, 5 s each"
 bash "$root/scripts/fuzz.sh" --seconds 5

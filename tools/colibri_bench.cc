@@ -3,13 +3,15 @@
 // `colibri-bench router --model DIR --router HOST:PORT` times a running
 // router against the in-process engine.
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "common/flags.h"
+#include "common/routing.h"
+#include "runtime/flags.h"
 #include "tools/kernel_bench.h"
 #include "tools/load_bench.h"
 #include "tools/router_bench.h"
@@ -46,8 +48,19 @@ ABSL_FLAG(bool, progress, true, "run: a progress line on stderr for runs of 2 s 
 ABSL_FLAG(uint64_t, seed, 1, "run: seed of the token ids and hidden states.");
 ABSL_FLAG(bool, json, false, "One JSON object per result instead of the table.");
 
+namespace {
+
+// --routing, if it is a mode the benchmarks run (lut or gate).
+std::optional<colibri::common::RoutingMode> BenchRouting() {
+  auto mode = colibri::common::ParseRoutingMode(absl::GetFlag(FLAGS_routing));
+  if (!mode.ok() || *mode == colibri::common::RoutingMode::kClient) return std::nullopt;
+  return *mode;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::vector<char*> args = colibri::common::ParseFlags(argc, argv,
+  std::vector<char*> args = colibri::runtime::ParseFlags(argc, argv,
       "Colibri benchmarks. Subcommands:\n"
       "  kernels  time the expert executor on one layer (one expert alone, then the full layer with real\n"
       "           top-k routes) at each --tokens, next to this machine's read bandwidth measured in the\n"
@@ -73,7 +86,6 @@ int main(int argc, char** argv) {
     r.batch_size = absl::GetFlag(FLAGS_batch_size);
     r.seq_len = absl::GetFlag(FLAGS_seq_len);
     r.layers = absl::GetFlag(FLAGS_layers);
-    r.routing = absl::GetFlag(FLAGS_routing);
     r.concurrency = absl::GetFlag(FLAGS_concurrency);
     r.warmup = absl::GetFlag(FLAGS_warmup);
     r.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
@@ -86,10 +98,12 @@ int main(int argc, char** argv) {
     r.json = absl::GetFlag(FLAGS_json);
     r.check_tokens = absl::GetFlag(FLAGS_check);
     r.progress = absl::GetFlag(FLAGS_progress);
-    if (r.routing != "lut" && r.routing != "gate") {
+    const std::optional<colibri::common::RoutingMode> routing = BenchRouting();
+    if (!routing.has_value()) {
       std::cerr << "colibri-bench: --routing must be lut or gate\n";
       return 2;
     }
+    r.routing = *routing;
     const absl::Status status = colibri::tools::RunLoadBench(r, std::cout);
     if (!status.ok()) {
       std::cerr << "colibri-bench: " << status.message() << "\n";
@@ -119,14 +133,15 @@ int main(int argc, char** argv) {
     r.router_pid = absl::GetFlag(FLAGS_router_pid);
     r.layer = static_cast<int32_t>(absl::GetFlag(FLAGS_layer));
     r.tokens = options.tokens;
-    r.routing = absl::GetFlag(FLAGS_routing);
     r.local_threads = absl::GetFlag(FLAGS_threads);
     r.warmup = absl::GetFlag(FLAGS_warmup);
     r.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
-    if (r.router.empty() || (r.routing != "lut" && r.routing != "gate")) {
+    const std::optional<colibri::common::RoutingMode> routing = BenchRouting();
+    if (r.router.empty() || !routing.has_value()) {
       std::cerr << "colibri-bench: router needs --router HOST:PORT and --routing lut|gate\n";
       return 2;
     }
+    r.routing = *routing;
     const absl::Status status = colibri::tools::RunRouterBench(r, std::cout);
     if (!status.ok()) {
       std::cerr << "colibri-bench: " << status.message() << "\n";

@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "common/flags.h"
+#include "runtime/flags.h"
 #include "common/dtype.h"
 #include "tools/convert.h"
 
@@ -19,7 +19,7 @@ ABSL_FLAG(bool, overwrite, false, "Replace a model directory already at --out.")
 ABSL_FLAG(bool, progress, true, "Print a line per expert file written.");
 
 int main(int argc, char** argv) {
-  colibri::common::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(argc, argv,
       "Converts a Hugging Face MoE checkpoint (Mixtral or Qwen-MoE/OLMoE naming; f32, bf16 or f16) into a\n"
       "Colibri model directory: one file per (layer, expert), per-layer gate and routing LUT, and a manifest\n"
       "with every file's size and checksum. Streams tensor by tensor.\n"

@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "common/flags.h"
+#include "runtime/flags.h"
 #include "tools/reference_run.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output). Required.");
@@ -18,7 +18,7 @@ ABSL_FLAG(bool, compare_kernels, true, "Also run the optimized expert kernels on
           "time and relative error against the reference.");
 
 int main(int argc, char** argv) {
-  colibri::common::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(argc, argv,
       "Runs Colibri's scalar reference MoE layer (routes + SwiGLU experts + weighted sum, in double) on a\n"
       "model directory and prints routes and timings. The oracle for every faster path.\n"
       "Example: colibri-reference --model model/ --layer 0 --routing gate --tokens 16");
@@ -28,9 +28,9 @@ int main(int argc, char** argv) {
     std::cerr << "colibri-reference: --model is required (see --help)\n";
     return 2;
   }
-  auto routing = colibri::tools::ParseRoutingMode(absl::GetFlag(FLAGS_routing));
-  if (!routing.ok()) {
-    std::cerr << "colibri-reference: --routing: " << routing.status().message() << "\n";
+  auto routing = colibri::common::ParseRoutingMode(absl::GetFlag(FLAGS_routing));
+  if (!routing.ok() || *routing == colibri::common::RoutingMode::kClient) {
+    std::cerr << "colibri-reference: --routing must be lut or gate\n";
     return 2;
   }
   options.routing = *routing;

@@ -15,7 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "common/dtype.h"
-#include "common/flags.h"
+#include "runtime/flags.h"
 #include "tools/synth.h"
 
 ABSL_FLAG(std::string, out, "",
@@ -59,7 +59,7 @@ int Fail(int code, const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char* argv[]) {
-  const std::vector<char*> positional = colibri::common::ParseFlags(argc, argv,
+  const std::vector<char*> positional = colibri::runtime::ParseFlags(argc, argv,
       "Writes a synthetic Hugging Face Mixture-of-Experts checkpoint (config.json plus seeded "
       "random weights in safetensors files) so tests, demos and benchmarks need no download. "
       "Tensors are generated and streamed in chunks, so even a full-size Mixtral-8x7B layer "

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/flags.h"
+#include "runtime/flags.h"
 #include "tools/validate.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory to check (or give it as the only argument).");
@@ -32,7 +32,7 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char* argv[]) {
-  const std::vector<char*> args = colibri::common::ParseFlags(argc, argv, kUsage);
+  const std::vector<char*> args = colibri::runtime::ParseFlags(argc, argv, kUsage);
   std::string dir = absl::GetFlag(FLAGS_model);
   if (args.size() > 2 || (args.size() == 2 && !dir.empty() && dir != args[1])) {
     std::cerr << "colibri-validate: give one model directory, as --model DIR or as the argument\n";

@@ -11,7 +11,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -22,6 +21,7 @@
 #include "clients/cpp/client.h"
 #include "common/model_dir.h"
 #include "common/status_macros.h"
+#include "common/mutex.h"
 #include "kernels/reference_moe.h"
 #include "router_node/engine.h"
 
@@ -52,9 +52,15 @@ class RouterTarget final : public Target {
   std::unique_ptr<client::Session> session_;
 };
 
+// The client's name of a routing mode (lut or gate).
+client::Routing ToClientRouting(common::RoutingMode mode) {
+  return mode == common::RoutingMode::kGate ? client::Routing::kGate : client::Routing::kLut;
+}
+
+// Runs every call with `routing` (the run's mode, also in the args).
 class EngineTarget final : public Target {
  public:
-  explicit EngineTarget(Engine* engine) : engine_(engine) {}
+  EngineTarget(Engine* engine, common::RoutingMode routing) : engine_(engine), routing_(routing) {}
   absl::StatusOr<client::ForwardResult> Forward(const client::ForwardArgs& args) override {
     router_node::ForwardInput in;
     in.layer = args.layer;
@@ -63,7 +69,7 @@ class EngineTarget final : public Target {
     in.hidden_bytes = static_cast<int64_t>(args.hidden.size() * 4);
     in.cols = engine_->manifest().d_model;
     in.num_tokens = static_cast<int64_t>(args.hidden.size()) / in.cols;
-    in.routing = args.routing == client::Routing::kGate ? router_node::RoutingMode::kGate : router_node::RoutingMode::kLut;
+    in.routing = routing_;
     COLIBRI_ASSIGN_OR_RETURN(router_node::ForwardOutput out, engine_->Forward(in));
     client::ForwardResult r;
     r.output.resize(out.output.size() / 4);
@@ -79,6 +85,7 @@ class EngineTarget final : public Target {
 
  private:
   Engine* engine_;
+  const common::RoutingMode routing_;
 };
 
 struct Model {
@@ -259,11 +266,11 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
     target_name = "in-process";
   }
   const int64_t layers = o.layers == 0 ? model.n_layers : std::min(o.layers, model.n_layers);
-  const client::Routing routing = o.routing == "gate" ? client::Routing::kGate : client::Routing::kLut;
+  const client::Routing routing = ToClientRouting(o.routing);
   std::vector<std::unique_ptr<Target>> targets;
   for (int c = 0; c < o.concurrency; ++c) {
     if (engine != nullptr) {
-      targets.push_back(std::make_unique<EngineTarget>(engine.get()));
+      targets.push_back(std::make_unique<EngineTarget>(engine.get(), o.routing));
     } else {
       std::unique_ptr<client::Session> session;
       if (!o.unary && o.deadline_ms <= 0) {
@@ -278,7 +285,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   const auto deadline = o.duration_seconds > 0
                             ? run_start + std::chrono::microseconds(static_cast<int64_t>(o.duration_seconds * 1e6))
                             : Clock::time_point::max();
-  std::mutex mu;
+  common::Mutex mu;  // guards records and failure (locals: not annotatable)
   std::vector<CallRecord> records;
   absl::Status failure;
   std::atomic<int64_t> calls_done{0}, tokens_done{0}, abandoned{0};
@@ -313,7 +320,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
               break;  // this step's hidden state is gone: start the next step
             }
             if (!r.ok()) {
-              std::lock_guard<std::mutex> lock(mu);
+              common::MutexLock lock(&mu);
               if (failure.ok()) failure = r.status();
               stop = true;
               break;
@@ -335,7 +342,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
           if (calls > o.warmup) tokens_done += o.batch_size;
         }
       }
-      std::lock_guard<std::mutex> lock(mu);
+      common::MutexLock lock(&mu);
       records.insert(records.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
       --running;
     });
@@ -397,7 +404,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
         R"("stages_p50_us":{"route":%.1f,"dispatch":%.1f,"slowest_node":%.1f,"node_compute":%.1f,"aggregate":%.1f,)"
         R"("router_total":%.1f},"tokens_per_expert":[%s],"check":%s,"trace":%s})",
         JsonString(target_name), JsonString(model.backend), JsonString(model.weight_type), model.d_model, layers,
-        model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency, JsonString(o.routing),
+        model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency, JsonString(common::RoutingModeName(o.routing)),
         (o.unary || engine != nullptr || o.deadline_ms > 0) ? "false" : "true", elapsed,
         static_cast<int64_t>(records.size()), abandoned.load(), tokens_per_s, calls_per_s, Percentile(latency, 0.5), Percentile(latency, 0.9), Percentile(latency, 0.99),
         Percentile(latency, 1.0), Percentile(route, 0.5), Percentile(dispatch, 0.5), Percentile(slowest, 0.5),
@@ -410,7 +417,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
                          model.backend, model.weight_type, model.d_model, model.n_layers, model.n_experts, model.top_k);
   out << absl::StrFormat("workload: %d client(s) x %s, batch %d, seq_len %d, %d layers, %s routing, %.1f s\n",
                          o.concurrency, engine != nullptr ? "in-process" : (o.unary ? "unary" : "stream"),
-                         o.batch_size, o.seq_len, layers, o.routing, elapsed);
+                         o.batch_size, o.seq_len, layers, common::RoutingModeName(o.routing), elapsed);
   out << absl::StrFormat("throughput: %.1f tokens/s through %d layers (%.1f layer calls/s)\n", tokens_per_s, layers,
                          calls_per_s);
   if (o.deadline_ms > 0) {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/routing.h"
 
 namespace colibri {
 namespace tools {
@@ -31,7 +32,7 @@ struct LoadBenchOptions {
   int64_t batch_size = 1;
   int64_t seq_len = 16;
   int64_t layers = 0;            // 0: all
-  std::string routing = "lut";   // lut | gate
+  common::RoutingMode routing = common::RoutingMode::kLut;  // lut or gate
   int concurrency = 1;
   int warmup = 2;                // calls per client not measured
   int64_t repeat = 1;            // sequences per client (when duration == 0)

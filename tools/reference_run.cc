@@ -88,15 +88,12 @@ absl::StatusOr<KernelCheck> CheckKernels(const common::ModelDir& model, int64_t 
 
 }  // namespace
 
-absl::StatusOr<RoutingMode> ParseRoutingMode(const std::string& name) {
-  if (name == "lut") return RoutingMode::kLut;
-  if (name == "gate") return RoutingMode::kGate;
-  return absl::InvalidArgumentError(absl::StrCat("unknown routing mode '", name, "' (expected lut or gate)"));
-}
-
 absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, int64_t layer,
-                                                 RoutingMode mode, absl::Span<const int32_t> token_ids,
+                                                 common::RoutingMode mode, absl::Span<const int32_t> token_ids,
                                                  const float* x, bool verify_checksums) {
+  if (mode == common::RoutingMode::kClient) {
+    return absl::InvalidArgumentError("the reference layer routes by lut or gate, not client");
+  }
   const common::Manifest& m = model.manifest();
   ReferenceResult r;
   auto start = std::chrono::steady_clock::now();
@@ -104,7 +101,7 @@ absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, 
   r.load_seconds += Since(start);
 
   start = std::chrono::steady_clock::now();
-  if (mode == RoutingMode::kLut) {
+  if (mode == common::RoutingMode::kLut) {
     COLIBRI_ASSIGN_OR_RETURN(r.routes, common::RouteByLut(routing->lut_ids, routing->lut_weights, m.vocab_size,
                                                           m.top_k, token_ids));
   } else {
@@ -151,7 +148,7 @@ absl::Status RunReference(const ReferenceRunOptions& o, std::ostream& log) {
   }
   log << absl::StrFormat("%d tokens (ids %s%s), routing %s\n", tokens.size(),
                          absl::StrJoin(tokens.begin(), tokens.begin() + std::min<size_t>(8, tokens.size()), " "),
-                         tokens.size() > 8 ? " ..." : "", o.routing == RoutingMode::kLut ? "lut" : "gate");
+                         tokens.size() > 8 ? " ..." : "", common::RoutingModeName(o.routing));
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run (--tokens must be at least 1)");
   if (o.layer < -1 || o.layer >= m.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("--layer ", o.layer, " is outside [0, ", m.n_layers, ")"));

@@ -19,11 +19,6 @@
 namespace colibri {
 namespace tools {
 
-enum class RoutingMode { kLut, kGate };
-
-// "lut" | "gate"; INVALID_ARGUMENT otherwise.
-absl::StatusOr<RoutingMode> ParseRoutingMode(const std::string& name);
-
 struct ReferenceResult {
   common::Routes routes;
   std::vector<float> output;  // [T][d_model]
@@ -32,16 +27,17 @@ struct ReferenceResult {
   double compute_seconds = 0;
 };
 
-// x is [token_ids.size()][d_model]. INVALID_ARGUMENT for a bad layer or a
+// x is [token_ids.size()][d_model]. `mode` is lut or gate. INVALID_ARGUMENT
+// for client mode (the reference has no caller's routes), a bad layer or a
 // token id outside the vocabulary (lut mode); load errors as ModelDir's.
 absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, int64_t layer,
-                                                 RoutingMode mode, absl::Span<const int32_t> token_ids,
+                                                 common::RoutingMode mode, absl::Span<const int32_t> token_ids,
                                                  const float* x, bool verify_checksums);
 
 struct ReferenceRunOptions {
   std::string model_dir;
   int64_t layer = -1;           // -1: every layer
-  RoutingMode routing = RoutingMode::kLut;
+  common::RoutingMode routing = common::RoutingMode::kLut;  // lut or gate
   int64_t tokens = 8;           // sample tokens when no inputs file
   uint64_t seed = 1;
   std::string inputs_path;      // safetensors: token_ids I32 [T], hidden_states F32 [T, d_model]

@@ -16,6 +16,7 @@
 #include "colibri/v1/router.grpc.pb.h"
 #include "common/status_macros.h"
 #include "router_node/engine.h"
+#include "router_node/forward_request.h"
 
 namespace colibri {
 namespace tools {
@@ -98,7 +99,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
   const int64_t d_model = info.d_model();
   out << "# colibri-bench router: " << o.router << " (" << info.backend() << ", " << info.weight_type() << ", d_model "
       << d_model << ", d_ff " << info.d_ff() << ", " << info.n_experts() << " experts, top-" << info.top_k()
-      << ") vs the in-process engine; layer " << o.layer << ", " << o.routing << " routing, " << o.repeat
+      << ") vs the in-process engine; layer " << o.layer << ", " << common::RoutingModeName(o.routing) << " routing, " << o.repeat
       << " calls per row, times in microseconds\n";
   out << "# an empty gRPC round trip to the router (GetModelInfo): p50 " << static_cast<int64_t>(Percentile(ping_us, 0.5))
       << " us, p99 " << static_cast<int64_t>(Percentile(ping_us, 0.99)) << " us\n";
@@ -118,7 +119,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     request.mutable_hidden()->add_shape(T);
     request.mutable_hidden()->add_shape(d_model);
     request.mutable_hidden()->set_data(reinterpret_cast<const char*>(x.data()), x.size() * 4);
-    request.set_routing(o.routing == "gate" ? v1::ROUTING_MODE_GATE : v1::ROUTING_MODE_LUT);
+    request.set_routing(router_node::ToProtoRoutingMode(o.routing));
     request.set_return_timings(true);
     router_node::ForwardInput in;
     in.layer = o.layer;
@@ -127,7 +128,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     in.hidden_bytes = static_cast<int64_t>(x.size() * 4);
     in.num_tokens = T;
     in.cols = d_model;
-    in.routing = o.routing == "gate" ? router_node::RoutingMode::kGate : router_node::RoutingMode::kLut;
+    in.routing = o.routing;
 
     std::vector<double> local_us, remote_us, own_us, overhead_us, node_us, compute_us;
     std::string local_bytes, remote_bytes;

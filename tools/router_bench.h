@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/routing.h"
 
 namespace colibri {
 namespace tools {
@@ -25,7 +26,7 @@ struct RouterBenchOptions {
   int router_pid = 0;           // > 0: read its CPU time from /proc/<pid>/stat
   int32_t layer = 0;
   std::vector<int64_t> tokens = {1, 8, 128};
-  std::string routing = "lut";  // lut | gate
+  common::RoutingMode routing = common::RoutingMode::kLut;  // lut or gate
   int local_threads = 0;        // in-process engine threads; 0: one per CPU; < 0: skip the engine
   int warmup = 3;
   int repeat = 30;

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/tensor.h"
-#include "common/grpc_credentials.h"
+#include "runtime/grpc_credentials.h"
 
 namespace colibri {
 namespace client {
@@ -25,8 +25,8 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("client: no target (host:port of the router)");
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = common::ChannelCredentialsFromFiles(
-      options.tls_ca_file, options.tls_cert_file, options.tls_key_file, "tls");
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = runtime::ChannelCredentialsFromFiles(
+      options.tls_ca_file, options.tls_cert_file, options.tls_key_file, "ClientOptions::");
   if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
   const int max_bytes = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));

@@ -14,7 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "clients/cpp/client.h"
-#include "common/flags.h"
+#include "runtime/flags.h"
 
 ABSL_FLAG(std::string, router, "", "host:port of the router. Required.");
 ABSL_FLAG(int, steps, 4, "Tokens to decode.");
@@ -59,7 +59,7 @@ uint64_t Fnv1a64(const std::vector<float>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  colibri::common::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(argc, argv,
       "Decodes --steps tokens through every MoE layer of the model a Colibri router serves, over one stream,\n"
       "adding each layer's output to the hidden state. Example: colibri-decode-example --router 127.0.0.1:50051");
   namespace cc = colibri::client;

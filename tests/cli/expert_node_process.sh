@@ -18,6 +18,14 @@ echo "--- a bad model directory is refused at start with the reason"
 if "$build/expert_node/colibri-expert" --model "$tmp/nowhere" 2>"$tmp/err"; then fail "started without a model"; fi
 grep -q "manifest" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
 
+echo "--- a bad option is named by its flag"
+if "$build/expert_node/colibri-expert" --model "$tmp/model" --experts 7-2 2>"$tmp/err"; then fail "started with --experts 7-2"; fi
+grep -q -- "(--experts)" "$tmp/err" || fail "error does not name --experts: $(cat "$tmp/err")"
+if "$build/expert_node/colibri-expert" --model "$tmp/model" --tls_cert "$tmp/x.crt" --nomlock 2>"$tmp/err"; then
+  fail "started with a certificate and no key"
+fi
+grep -q -- "(--tls_key)" "$tmp/err" || fail "error does not name --tls_key: $(cat "$tmp/err")"
+
 echo "--- start, SIGHUP, SIGTERM"
 "$build/expert_node/colibri-expert" --model "$tmp/model" --experts "layer:1/expert:0-1" --listen 127.0.0.1:0 \
   --nomlock >"$tmp/out" 2>"$tmp/err" &

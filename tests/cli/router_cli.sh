@@ -36,6 +36,9 @@ expect_exit 2 "exactly one of" --model "$tmp"
 expect_exit 2 "exactly one of" --local "$tmp/model" --experts-at 127.0.0.1:1
 expect_exit 1 "manifest.json" --model "$tmp/nowhere" --experts_at 127.0.0.1:1
 expect_exit 1 "not host:port" --model "$tmp/model" --experts_at nohostport
+expect_exit 1 "(--max_tokens)" --local "$tmp/model" --max_tokens 0
+expect_exit 1 "(--node_tls_ca)" --model "$tmp/model" --experts_at 127.0.0.1:1 --node_tls_cert "$tmp/x.crt" \
+  --node_tls_key "$tmp/x.key"
 
 echo "--- a node that is down: the router starts anyway (dashed flag names work too) and exits 0 on SIGTERM"
 proc_start router "$router" --model "$tmp/model" --experts-at 127.0.0.1:1 --health-interval-ms 100

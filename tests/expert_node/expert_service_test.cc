@@ -254,7 +254,8 @@ TEST_CASE("with mutual TLS only clients holding a certificate from the CA get in
   CHECK_FALSE(info(grpc::InsecureChannelCredentials()).ok());     // plaintext refused
 
   options.tls_key_file.clear();
-  CHECK(ExpertServer::Create(options, nullptr).status().message().find("--tls_key") != absl::string_view::npos);
+  CHECK(ExpertServer::Create(options, nullptr).status().message().find("ServerOptions::tls_key_file") !=
+        absl::string_view::npos);
   options.tls_key_file = certs + "/missing.key";
   CHECK(ExpertServer::Create(options, nullptr).status().message().find("missing.key") != absl::string_view::npos);
 }

@@ -75,8 +75,8 @@ void RunCase(const std::string& name, DType source_type, int64_t layers) {
     const std::vector<int32_t> tokens = colibri::testing::ReadI32(inputs, "token_ids");
     const std::vector<float> x = colibri::testing::ReadF32(inputs, "hidden_states");
     for (int64_t layer = 0; layer < layers; ++layer) {
-      for (const auto& [mode, file] : {std::pair{tools::RoutingMode::kGate, "gate"},
-                                       std::pair{tools::RoutingMode::kLut, "embedding"}}) {
+      for (const auto& [mode, file] : {std::pair{common::RoutingMode::kGate, "gate"},
+                                       std::pair{common::RoutingMode::kLut, "embedding"}}) {
         const std::string expected_path = golden + "/expected_" + file + "_layer" + std::to_string(layer) + ".safetensors";
         auto r = tools::ReferenceForward(**model, layer, mode, tokens, x.data(), true);
         REQUIRE(r.ok());
@@ -113,8 +113,8 @@ TEST_CASE("the reference layer is deterministic and uses only routed experts") {
   const std::vector<int32_t> tokens = {3, 9, 3};
   std::vector<float> x(3 * 48);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * i);
-  auto a = tools::ReferenceForward(**model, 1, tools::RoutingMode::kGate, tokens, x.data(), false);
-  auto b = tools::ReferenceForward(**model, 1, tools::RoutingMode::kGate, tokens, x.data(), false);
+  auto a = tools::ReferenceForward(**model, 1, common::RoutingMode::kGate, tokens, x.data(), false);
+  auto b = tools::ReferenceForward(**model, 1, common::RoutingMode::kGate, tokens, x.data(), false);
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   CHECK(a->output == b->output);  // bitwise
@@ -130,7 +130,7 @@ TEST_CASE("the reference layer is deterministic and uses only routed experts") {
   CHECK(y == a->output);
   // An out-of-vocabulary token in LUT mode is an error naming it.
   const std::vector<int32_t> bad = {3, 64};
-  auto err = tools::ReferenceForward(**model, 0, tools::RoutingMode::kLut, bad, x.data(), false);
+  auto err = tools::ReferenceForward(**model, 0, common::RoutingMode::kLut, bad, x.data(), false);
   REQUIRE(err.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(err.status().message().find("token_ids[1] = 64") != absl::string_view::npos);
 }

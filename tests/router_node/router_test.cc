@@ -108,7 +108,7 @@ TEST_CASE("lut, gate and client routing match the reference MoE layer") {
     const std::vector<float> y_lut = AsFloats(lut->output);
     CHECK(RelativeL2(y_lut, Reference(f.model_dir, layer, lut->routes, x)) < 2e-5);
 
-    in.routing = RoutingMode::kGate;
+    in.routing = common::RoutingMode::kGate;
     auto gate = f.engine->Forward(in);
     REQUIRE(gate.ok());
     const common::Routes gate_routes = common::RouteByGate((*tables)->gate, 4, 48, 2, true, x.data(), 7);
@@ -116,7 +116,7 @@ TEST_CASE("lut, gate and client routing match the reference MoE layer") {
     CHECK(RelativeL2(AsFloats(gate->output), Reference(f.model_dir, layer, gate_routes, x)) < 2e-5);
 
     // The LUT's routes sent as client routes give the same bits.
-    in.routing = RoutingMode::kClient;
+    in.routing = common::RoutingMode::kClient;
     in.client_top_k = 2;
     in.client_expert_ids = lut->routes.expert_ids;
     in.client_weights = lut->routes.weights;
@@ -198,7 +198,7 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field and value") 
   ExpectInvalid(f.engine->Forward(in), "output_dtype int4");
 
   in = f.Input(0, ids, x);
-  in.routing = RoutingMode::kClient;
+  in.routing = common::RoutingMode::kClient;
   in.client_top_k = 2;
   std::vector<int32_t> experts = {0, 1, 2, 3};
   std::vector<float> weights = {0.5f, 0.5f, 0.5f, 0.5f};
@@ -226,7 +226,7 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field and value") 
   std::vector<float> bad = x;
   bad[50] = std::numeric_limits<float>::infinity();
   in = f.Input(0, ids, bad);
-  in.routing = RoutingMode::kGate;
+  in.routing = common::RoutingMode::kGate;
   ExpectInvalid(f.engine->Forward(in), "hidden[1][2]");
 
   const std::vector<int32_t> many(101, 1);

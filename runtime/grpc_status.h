@@ -1,8 +1,7 @@
-#ifndef COLIBRI_COMMON_GRPC_STATUS_H_
-#define COLIBRI_COMMON_GRPC_STATUS_H_
+#ifndef COLIBRI_RUNTIME_GRPC_STATUS_H_
+#define COLIBRI_RUNTIME_GRPC_STATUS_H_
 
 // absl::Status -> grpc::Status, the one conversion every *_service.cc uses.
-// Header-only so that only transport code (which links gRPC) includes grpcpp.
 // absl's canonical codes have the same numbers as gRPC's.
 
 #include <string>
@@ -12,14 +11,14 @@
 #include "absl/status/status.h"
 
 namespace colibri {
-namespace common {
+namespace runtime {
 
 inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-}  // namespace common
+}  // namespace runtime
 }  // namespace colibri
 
-#endif  // COLIBRI_COMMON_GRPC_STATUS_H_
+#endif  // COLIBRI_RUNTIME_GRPC_STATUS_H_

@@ -1,4 +1,4 @@
-#include "common/metrics_server.h"
+#include "runtime/metrics_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace colibri {
-namespace common {
+namespace runtime {
 namespace {
 
 constexpr int kPollMillis = 200;       // how often the accept loop checks for stop
@@ -32,7 +32,7 @@ void WriteAll(int fd, const std::string& data) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(const std::string& host, int port,
-                                                                     const MetricsRegistry* registry) {
+                                                                     const common::MetricsRegistry* registry) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("metrics: socket: ", std::strerror(errno)));
   const int one = 1;
@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(const std::
   return std::unique_ptr<MetricsServer>(new MetricsServer(fd, ntohs(addr.sin_port), registry));
 }
 
-MetricsServer::MetricsServer(int fd, int port, const MetricsRegistry* registry)
+MetricsServer::MetricsServer(int fd, int port, const common::MetricsRegistry* registry)
     : fd_(fd), port_(port), registry_(registry) {
   thread_ = std::thread([this] { Serve(); });
 }
@@ -89,5 +89,5 @@ void MetricsServer::Serve() {
   }
 }
 
-}  // namespace common
+}  // namespace runtime
 }  // namespace colibri

@@ -1,4 +1,4 @@
-#include "common/flags.h"
+#include "runtime/flags.h"
 
 #include <algorithm>
 #include <string>
@@ -7,10 +7,11 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
 namespace colibri {
-namespace common {
+namespace runtime {
 
 std::vector<char*> ParseFlags(int argc, char** argv, const char* usage) {
   absl::SetProgramUsageMessage(usage);
@@ -44,5 +45,12 @@ std::vector<char*> ParseFlags(int argc, char** argv, const char* usage) {
   return absl::ParseCommandLine(argc, args.data());
 }
 
-}  // namespace common
+absl::Status NameFlags(const absl::Status& status, const OptionFlags& flags) {
+  if (status.ok()) return status;
+  std::vector<std::pair<std::string, std::string>> replacements;
+  for (const auto& [option, flag] : flags) replacements.emplace_back(option, absl::StrCat(option, " (", flag, ")"));
+  return absl::Status(status.code(), absl::StrReplaceAll(status.message(), replacements));
+}
+
+}  // namespace runtime
 }  // namespace colibri

@@ -1,0 +1,39 @@
+#ifndef COLIBRI_RUNTIME_GRPC_CREDENTIALS_H_
+#define COLIBRI_RUNTIME_GRPC_CREDENTIALS_H_
+
+// TLS credentials from PEM files, for every Colibri server and client.
+// The files come from an options struct with the fields tls_cert_file,
+// tls_key_file, tls_client_ca_file (servers) or tls_ca_file, tls_cert_file,
+// tls_key_file (clients); `prefix` is that struct's name with "::", e.g.
+// "ServerOptions::", and errors name the field and the file. No key material
+// is ever printed. Thread-safe (pure functions).
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include "absl/status/statusor.h"
+
+namespace colibri {
+namespace runtime {
+
+// The text of a PEM file; INVALID_ARGUMENT naming `option` if it cannot be
+// read or holds no PEM block.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& option);
+
+// Server side: insecure (no files), TLS (cert + key), or mutual TLS (cert +
+// key + client CA: only clients with a certificate signed by it get in).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFiles(
+    const std::string& cert, const std::string& key, const std::string& client_ca, const std::string& prefix);
+
+// Client side: insecure (no CA), TLS checking the server against `ca`, plus
+// a client certificate (cert + key) for mutual TLS.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(
+    const std::string& ca, const std::string& cert, const std::string& key, const std::string& prefix);
+
+}  // namespace runtime
+}  // namespace colibri
+
+#endif  // COLIBRI_RUNTIME_GRPC_CREDENTIALS_H_
