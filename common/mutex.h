@@ -68,7 +68,12 @@ class CondVar {
   }
 
   // As Wait, for at most `timeout`; true if it returned because time ran out.
+  // An infinite timeout waits like Wait (and returns false).
   bool WaitWithTimeout(Mutex* mu, absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (timeout == absl::InfiniteDuration()) {
+      Wait(mu);
+      return false;
+    }
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     const bool timed_out = cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout)) == std::cv_status::timeout;
     lock.release();

@@ -253,7 +253,7 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
   }
   if (!dir.empty() && !InsideRoot(dir, options_.model_root)) {
     Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                 "model_dir is not an existing directory inside the node's --model_root"));
+                                 "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)"));
     return reactor;
   }
   if (!dir.empty()) dir = std::filesystem::canonical(dir, ec).string();  // what was checked is what loads

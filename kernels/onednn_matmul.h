@@ -6,7 +6,7 @@
 // so a slice of whole 64-row blocks is used in place, with no reorder.
 // Primitives are created once per (type, T, K, n, ldd) and cached; each
 // calling thread has its own stream and scratchpad (user scratchpad mode), so
-// any number of pool workers may call Run concurrently. oneDNN parallelizes
+// any number of pool workers may call OnednnMatmul concurrently. oneDNN parallelizes
 // within the calling thread's OpenMP team, which the thread pool limits to
 // that thread (kernels/thread_pool.h).
 
@@ -23,7 +23,7 @@ namespace kernels {
 // for f32 weights. REQUIRES: type is kBF16 or kF32, n % 64 == 0, K % 64 == 0.
 // Aborts, with a message, only if oneDNN cannot create a matmul for a shape
 // (a broken install: every shape the executor passes is a valid blocked
-// matmul); never on data. Each new (T, n) creates a primitive (milliseconds)
+// matmul); never on data. Each new (type, T, K, n, ldd) creates a primitive (milliseconds)
 // and caches it for the life of the process: fine for the opt-in use the
 // executor makes of it (docs/KERNELS.md), not for unbounded T variety.
 void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src,

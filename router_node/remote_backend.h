@@ -6,8 +6,10 @@
 // Shard map: the router asks each configured node what it serves
 // (GetNodeInfo) — no hand-written expert lists — and repeats that every
 // `health_interval` on a watcher thread: a node is live when it answers, is
-// READY and serves this router's model (same model_id). A node that fails a
-// call is marked down at once and comes back at its next good health check.
+// READY and serves this router's model (same model_id and shape). A node
+// whose planned call failed, unanswered by a hedge, with a retried code other
+// than RESOURCE_EXHAUSTED (and not because of the client's own deadline or
+// cancel) is marked down at once and comes back at its next good health check.
 // With a cluster file, the node list is re-read when the file changes.
 //
 // A layer call: each expert's work goes to its least-loaded live replica,
@@ -15,12 +17,18 @@
 // per-expert outputs), all calls in flight at once on gRPC's callback API,
 // each with deadline min(client deadline, now + node_timeout). A call that
 // fails with UNAVAILABLE, DEADLINE_EXCEEDED (the node timeout, not the
-// client's), RESOURCE_EXHAUSTED, ABORTED or FAILED_PRECONDITION (a stale map)
-// is retried once, on other replicas, within the client's deadline.
-// Cancelling the request cancels its node calls.
+// client's), RESOURCE_EXHAUSTED, ABORTED, FAILED_PRECONDITION (a stale map) or
+// CANCELLED (by the node, not the client) is retried once, for just its
+// experts, on other replicas (not the failed node or that call's hedges),
+// within the client's deadline; any other code from a node becomes INTERNAL.
+// With hedge_after > 0, the work of a first-attempt call not answered within
+// it is also sent to other replicas; the first complete answer is used and the
+// others are cancelled. Cancelling the request cancels its node calls.
 //
-// This file and router_service.cc are the router's gRPC transport.
-// Thread-safe.
+// Implemented in remote_backend.cc (node set, health, map) and
+// remote_dispatch.cc (one layer's calls), with private types in
+// remote_backend_internal.h; with router_service.cc and router_server.cc
+// this is the router's gRPC transport. Thread-safe.
 
 #include <atomic>
 #include <cstdint>
@@ -85,7 +93,9 @@ class RemoteBackend final : public ExpertBackend {
  public:
   // Opens channels to the nodes and runs one health round before returning
   // (so the map is known; nodes that are down are retried by the watcher).
-  // INVALID_ARGUMENT for no nodes, a bad address list or unreadable TLS files.
+  // INVALID_ARGUMENT for neither or both of addresses and cluster_file, an
+  // unset model shape, an empty list or an address that is not host:port, or
+  // bad TLS options or files; NOT_FOUND for a cluster file that cannot be read.
   static absl::StatusOr<std::unique_ptr<RemoteBackend>> Create(const RemoteOptions& options);
   ~RemoteBackend() override;  // Stop()s
 
@@ -102,7 +112,9 @@ class RemoteBackend final : public ExpertBackend {
   void CheckNow();
   // True when every (layer, expert) has a live node.
   bool serving() const;
-  // Called (from the watcher thread) whenever serving() may have changed.
+  // Called at once with the current state, then after every health round in
+  // which serving() changed (on the watcher thread, or the thread calling
+  // CheckNow).
   void SetServingListener(std::function<void(bool)> listener);
   std::vector<NodeStatusView> Nodes() const;
   std::shared_ptr<const ShardMap> map() const;
@@ -110,7 +122,7 @@ class RemoteBackend final : public ExpertBackend {
   int64_t hedges() const { return hedges_.load(std::memory_order_relaxed); }
   int64_t hedge_wins() const { return hedge_wins_.load(std::memory_order_relaxed); }
 
-  struct Call;  // one Compute call in flight (remote_backend.cc)
+  struct Call;  // one Compute call in flight (remote_backend_internal.h)
 
  private:
   struct Node;

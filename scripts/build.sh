@@ -7,6 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 preset=default
 if [ "${1:-}" = --preset ]; then
+  [ $# -ge 2 ] || { echo "build.sh: --preset needs a name (CMakePresets.json)" >&2; exit 2; }
   preset=$2
   shift 2
 fi
@@ -16,6 +17,9 @@ else
   build=$root/build-$preset
 fi
 configure=(--preset "$preset" -B "$build")
-[ -n "${COLIBRI_BUILD_TYPE:-}" ] && configure+=(-DCMAKE_BUILD_TYPE="$COLIBRI_BUILD_TYPE")
+# $COLIBRI_BUILD_TYPE (e.g. Debug) changes the default preset's build type only.
+if [ "$preset" = default ] && [ -n "${COLIBRI_BUILD_TYPE:-}" ]; then
+  configure+=(-DCMAKE_BUILD_TYPE="$COLIBRI_BUILD_TYPE")
+fi
 (cd "$root" && cmake "${configure[@]}" >/dev/null)
 cmake --build "$build" -j "${COLIBRI_JOBS:-2}" "$@"

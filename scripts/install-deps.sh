@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   # build
   build-essential cmake ninja-build pkg-config git openssl
-  # libraries (the customer's stack and helpers)
+  # libraries: gRPC, protobuf, Abseil, oneDNN, libnuma, and helpers
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libdnnl-dev ocl-icd-opencl-dev opencl-headers libnuma-dev nlohmann-json3-dev libxxhash-dev catch2
   # (Debian's oneDNN is built with an OpenCL GPU runtime: its CMake config needs the OpenCL headers)

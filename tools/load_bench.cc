@@ -238,6 +238,9 @@ absl::Status Check(Target& target, const std::string& model_dir, const Model& mo
 }  // namespace
 
 absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
+  if (o.routing == common::RoutingMode::kClient) {
+    return absl::InvalidArgumentError("--routing must be lut or gate (the benchmark has no caller's routes)");
+  }
   if (o.router.empty() == o.local_model.empty()) {
     return absl::InvalidArgumentError("give exactly one of --router HOST:PORT and --local MODEL_DIR");
   }

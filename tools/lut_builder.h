@@ -1,7 +1,7 @@
 #ifndef COLIBRI_TOOLS_LUT_BUILDER_H_
 #define COLIBRI_TOOLS_LUT_BUILDER_H_
 
-// Builds one layer's routing lookup table (DESIGN.md §1 and §4): for every
+// Builds one layer's routing lookup table (docs/MODEL_FORMAT.md, "How the LUT is built"): for every
 // token id, top_k expert ids and weights.
 //
 // Each token's logits are the gate applied to its embedding row or, for

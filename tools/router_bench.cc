@@ -69,6 +69,9 @@ std::pair<int64_t, int64_t> SlowestNode(const v1::ForwardResponse& r) {
 }  // namespace
 
 absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
+  if (o.routing == common::RoutingMode::kClient) {
+    return absl::InvalidArgumentError("--routing must be lut or gate (the benchmark has no caller's routes)");
+  }
   std::unique_ptr<Engine> engine;
   if (o.local_threads >= 0) {
     Engine::Options options;

@@ -2,7 +2,7 @@
 #define COLIBRI_TOOLS_VALIDATE_H_
 
 // colibri-validate's logic: checks a converted model directory
-// (DESIGN.md §4, docs/MODEL_FORMAT.md) against its manifest and reports every
+// (docs/MODEL_FORMAT.md) against its manifest and reports every
 // fault it finds, so a broken conversion or a damaged copy is caught before
 // any node maps it.
 

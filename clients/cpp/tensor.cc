@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/dtype.h"  // header-only conversions: the client does not link colibri::common
+#include "common/half.h"
 
 namespace colibri {
 namespace client {

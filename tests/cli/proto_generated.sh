@@ -10,6 +10,9 @@
 set -euo pipefail
 build=$1
 src=$2
+for tool in protoc protoc-gen-go protoc-gen-go-grpc grpc_cpp_plugin; do
+  command -v "$tool" >/dev/null || { echo "SKIP: $tool is not installed (scripts/install-deps.sh installs it)"; exit 77; }
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
