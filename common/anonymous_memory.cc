@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<AnonymousMemory>> AnonymousMemory::Create(size_t 
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t size = std::max(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
   if (options.numa_node >= 0 && numa_available() < 0) {
-    return absl::UnavailableError(absl::StrCat("NUMA node ", options.numa_node,
-                                               " requested but libnuma reports no NUMA support"));
+    return absl::UnavailableError(
+        absl::StrCat("NUMA node ", options.numa_node, " requested but libnuma reports no NUMA support"));
   }
   if (options.hugepages) {
     // Reserved 2 MiB pages first (hugetlbfs: a Kubernetes pod's

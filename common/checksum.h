@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <string>
 
-
 struct XXH3_state_s;
 
 namespace colibri {

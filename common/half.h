@@ -53,11 +53,10 @@ inline uint16_t FloatToF16(float f) {
   const uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
   if (a >= 0x7f800000u) {  // Inf or NaN (NaN stays quiet NaN)
-    return static_cast<uint16_t>(sign | 0x7c00u |
-                                 (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
+    return static_cast<uint16_t>(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
   }
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520
-  if (a < 0x38800000u) {  // below 2^-14: f16 subnormal or zero.
+  if (a < 0x38800000u) {                                               // below 2^-14: f16 subnormal or zero.
     // Adding 0.5f puts the f16 subnormal grid (2^-24) at the f32 ulp, so the
     // FPU's own round-to-nearest-even does the rounding.
     const float shifted = BitsToFloat(a) + 0.5f;

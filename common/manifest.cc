@@ -2,9 +2,9 @@
 
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
 
 namespace colibri {
@@ -73,16 +73,16 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   int64_t version = 0;
   if (auto s = integer("format_version", 0, INT32_MAX, &version); !s.ok()) return s;
   if (version != kManifestFormatVersion) {
-    return bad(absl::StrCat("unsupported format_version ", version, " (this build reads ",
-                            kManifestFormatVersion, ")"));
+    return bad(
+        absl::StrCat("unsupported format_version ", version, " (this build reads ", kManifestFormatVersion, ")"));
   }
   m.format_version = static_cast<int>(version);
-  for (auto [key, lo, hi, out] : {std::tuple{"d_model", int64_t{1}, kMaxDim, &m.d_model},
-                                  std::tuple{"d_ff", int64_t{1}, kMaxDim, &m.d_ff},
-                                  std::tuple{"n_layers", int64_t{1}, kMaxLayers, &m.n_layers},
-                                  std::tuple{"n_experts", int64_t{1}, kMaxExperts, &m.n_experts},
-                                  std::tuple{"top_k", int64_t{1}, kMaxExperts, &m.top_k},
-                                  std::tuple{"vocab_size", int64_t{1}, kMaxVocab, &m.vocab_size}}) {
+  for (auto [key, lo, hi, out] :
+       {std::tuple{"d_model", int64_t{1}, kMaxDim, &m.d_model}, std::tuple{"d_ff", int64_t{1}, kMaxDim, &m.d_ff},
+        std::tuple{"n_layers", int64_t{1}, kMaxLayers, &m.n_layers},
+        std::tuple{"n_experts", int64_t{1}, kMaxExperts, &m.n_experts},
+        std::tuple{"top_k", int64_t{1}, kMaxExperts, &m.top_k},
+        std::tuple{"vocab_size", int64_t{1}, kMaxVocab, &m.vocab_size}}) {
     if (auto s = integer(key, lo, hi, out); !s.ok()) return s;
   }
   if (m.top_k > m.n_experts) {
@@ -90,7 +90,8 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   }
   if (!j.contains("architecture") || !j["architecture"].is_string()) return bad("missing string 'architecture'");
   m.architecture = j["architecture"].get<std::string>();
-  if (!j.contains("norm_topk_prob") || !j["norm_topk_prob"].is_boolean()) return bad("missing boolean 'norm_topk_prob'");
+  if (!j.contains("norm_topk_prob") || !j["norm_topk_prob"].is_boolean())
+    return bad("missing boolean 'norm_topk_prob'");
   m.norm_topk_prob = j["norm_topk_prob"].get<bool>();
   if (!j.contains("weight_type") || !j["weight_type"].is_string()) return bad("missing string 'weight_type'");
   auto type = ParseWeightType(j["weight_type"].get<std::string>());
@@ -116,11 +117,11 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   for (const Json& f : j["files"]) {
     if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("size") ||
         !f["size"].is_number_unsigned() || !f.contains("checksum") || !f["checksum"].is_string()) {
-      return bad(absl::StrCat("malformed entry ", seen.size(), " in 'files' (needs string path, unsigned size, "
+      return bad(absl::StrCat("malformed entry ", seen.size(),
+                              " in 'files' (needs string path, unsigned size, "
                               "string checksum)"));
     }
-    ManifestFile file{f["path"].get<std::string>(), f["size"].get<uint64_t>(),
-                      f["checksum"].get<std::string>()};
+    ManifestFile file{f["path"].get<std::string>(), f["size"].get<uint64_t>(), f["checksum"].get<std::string>()};
     if (file.path.empty() || file.path[0] == '/' || absl::StrContains(file.path, "..")) {
       return bad(absl::StrCat("file path '", file.path, "' must be relative and stay inside the directory"));
     }

@@ -51,8 +51,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     }
   }
   ::close(fd);  // the mapping keeps the file alive
-  return std::unique_ptr<MappedFile>(
-      new MappedFile(path, static_cast<const uint8_t*>(data), size));
+  return std::unique_ptr<MappedFile>(new MappedFile(path, static_cast<const uint8_t*>(data), size));
 }
 
 MappedFile::~MappedFile() {

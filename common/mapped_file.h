@@ -36,8 +36,7 @@ class MappedFile {
   void DropPages(size_t offset, size_t length) const;
 
  private:
-  MappedFile(std::string path, const uint8_t* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  MappedFile(std::string path, const uint8_t* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}
 
   const std::string path_;
   const uint8_t* const data_;

@@ -47,8 +47,8 @@ class Histogram {
 
  private:
   friend class MetricsRegistry;
-  const std::vector<double> bounds_;                    // ascending; +Inf implied
-  std::unique_ptr<std::atomic<uint64_t>[]> counts_;     // per bucket (not cumulative), + the +Inf one
+  const std::vector<double> bounds_;                 // ascending; +Inf implied
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // per bucket (not cumulative), + the +Inf one
   std::atomic<double> sum_{0.0};
   std::atomic<uint64_t> count_{0};
 };
@@ -67,7 +67,7 @@ class MetricsRegistry {
  private:
   struct Family {
     std::string help;
-    std::string type;  // counter, gauge, histogram
+    std::string type;                                          // counter, gauge, histogram
     std::map<std::string, std::unique_ptr<Counter>> counters;  // key: rendered labels
     std::map<std::string, std::unique_ptr<Gauge>> gauges;
     std::map<std::string, std::unique_ptr<Histogram>> histograms;

@@ -15,8 +15,8 @@ namespace {
 // Checks that `layout` has section `name` of `dtype` holding exactly `size`
 // bytes of a [rows][cols] array, and returns a pointer to its bytes.
 absl::StatusOr<const uint8_t*> SectionData(const MappedFile& file, const WeightFileLayout& layout,
-                                           const std::string& name, DType dtype, int64_t rows,
-                                           int64_t cols, uint64_t size) {
+                                           const std::string& name, DType dtype, int64_t rows, int64_t cols,
+                                           uint64_t size) {
   const Section* s = layout.Find(name);
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", why));
@@ -33,27 +33,25 @@ absl::StatusOr<const uint8_t*> SectionData(const MappedFile& file, const WeightF
 }
 
 absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFileLayout& layout,
-                                         const std::string& name, DType dtype, int64_t rows,
-                                         int64_t cols) {
+                                         const std::string& name, DType dtype, int64_t rows, int64_t cols) {
   MatrixView view;
   view.layout = ComputeMatrixLayout(dtype, rows, cols);
   const MatrixLayout& l = view.layout;
   COLIBRI_ASSIGN_OR_RETURN(view.data, SectionData(file, layout, name, dtype, rows, cols, l.data_bytes));
   if (l.scale_bytes > 0) {
-    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* scales,
-                             SectionData(file, layout, name + ".scales", DType::kF32, l.padded_rows, l.groups,
-                                         l.scale_bytes));
+    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* scales, SectionData(file, layout, name + ".scales", DType::kF32,
+                                                                l.padded_rows, l.groups, l.scale_bytes));
     view.scales = reinterpret_cast<const float*>(scales);
     for (int64_t i = 0; i < l.padded_rows * l.groups; ++i) {
       if (!(std::isfinite(view.scales[i]) && view.scales[i] >= 0.f)) {
-        return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", name, ".scales[", i,
-                                                       "] is negative or not finite"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad weight file ", file.path(), ": ", name, ".scales[", i, "] is negative or not finite"));
       }
     }
   }
   if (l.zero_bytes > 0) {
-    COLIBRI_ASSIGN_OR_RETURN(view.zeros, SectionData(file, layout, name + ".zeros", DType::kU8, l.padded_rows,
-                                                     l.groups, l.zero_bytes));
+    COLIBRI_ASSIGN_OR_RETURN(
+        view.zeros, SectionData(file, layout, name + ".zeros", DType::kU8, l.padded_rows, l.groups, l.zero_bytes));
     for (int64_t i = 0; i < l.padded_rows * l.groups; ++i) {
       if (view.zeros[i] > 15) {
         return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", name, ".zeros[", i,
@@ -64,13 +62,13 @@ absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFil
   return view;
 }
 
-absl::Status CheckIdentity(const WeightFileLayout& layout, const std::string& path, FileKind kind,
-                           int64_t layer, int64_t expert) {
+absl::Status CheckIdentity(const WeightFileLayout& layout, const std::string& path, FileKind kind, int64_t layer,
+                           int64_t expert) {
   if (layout.kind != kind || layout.layer != layer || layout.expert != expert) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad weight file ", path, ": header says kind ", static_cast<uint32_t>(layout.kind),
-        " layer ", layout.layer, " expert ", layout.expert, ", expected kind ",
-        static_cast<uint32_t>(kind), " layer ", layer, " expert ", expert));
+    return absl::InvalidArgumentError(absl::StrCat("bad weight file ", path, ": header says kind ",
+                                                   static_cast<uint32_t>(layout.kind), " layer ", layout.layer,
+                                                   " expert ", layout.expert, ", expected kind ",
+                                                   static_cast<uint32_t>(kind), " layer ", layer, " expert ", expert));
   }
   return absl::OkStatus();
 }
@@ -117,9 +115,8 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
                                                                     bool verify_checksum) const {
   const Manifest& m = manifest_;
   if (layer < 0 || layer >= m.n_layers || expert < 0 || expert >= m.n_experts) {
-    return absl::InvalidArgumentError(absl::StrCat("no expert (layer ", layer, ", expert ", expert,
-                                                   ") in a model of ", m.n_layers, " layers x ",
-                                                   m.n_experts, " experts"));
+    return absl::InvalidArgumentError(absl::StrCat("no expert (layer ", layer, ", expert ", expert, ") in a model of ",
+                                                   m.n_layers, " layers x ", m.n_experts, " experts"));
   }
   auto weights = std::make_unique<ExpertWeights>();
   weights->layer = layer;
@@ -153,12 +150,10 @@ absl::Status CopyExpertToMemory(ExpertWeights* e, const AnonymousMemory::Options
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t layer,
-                                                                    bool verify_checksum) const {
+absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t layer, bool verify_checksum) const {
   const Manifest& m = manifest_;
   if (layer < 0 || layer >= m.n_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer ", layer, " is out of range [0, ", m.n_layers, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is out of range [0, ", m.n_layers, ")"));
   }
   auto routing = std::make_unique<LayerRouting>();
   routing->layer = layer;
@@ -167,13 +162,13 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
   const MappedFile& gate = *routing->gate_file;
   COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout gate_layout, ParseHeader(gate.data(), gate.size(), gate.path()));
   COLIBRI_RETURN_IF_ERROR(CheckIdentity(gate_layout, gate.path(), FileKind::kGate, layer, -1));
-  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* g, SectionData(gate, gate_layout, "gate", DType::kF32, m.n_experts,
-                                                         m.d_model, m.n_experts * m.d_model * 4));
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* g, SectionData(gate, gate_layout, "gate", DType::kF32, m.n_experts, m.d_model,
+                                                         m.n_experts * m.d_model * 4));
   routing->gate = reinterpret_cast<const float*>(g);
   for (int64_t i = 0; i < m.n_experts * m.d_model; ++i) {
     if (!std::isfinite(routing->gate[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", gate.path(), ": gate element ",
-                                                     i, " is not finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad weight file ", gate.path(), ": gate element ", i, " is not finite"));
     }
   }
 
@@ -182,21 +177,21 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
   COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout lut_layout, ParseHeader(lut.data(), lut.size(), lut.path()));
   COLIBRI_RETURN_IF_ERROR(CheckIdentity(lut_layout, lut.path(), FileKind::kLut, layer, -1));
   const uint64_t entries = m.vocab_size * m.top_k;
-  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* ids, SectionData(lut, lut_layout, "ids", DType::kI32, m.vocab_size,
-                                                           m.top_k, entries * 4));
-  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* weights, SectionData(lut, lut_layout, "weights", DType::kF32,
-                                                               m.vocab_size, m.top_k, entries * 4));
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* ids,
+                           SectionData(lut, lut_layout, "ids", DType::kI32, m.vocab_size, m.top_k, entries * 4));
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* weights,
+                           SectionData(lut, lut_layout, "weights", DType::kF32, m.vocab_size, m.top_k, entries * 4));
   routing->lut_ids = reinterpret_cast<const int32_t*>(ids);
   routing->lut_weights = reinterpret_cast<const float*>(weights);
   for (uint64_t i = 0; i < entries; ++i) {
     if (routing->lut_ids[i] < 0 || routing->lut_ids[i] >= m.n_experts) {
       return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
-                                                     " routes to expert ", routing->lut_ids[i],
-                                                     ", outside [0, ", m.n_experts, ")"));
+                                                     " routes to expert ", routing->lut_ids[i], ", outside [0, ",
+                                                     m.n_experts, ")"));
     }
     if (!std::isfinite(routing->lut_weights[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
-                                                     " has a non-finite route weight"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k, " has a non-finite route weight"));
     }
   }
   return routing;

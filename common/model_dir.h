@@ -46,9 +46,9 @@ absl::Status CopyExpertToMemory(ExpertWeights* expert, const AnonymousMemory::Op
 // One layer's routing tables, as views into the mappings it owns.
 struct LayerRouting {
   int64_t layer = 0;
-  const float* gate = nullptr;          // f32 [n_experts][d_model]
-  const int32_t* lut_ids = nullptr;     // [vocab_size][top_k], each < n_experts
-  const float* lut_weights = nullptr;   // [vocab_size][top_k], finite
+  const float* gate = nullptr;         // f32 [n_experts][d_model]
+  const int32_t* lut_ids = nullptr;    // [vocab_size][top_k], each < n_experts
+  const float* lut_weights = nullptr;  // [vocab_size][top_k], finite
   std::unique_ptr<MappedFile> gate_file;
   std::unique_ptr<MappedFile> lut_file;
 };
@@ -65,10 +65,8 @@ class ModelDir {
 
   // REQUIRES for both loads: nothing; out-of-range layer/expert is
   // INVALID_ARGUMENT.
-  absl::StatusOr<std::unique_ptr<ExpertWeights>> LoadExpert(int64_t layer, int64_t expert,
-                                                            bool verify_checksum) const;
-  absl::StatusOr<std::unique_ptr<LayerRouting>> LoadRouting(int64_t layer,
-                                                            bool verify_checksum) const;
+  absl::StatusOr<std::unique_ptr<ExpertWeights>> LoadExpert(int64_t layer, int64_t expert, bool verify_checksum) const;
+  absl::StatusOr<std::unique_ptr<LayerRouting>> LoadRouting(int64_t layer, bool verify_checksum) const;
 
   // Maps a file listed in the manifest and checks its size and, optionally,
   // its checksum against the listing.

@@ -11,12 +11,9 @@ namespace common {
 
 const char* RoutingModeName(RoutingMode mode) {
   switch (mode) {
-    case RoutingMode::kLut:
-      return "lut";
-    case RoutingMode::kGate:
-      return "gate";
-    case RoutingMode::kClient:
-      return "client";
+    case RoutingMode::kLut: return "lut";
+    case RoutingMode::kGate: return "gate";
+    case RoutingMode::kClient: return "client";
   }
   return "?";
 }
@@ -28,13 +25,12 @@ absl::StatusOr<RoutingMode> ParseRoutingMode(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown routing mode '", name, "' (lut, gate or client)"));
 }
 
-void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int64_t top_k,
-                bool normalize, int32_t* ids, float* weights) {
+void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int64_t top_k, bool normalize,
+                int32_t* ids, float* weights) {
   std::vector<int32_t> order(n_experts);
   std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t a, int32_t b) {
-    return rank[a] > rank[b] || (rank[a] == rank[b] && a < b);
-  });
+  std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                    [&](int32_t a, int32_t b) { return rank[a] > rank[b] || (rank[a] == rank[b] && a < b); });
   const double max_logit = *std::max_element(logits, logits + n_experts);
   double total = 0.0;
   for (int64_t e = 0; e < n_experts; ++e) total += std::exp(logits[e] - max_logit);
@@ -46,8 +42,7 @@ void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int
   }
 }
 
-void TopKSoftmax(const double* logits, int64_t n_experts, int64_t top_k, bool normalize,
-                 int32_t* ids, float* weights) {
+void TopKSoftmax(const double* logits, int64_t n_experts, int64_t top_k, bool normalize, int32_t* ids, float* weights) {
   // Ranking by logit is ranking by probability, without rounding ties.
   SelectTopK(logits, logits, n_experts, top_k, normalize, ids, weights);
 }
@@ -61,8 +56,8 @@ void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const flo
   }
 }
 
-Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k,
-                   bool normalize, const float* x, int64_t num_tokens) {
+Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k, bool normalize, const float* x,
+                   int64_t num_tokens) {
   Routes routes;
   routes.top_k = top_k;
   routes.expert_ids.resize(num_tokens * top_k);
@@ -70,14 +65,12 @@ Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_
   std::vector<double> logits(n_experts);
   for (int64_t t = 0; t < num_tokens; ++t) {
     GateLogits(gate, n_experts, d_model, x + t * d_model, logits.data());
-    TopKSoftmax(logits.data(), n_experts, top_k, normalize, &routes.expert_ids[t * top_k],
-                &routes.weights[t * top_k]);
+    TopKSoftmax(logits.data(), n_experts, top_k, normalize, &routes.expert_ids[t * top_k], &routes.weights[t * top_k]);
   }
   return routes;
 }
 
-absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weights,
-                                  int64_t vocab_size, int64_t top_k,
+absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weights, int64_t vocab_size, int64_t top_k,
                                   absl::Span<const int32_t> token_ids) {
   Routes routes;
   routes.top_k = top_k;
@@ -86,9 +79,8 @@ absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weigh
   for (size_t t = 0; t < token_ids.size(); ++t) {
     const int32_t id = token_ids[t];
     if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token_ids[", t, "] = ", id,
-                                                     " is outside the LUT's vocabulary [0, ",
-                                                     vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_ids[", t, "] = ", id, " is outside the LUT's vocabulary [0, ", vocab_size, ")"));
     }
     routes.expert_ids.insert(routes.expert_ids.end(), lut_ids + id * top_k, lut_ids + (id + 1) * top_k);
     routes.weights.insert(routes.weights.end(), lut_weights + id * top_k, lut_weights + (id + 1) * top_k);

@@ -44,25 +44,23 @@ struct Routes {
 
 // Softmax over `logits[0..n_experts)`, then top-k. Writes k ids and weights.
 // REQUIRES: 1 <= top_k <= n_experts, finite logits.
-void TopKSoftmax(const double* logits, int64_t n_experts, int64_t top_k, bool normalize,
-                 int32_t* ids, float* weights);
+void TopKSoftmax(const double* logits, int64_t n_experts, int64_t top_k, bool normalize, int32_t* ids, float* weights);
 
 // The general form: the k experts ranked highest by `rank` (ties toward the
 // lower id), weighted by softmax(`logits`) of those experts — renormalized
 // over the k when `normalize`. TopKSoftmax is SelectTopK(logits, logits, ...).
-void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int64_t top_k,
-                bool normalize, int32_t* ids, float* weights);
+void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int64_t top_k, bool normalize,
+                int32_t* ids, float* weights);
 
 // logits[e] = sum_i gate[e][i] * x[i], accumulated in double.
 void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const float* x, double* logits);
 
 // Gate routing of T rows of x ([T][d_model]).
-Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k,
-                   bool normalize, const float* x, int64_t num_tokens);
+Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k, bool normalize, const float* x,
+                   int64_t num_tokens);
 
 // LUT routing: rows of lut_ids/lut_weights ([vocab_size][top_k]).
-absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weights,
-                                  int64_t vocab_size, int64_t top_k,
+absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weights, int64_t vocab_size, int64_t top_k,
                                   absl::Span<const int32_t> token_ids);
 
 }  // namespace common

@@ -47,26 +47,25 @@ int64_t SafetensorsTensor::numel() const {
 
 size_t SafetensorsElementSize(const std::string& dtype) {
   static const std::map<std::string, size_t> kSizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U64", 8}, {"U32", 4},  {"U16", 2}, {"U8", 1},
-      {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},  {"I32", 4},     {"I16", 2},    {"I8", 1},
+      {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},   {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   auto it = kSizes.find(dtype);
   return it == kSizes.end() ? 0 : it->second;
 }
 
-absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
-    const uint8_t* prefix, size_t prefix_size, uint64_t file_size, const std::string& what) {
+absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(const uint8_t* prefix, size_t prefix_size,
+                                                                      uint64_t file_size, const std::string& what) {
   if (file_size < 8 || prefix_size < 8) {
     return Bad(what, absl::StrCat("file is ", file_size, " bytes, shorter than the 8-byte header length"));
   }
   const uint64_t header_len = ReadLe64(prefix);
   if (header_len > kMaxSafetensorsHeaderBytes) {
-    return Bad(what, absl::StrCat("header length ", header_len, " exceeds the limit of ",
-                                  kMaxSafetensorsHeaderBytes, " bytes"));
+    return Bad(what, absl::StrCat("header length ", header_len, " exceeds the limit of ", kMaxSafetensorsHeaderBytes,
+                                  " bytes"));
   }
   if (header_len > file_size - 8 || header_len > prefix_size - 8) {
-    return Bad(what, absl::StrCat("header length ", header_len, " runs past the end of the ",
-                                  file_size, "-byte file (truncated?)"));
+    return Bad(what, absl::StrCat("header length ", header_len, " runs past the end of the ", file_size,
+                                  "-byte file (truncated?)"));
   }
   const uint64_t data_size = file_size - 8 - header_len;
   Json header = Json::parse(prefix + 8, prefix + 8 + header_len, nullptr, /*allow_exceptions=*/false);
@@ -78,9 +77,7 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
     if (it.key() == "__metadata__") continue;
     const std::string& name = it.key();
     const Json& entry = it.value();
-    auto bad = [&](const std::string& detail) {
-      return Bad(what, absl::StrCat("tensor '", name, "': ", detail));
-    };
+    auto bad = [&](const std::string& detail) { return Bad(what, absl::StrCat("tensor '", name, "': ", detail)); };
     if (!entry.is_object()) return bad("entry is not an object");
     auto dtype = entry.find("dtype");
     auto shape = entry.find("shape");
@@ -116,8 +113,8 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
     uint64_t expected = 0;
     if (!CheckedBytes(t.shape, element_size, &expected)) return bad("shape overflows 64 bits");
     if (end - begin != expected) {
-      return bad(absl::StrCat("data_offsets span ", end - begin, " bytes but shape [",
-                              absl::StrJoin(t.shape, ", "), "] of ", t.dtype, " needs ", expected));
+      return bad(absl::StrCat("data_offsets span ", end - begin, " bytes but shape [", absl::StrJoin(t.shape, ", "),
+                              "] of ", t.dtype, " needs ", expected));
     }
     t.offset = 8 + header_len + begin;
     t.nbytes = expected;
@@ -126,8 +123,7 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
   // No two tensors may share bytes.
   std::vector<const SafetensorsTensor*> by_offset;
   for (const auto& t : tensors) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const auto* a, const auto* b) { return a->offset < b->offset; });
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) { return a->offset < b->offset; });
   const SafetensorsTensor* furthest = nullptr;  // the non-empty tensor reaching furthest so far
   for (const SafetensorsTensor* cur : by_offset) {
     if (cur->nbytes == 0) continue;
@@ -136,8 +132,7 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
     }
     if (furthest == nullptr || cur->offset + cur->nbytes > furthest->offset + furthest->nbytes) furthest = cur;
   }
-  std::sort(tensors.begin(), tensors.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return tensors;
 }
 
@@ -146,12 +141,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   if (!file.ok()) return file.status();
   auto tensors = ParseSafetensorsHeader((*file)->data(), (*file)->size(), (*file)->size(), path);
   if (!tensors.ok()) return tensors.status();
-  return std::unique_ptr<SafetensorsFile>(
-      new SafetensorsFile(std::move(file).value(), std::move(tensors).value()));
+  return std::unique_ptr<SafetensorsFile>(new SafetensorsFile(std::move(file).value(), std::move(tensors).value()));
 }
 
-SafetensorsFile::SafetensorsFile(std::unique_ptr<MappedFile> file,
-                                 std::vector<SafetensorsTensor> tensors)
+SafetensorsFile::SafetensorsFile(std::unique_ptr<MappedFile> file, std::vector<SafetensorsTensor> tensors)
     : file_(std::move(file)), tensors_(std::move(tensors)) {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     tensors_[i].data = file_->data() + tensors_[i].offset;
@@ -164,13 +157,10 @@ const SafetensorsTensor* SafetensorsFile::Find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
-void SafetensorsFile::ReleaseRange(uint64_t offset, uint64_t length) const {
-  file_->DropPages(offset, length);
-}
+void SafetensorsFile::ReleaseRange(uint64_t offset, uint64_t length) const { file_->DropPages(offset, length); }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    const std::string& path, std::vector<Spec> specs,
-    const std::map<std::string, std::string>& metadata) {
+    const std::string& path, std::vector<Spec> specs, const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
@@ -187,9 +177,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     if (!CheckedBytes(spec.shape, element_size, &nbytes)) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "': shape overflows"));
     }
-    header[spec.name] = {{"dtype", spec.dtype},
-                         {"shape", spec.shape},
-                         {"data_offsets", {offset, offset + nbytes}}};
+    header[spec.name] = {{"dtype", spec.dtype}, {"shape", spec.shape}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
   std::string text = header.dump();
@@ -230,8 +218,8 @@ absl::Status SafetensorsWriter::Close() {
   file_ = nullptr;
   if (flush_failed) return absl::InternalError(absl::StrCat("cannot flush ", path_));
   if (written_ != expected_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path_, ": ", written_, " bytes written but the header declares ", expected_));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": ", written_, " bytes written but the header declares ", expected_));
   }
   return absl::OkStatus();
 }

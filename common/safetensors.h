@@ -32,9 +32,9 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100u << 20;
 
 struct SafetensorsTensor {
   std::string name;
-  std::string dtype;           // as in the file: "F32", "BF16", "F16", "I32", ...
+  std::string dtype;  // as in the file: "F32", "BF16", "F16", "I32", ...
   std::vector<int64_t> shape;
-  uint64_t offset = 0;         // absolute byte offset of the data in the file
+  uint64_t offset = 0;  // absolute byte offset of the data in the file
   uint64_t nbytes = 0;
   const uint8_t* data = nullptr;  // points into the mapping; null from ParseHeader
 
@@ -47,8 +47,8 @@ size_t SafetensorsElementSize(const std::string& dtype);
 // Parses and validates the header of a safetensors image of `file_size` bytes
 // whose first bytes are `prefix` (at least the 8-byte length plus the header;
 // pass the whole mapping). `what` names the file in messages.
-absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(
-    const uint8_t* prefix, size_t prefix_size, uint64_t file_size, const std::string& what);
+absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(const uint8_t* prefix, size_t prefix_size,
+                                                                      uint64_t file_size, const std::string& what);
 
 class SafetensorsFile {
  public:
@@ -85,8 +85,7 @@ class SafetensorsWriter {
   // INVALID_ARGUMENT for an unknown dtype or a duplicate name; the OS error
   // with the path if the file cannot be created.
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
-      const std::string& path, std::vector<Spec> specs,
-      const std::map<std::string, std::string>& metadata = {});
+      const std::string& path, std::vector<Spec> specs, const std::map<std::string, std::string>& metadata = {});
   ~SafetensorsWriter();
 
   // Appends raw little-endian bytes; tensors are contiguous in spec order.

@@ -7,9 +7,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define COLIBRI_RETURN_IF_ERROR(expr)                 \
-  do {                                                \
-    ::absl::Status colibri_status_ = (expr);          \
+#define COLIBRI_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status colibri_status_ = (expr);           \
     if (!colibri_status_.ok()) return colibri_status_; \
   } while (0)
 
@@ -18,8 +18,7 @@
 
 // COLIBRI_ASSIGN_OR_RETURN(auto x, MakeX()); declares/assigns `x` or returns the error.
 #define COLIBRI_ASSIGN_OR_RETURN(lhs, expr) \
-  COLIBRI_ASSIGN_OR_RETURN_IMPL_(           \
-      COLIBRI_STATUS_CONCAT_(colibri_statusor_, __LINE__), lhs, expr)
+  COLIBRI_ASSIGN_OR_RETURN_IMPL_(COLIBRI_STATUS_CONCAT_(colibri_statusor_, __LINE__), lhs, expr)
 
 #define COLIBRI_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                   \

@@ -36,8 +36,7 @@ const Section* WeightFileLayout::Find(const std::string& name) const {
   return nullptr;
 }
 
-WeightFileLayout PlanWeightFile(FileKind kind, int32_t layer, int32_t expert,
-                                std::vector<Section> sections) {
+WeightFileLayout PlanWeightFile(FileKind kind, int32_t layer, int32_t expert, std::vector<Section> sections) {
   WeightFileLayout layout;
   layout.kind = kind;
   layout.layer = layer;
@@ -73,14 +72,13 @@ std::string SerializeHeader(const WeightFileLayout& layout) {
   return out;
 }
 
-absl::StatusOr<WeightFileLayout> ParseHeader(const uint8_t* data, size_t file_size,
-                                             const std::string& path) {
+absl::StatusOr<WeightFileLayout> ParseHeader(const uint8_t* data, size_t file_size, const std::string& path) {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("bad weight file ", path, ": ", why));
   };
   if (file_size < kWeightFileHeaderBytes) {
-    return bad(absl::StrCat("file is ", file_size, " bytes, shorter than its ",
-                            kWeightFileHeaderBytes, "-byte header (truncated?)"));
+    return bad(absl::StrCat("file is ", file_size, " bytes, shorter than its ", kWeightFileHeaderBytes,
+                            "-byte header (truncated?)"));
   }
   if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) return bad("wrong magic (not a Colibri weight file)");
   const uint32_t version = Get<uint32_t>(data, 8);
@@ -117,8 +115,8 @@ absl::StatusOr<WeightFileLayout> ParseHeader(const uint8_t* data, size_t file_si
       return bad(absl::StrCat("section '", s.name, "' at ", s.offset, " overlaps the previous one"));
     }
     if (s.size > file_size || s.offset > file_size - s.size) {
-      return bad(absl::StrCat("section '", s.name, "' [", s.offset, ", +", s.size,
-                              ") runs past the end of the ", file_size, "-byte file (truncated?)"));
+      return bad(absl::StrCat("section '", s.name, "' [", s.offset, ", +", s.size, ") runs past the end of the ",
+                              file_size, "-byte file (truncated?)"));
     }
     if (s.rows < 0 || s.cols < 0) return bad(absl::StrCat("section '", s.name, "' has a negative shape"));
     end_of_previous = s.offset + s.size;

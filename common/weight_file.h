@@ -58,8 +58,7 @@ struct WeightFileLayout {
 // Assigns aligned offsets to `sections` (their name, dtype, size, rows, cols
 // filled in) and computes file_size. REQUIRES: names of at most 23 bytes, at
 // most kMaxSections sections.
-WeightFileLayout PlanWeightFile(FileKind kind, int32_t layer, int32_t expert,
-                                std::vector<Section> sections);
+WeightFileLayout PlanWeightFile(FileKind kind, int32_t layer, int32_t expert, std::vector<Section> sections);
 
 // The header bytes (kWeightFileHeaderBytes long) for `layout`.
 std::string SerializeHeader(const WeightFileLayout& layout);
@@ -68,8 +67,7 @@ std::string SerializeHeader(const WeightFileLayout& layout);
 // bytes are `data`: magic, version, kind, section names, known dtypes,
 // alignment, sections inside the file and not overlapping, and file_size equal
 // to what the sections imply. INVALID_ARGUMENT naming `path` and the fault.
-absl::StatusOr<WeightFileLayout> ParseHeader(const uint8_t* data, size_t file_size,
-                                             const std::string& path);
+absl::StatusOr<WeightFileLayout> ParseHeader(const uint8_t* data, size_t file_size, const std::string& path);
 
 }  // namespace common
 }  // namespace colibri

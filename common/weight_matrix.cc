@@ -46,8 +46,7 @@ void EncodeInt8Row(const float* w, int64_t cols, int64_t padded_cols, int8_t* q,
 size_t Int4Byte(int64_t c) { return (c / kInt4GroupSize) * 32 + (c % 32); }
 bool Int4High(int64_t c) { return (c % kInt4GroupSize) >= 32; }
 
-void EncodeInt4Row(const float* w, int64_t cols, int64_t groups, uint8_t* packed, float* scales,
-                   uint8_t* zeros) {
+void EncodeInt4Row(const float* w, int64_t cols, int64_t groups, uint8_t* packed, float* scales, uint8_t* zeros) {
   std::memset(packed, 0, groups * 32);
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t begin = g * kInt4GroupSize;
@@ -101,8 +100,8 @@ MatrixLayout ComputeMatrixLayout(DType dtype, int64_t rows, int64_t cols) {
   return l;
 }
 
-void EncodeBlock(const MatrixLayout& l, const float* src, int64_t block, uint8_t* block_data,
-                 float* scales, uint8_t* zeros) {
+void EncodeBlock(const MatrixLayout& l, const float* src, int64_t block, uint8_t* block_data, float* scales,
+                 uint8_t* zeros) {
   const int64_t first = block * kBlockRows;
   const int64_t real_rows = std::max<int64_t>(0, std::min(kBlockRows, l.rows - first));
   const size_t elements_per_block = l.block_bytes / (l.dtype == DType::kF32 ? 4 : 2);
@@ -137,8 +136,7 @@ void EncodeBlock(const MatrixLayout& l, const float* src, int64_t block, uint8_t
           std::fill(scales + n * l.groups, scales + (n + 1) * l.groups, 0.f);
           std::fill(zeros + n * l.groups, zeros + (n + 1) * l.groups, 0);
         } else {
-          EncodeInt4Row(w, l.cols, l.groups, block_data + j * row_bytes, scales + n * l.groups,
-                        zeros + n * l.groups);
+          EncodeInt4Row(w, l.cols, l.groups, block_data + j * row_bytes, scales + n * l.groups, zeros + n * l.groups);
         }
         break;
       default: break;

@@ -75,8 +75,8 @@ struct MatrixView {
 // 64*block)) into `block_data` (layout.block_bytes, that block's bytes) and
 // the whole-matrix `scales` and `zeros`. Blocks are independent, so a large
 // matrix can be encoded block by block; padding rows and columns are written.
-void EncodeBlock(const MatrixLayout& layout, const float* src, int64_t block, uint8_t* block_data,
-                 float* scales, uint8_t* zeros);
+void EncodeBlock(const MatrixLayout& layout, const float* src, int64_t block, uint8_t* block_data, float* scales,
+                 uint8_t* zeros);
 
 // Decodes row `row` (< layout.rows) into `out[0..cols)` as f32, the exact
 // stored value.

@@ -8,17 +8,19 @@
 
 #include "absl/flags/flag.h"
 #include "common/allocator.h"
-#include "runtime/flags.h"
 #include "expert_node/expert_server.h"
+#include "runtime/flags.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output). Required.");
-ABSL_FLAG(std::string, experts, "all", "Experts this node owns: all | 0-3 | 1,3,5-7 | layer:0-15/expert:0-3 | "
+ABSL_FLAG(std::string, experts, "all",
+          "Experts this node owns: all | 0-3 | 1,3,5-7 | layer:0-15/expert:0-3 | "
           "clauses joined by ';'.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 picks a free port (printed).");
 ABSL_FLAG(std::string, model_root, "", "Reload may only load directories inside this one (default: --model's parent).");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU, of --numa_node if set).");
 ABSL_FLAG(int, numa_node, -1, "Bind compute threads and weight copies to this NUMA node (-1: no binding).");
-ABSL_FLAG(bool, numa_node_auto, false, "Bind to the NUMA node of the CPUs this process may run on (one socket's CPUs, "
+ABSL_FLAG(bool, numa_node_auto, false,
+          "Bind to the NUMA node of the CPUs this process may run on (one socket's CPUs, "
           "e.g. as Kubernetes' topology manager assigned them); refused if they span several nodes.");
 ABSL_FLAG(bool, verify_checksums, true, "Verify every owned file's checksum at load and reload.");
 ABSL_FLAG(bool, mlock, true, "Lock the weights in RAM.");
@@ -27,13 +29,15 @@ ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page m
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");
 ABSL_FLAG(int64_t, max_rows, 65536, "Most token rows one Compute call may carry (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_queued_calls, 64, "Compute calls waiting for the compute thread (RESOURCE_EXHAUSTED beyond).");
-ABSL_FLAG(int64_t, max_message_bytes, 0, "Largest request or reply in bytes; 0 derives it from d_model and --max_rows.");
+ABSL_FLAG(int64_t, max_message_bytes, 0,
+          "Largest request or reply in bytes; 0 derives it from d_model and --max_rows.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: require client certificates signed by it (mutual TLS).");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on.");
-ABSL_FLAG(int, inject_delay_ms, 0, "Fault injection for tests and benchmarks: a Compute call waits this long "
+ABSL_FLAG(int, inject_delay_ms, 0,
+          "Fault injection for tests and benchmarks: a Compute call waits this long "
           "before it runs (a slow node); 0: off.");
 ABSL_FLAG(int, inject_delay_every, 1, "With --inject_delay_ms: delay every Nth Compute call (1: all of them).");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
@@ -55,7 +59,8 @@ const colibri::runtime::OptionFlags kOptionFlags = {
 
 int main(int argc, char** argv) {
   colibri::common::TuneAllocatorForServer();
-  colibri::runtime::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(
+      argc, argv,
       "Colibri expert node: owns a shard of a model's experts (mapped, verified, locked, optionally on one NUMA\n"
       "node) and computes them for the router over gRPC (colibri.v1.ExpertNode), with grpc.health.v1 and server\n"
       "reflection. SIGHUP reloads the weights; SIGTERM drains and exits.\n"

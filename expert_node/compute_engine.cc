@@ -18,20 +18,20 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
   const std::shared_ptr<const WeightSet> set = store_->Current();  // held until we return
   const common::Manifest& m = set->model().manifest();
   if (!in.model_id.empty() && in.model_id != set->model().model_id()) {
-    return absl::FailedPreconditionError(absl::StrCat("model_id '", in.model_id, "' does not match this node's model '",
-                                                      set->model().model_id(), "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model_id '", in.model_id, "' does not match this node's model '", set->model().model_id(), "'"));
   }
   if (in.layer < 0 || in.layer >= m.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", in.layer, " is outside [0, ", m.n_layers, ")"));
   }
   if (in.num_rows < 0) return absl::InvalidArgumentError(absl::StrCat("rows: ", in.num_rows, " rows"));
   if (in.num_rows > limits_.max_rows) {
-    return absl::ResourceExhaustedError(absl::StrCat("rows: ", in.num_rows, " rows exceed the limit of ",
-                                                     limits_.max_rows));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rows: ", in.num_rows, " rows exceed the limit of ", limits_.max_rows));
   }
   if (static_cast<int64_t>(in.rows.size()) != in.num_rows * m.d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("rows: ", in.rows.size(), " values for ", in.num_rows,
-                                                   " rows of d_model ", m.d_model));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows: ", in.rows.size(), " values for ", in.num_rows, " rows of d_model ", m.d_model));
   }
   if (in.check_finite) {
     for (size_t i = 0; i < in.rows.size(); ++i) {
@@ -50,14 +50,14 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
       return absl::InvalidArgumentError(absl::StrCat("experts[", w, "]: expert ", work.expert, " is listed twice"));
     }
     if (work.expert < 0 || work.expert >= m.n_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "]: expert ", work.expert, " is outside [0, ",
-                                                     m.n_experts, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("experts[", w, "]: expert ", work.expert, " is outside [0, ", m.n_experts, ")"));
     }
     auto weights = set->Find(in.layer, work.expert);
     if (!weights.ok()) return weights.status();
     if (work.row_indices.size() != work.weights.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "] (expert ", work.expert, "): ",
-                                                     work.row_indices.size(), " row indices but ",
+      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "] (expert ", work.expert,
+                                                     "): ", work.row_indices.size(), " row indices but ",
                                                      work.weights.size(), " weights"));
     }
     indices += static_cast<int64_t>(work.row_indices.size());
@@ -68,8 +68,8 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
     for (size_t i = 0; i < work.row_indices.size(); ++i) {
       const int32_t r = work.row_indices[i];
       if (r < 0 || r >= in.num_rows) {
-        return absl::InvalidArgumentError(absl::StrCat("experts[", w, "].row_indices[", i, "] = ", r,
-                                                       " is outside [0, ", in.num_rows, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("experts[", w, "].row_indices[", i, "] = ", r, " is outside [0, ", in.num_rows, ")"));
       }
       if (!rows_seen.insert(r).second) {
         return absl::InvalidArgumentError(absl::StrCat("experts[", w, "].row_indices[", i, "] = ", r, " is repeated"));
@@ -79,8 +79,8 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
       }
     }
     if (!work.row_indices.empty()) {
-      tasks.push_back({*weights, work.row_indices.data(), work.weights.data(),
-                       static_cast<int64_t>(work.row_indices.size())});
+      tasks.push_back(
+          {*weights, work.row_indices.data(), work.weights.data(), static_cast<int64_t>(work.row_indices.size())});
     }
   }
   if (in.per_expert_output) {
@@ -107,7 +107,8 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
     common::MutexLock lock(&workspace_mu_);
     kernels::RunExperts(*pool_, tasks, in.rows.data(), m.d_model, out.output.data(), workspace_);
   }
-  out.compute_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  out.compute_nanos =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   return out;
 }
 

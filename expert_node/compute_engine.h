@@ -38,7 +38,7 @@ struct ComputeInput {
   int64_t num_rows = 0;
   std::vector<float> rows;  // [num_rows][d_model], f32
   std::vector<ExpertWork> experts;
-  std::string model_id;     // empty, or must equal the loaded model's id
+  std::string model_id;       // empty, or must equal the loaded model's id
   bool check_finite = false;  // refuse NaN/Inf in rows
   // false: output row i = Σ over experts of weight · FFN(rows[i]) ([num_rows]
   // rows). true: one output row per (expert, row index) in request order —
@@ -56,7 +56,7 @@ struct ComputeOutput {
 class ComputeEngine {
  public:
   struct Limits {
-    int64_t max_rows = 65536;         // rows of one call
+    int64_t max_rows = 65536;           // rows of one call
     int64_t max_row_indices = 1 << 20;  // Σ over experts
   };
 

@@ -15,16 +15,17 @@ namespace v1 = colibri::v1;
 // actually received before anything is allocated.
 absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
   if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("rows: shape has ", t.shape_size(), " dims", t.shape_size() == 2 ? absl::StrCat(" [", t.shape(0), ", ", t.shape(1), "]") : "",
-                                                   "; must be [R, ", d_model, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows: shape has ", t.shape_size(), " dims",
+                     t.shape_size() == 2 ? absl::StrCat(" [", t.shape(0), ", ", t.shape(1), "]") : "", "; must be [R, ",
+                     d_model, "]"));
   }
   size_t element = 0;
   if (t.dtype() == v1::DATA_TYPE_F32) element = 4;
   if (t.dtype() == v1::DATA_TYPE_BF16) element = 2;
   if (element == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rows: dtype ", static_cast<int>(t.dtype()), " (", v1::DataType_Name(t.dtype()),
-                     ") is not supported (f32 or bf16)"));
+    return absl::InvalidArgumentError(absl::StrCat("rows: dtype ", static_cast<int>(t.dtype()), " (",
+                                                   v1::DataType_Name(t.dtype()), ") is not supported (f32 or bf16)"));
   }
   // R <= bytes received, so R * d_model * element cannot overflow for any message gRPC accepted.
   const int64_t received = static_cast<int64_t>(t.data().size());
@@ -57,8 +58,8 @@ absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_mo
   if (!s.ok()) return s;
   input->experts.clear();
   for (const v1::ExpertWork& w : request.experts()) {
-    input->experts.push_back({w.expert(), {w.row_indices().begin(), w.row_indices().end()},
-                              {w.weights().begin(), w.weights().end()}});
+    input->experts.push_back(
+        {w.expert(), {w.row_indices().begin(), w.row_indices().end()}, {w.weights().begin(), w.weights().end()}});
   }
   return absl::OkStatus();
 }

@@ -9,10 +9,10 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/grpc_credentials.h"
 #include "common/status_macros.h"
 #include "expert_node/expert_service.h"
 #include "kernels/dispatch.h"
+#include "runtime/grpc_credentials.h"
 
 namespace colibri {
 namespace expert_node {
@@ -61,8 +61,8 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   const int64_t d_model = s->store_->Current()->model().manifest().d_model;
   if (options.limits.max_rows < 1 || options.limits.max_rows > (int64_t{1} << 24) ||
       options.limits.max_row_indices < 1 || options.limits.max_row_indices > (int64_t{1} << 28)) {
-    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::limits.max_rows ", options.limits.max_rows,
-                                                   " must be in [1, 2^24]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ServerOptions::limits.max_rows ", options.limits.max_rows, " must be in [1, 2^24]"));
   }
   const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);
   const int64_t max_bytes = std::min<int64_t>(options.max_message_bytes > 0 ? options.max_message_bytes : derived,

@@ -16,10 +16,10 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
-#include "runtime/metrics_server.h"
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
 #include "kernels/thread_pool.h"
+#include "runtime/metrics_server.h"
 
 namespace grpc {
 class Server;
@@ -33,21 +33,21 @@ class ExpertService;
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
   std::string model_dir;
-  std::string model_root;              // Reload may only name directories inside it (default: model_dir's parent)
+  std::string model_root;  // Reload may only name directories inside it (default: model_dir's parent)
   StoreOptions store;
-  int threads = 0;                     // compute threads (0: one per allowed CPU of the NUMA node)
-  bool check_finite = false;           // refuse NaN/Inf in request rows
-  int64_t max_message_bytes = 0;       // 0: from the model shape and limits.max_rows
-  int64_t max_queued_calls = 64;       // beyond: RESOURCE_EXHAUSTED
+  int threads = 0;                // compute threads (0: one per allowed CPU of the NUMA node)
+  bool check_finite = false;      // refuse NaN/Inf in request rows
+  int64_t max_message_bytes = 0;  // 0: from the model shape and limits.max_rows
+  int64_t max_queued_calls = 64;  // beyond: RESOURCE_EXHAUSTED
   ComputeEngine::Limits limits;
   // TLS: server certificate chain and key (PEM files); with a client CA as
   // well, mutual TLS: only clients with a certificate signed by it get in.
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
-  int inject_delay_ms = 0;             // fault injection: a Compute sleeps this long first ...
-  int inject_delay_every = 1;          // ... every this many calls
-  int metrics_port = -1;               // >= 0: serve Prometheus /metrics on it (0 picks a free port)
+  int inject_delay_ms = 0;     // fault injection: a Compute sleeps this long first ...
+  int inject_delay_every = 1;  // ... every this many calls
+  int metrics_port = -1;       // >= 0: serve Prometheus /metrics on it (0 picks a free port)
   std::string metrics_host = "0.0.0.0";
 };
 

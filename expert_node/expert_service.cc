@@ -1,13 +1,12 @@
 #include "expert_node/expert_service.h"
 
-#include "expert_node/compute_request.h"
-
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "expert_node/compute_request.h"
 #include "runtime/grpc_status.h"
 
 namespace colibri {
@@ -79,8 +78,8 @@ absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::o
     last_reload_error_ = s.ok() ? "" : std::string(s.message());
   }
   if (options_.metrics != nullptr) {
-    options_.metrics->GetCounter("colibri_expert_reloads_total", "Reloads by result.",
-                                 {{"result", s.ok() ? "ok" : "failed"}})
+    options_.metrics
+        ->GetCounter("colibri_expert_reloads_total", "Reloads by result.", {{"result", s.ok() ? "ok" : "failed"}})
         ->Add();
   }
   UpdateWeightGauges();
@@ -197,8 +196,9 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       return reactor;
     }
     if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_calls) {
-      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                   absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
+      Finish(reactor, "Compute",
+             grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
       return reactor;
     }
     queue_.push_back(std::move(job));
@@ -252,8 +252,10 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
     return reactor;
   }
   if (!dir.empty() && !InsideRoot(dir, options_.model_root)) {
-    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                 "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)"));
+    Finish(reactor, "Reload",
+           grpc::Status(
+               grpc::StatusCode::PERMISSION_DENIED,
+               "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)"));
     return reactor;
   }
   if (!dir.empty()) dir = std::filesystem::canonical(dir, ec).string();  // what was checked is what loads

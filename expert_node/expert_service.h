@@ -33,7 +33,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     std::string kernel_isa;
     int numa_node = -1;
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
-    int inject_delay_ms = 0;    // fault injection (tests, benchmarks): sleep this long before a Compute ...
+    int inject_delay_ms = 0;     // fault injection (tests, benchmarks): sleep this long before a Compute ...
     int inject_delay_every = 1;  // ... every this many calls (1: all)
   };
 

@@ -30,14 +30,13 @@ std::string MemlockLimit() {
 absl::StatusOr<const common::ExpertWeights*> WeightSet::Find(int64_t layer, int64_t expert) const {
   auto it = experts_.find({layer, expert});
   if (it == experts_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("this node does not own layer ", layer, " expert ", expert));
+    return absl::FailedPreconditionError(absl::StrCat("this node does not own layer ", layer, " expert ", expert));
   }
   return it->second.get();
 }
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::string& model_dir,
-                                                                  const StoreOptions& options, std::ostream* log) {
+                                                                 const StoreOptions& options, std::ostream* log) {
   std::unique_ptr<ExpertStore> store(new ExpertStore(options, log));
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(model_dir, options.shard, 1));
   common::MutexLock lock(&store->mu_);  // no other thread sees the store yet; the lock states the rule
@@ -86,8 +85,8 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::string& model_dir,
-                                                                   const ShardSpec& shard, uint64_t version) const {
+absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::string& model_dir, const ShardSpec& shard,
+                                                                   uint64_t version) const {
   auto set = std::make_shared<WeightSet>();
   set->version_ = version;
   COLIBRI_ASSIGN_OR_RETURN(set->model_, common::ModelDir::Open(model_dir));

@@ -72,8 +72,8 @@ class ExpertStore {
   // ModelDir); FAILED_PRECONDITION if mlock is refused and require_mlock.
   // Warnings (mlock refused, huge pages refused) go to `log`, which must
   // outlive the store.
-  static absl::StatusOr<std::unique_ptr<ExpertStore>> Create(const std::string& model_dir,
-                                                             const StoreOptions& options, std::ostream* log);
+  static absl::StatusOr<std::unique_ptr<ExpertStore>> Create(const std::string& model_dir, const StoreOptions& options,
+                                                             std::ostream* log);
 
   // The weights new calls should use. Never null after Create.
   std::shared_ptr<const WeightSet> Current() const;

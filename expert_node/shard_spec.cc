@@ -60,8 +60,7 @@ absl::StatusOr<ShardSpec> ShardSpec::Parse(absl::string_view text) {
   return spec;
 }
 
-absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ShardSpec::Resolve(int64_t n_layers,
-                                                                            int64_t n_experts) const {
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ShardSpec::Resolve(int64_t n_layers, int64_t n_experts) const {
   std::set<std::pair<int64_t, int64_t>> pairs;
   const std::vector<Clause> all = {Clause{}};
   for (const Clause& c : clauses_.empty() ? all : clauses_) {

@@ -1,4 +1,5 @@
 #include "kernels/x86_simd.h"
+
 #include "kernels/bandwidth.h"
 
 #include <sys/mman.h>
@@ -71,8 +72,9 @@ BandwidthResult MeasureReadBandwidth(ThreadPool& pool, size_t bytes, int passes)
     const auto start = std::chrono::steady_clock::now();
     pool.Run([&](int w) {
       const uint8_t* p = buffer + w * share;
-      const uint64_t v = isa >= Isa::kAvx512 ? ReadAvx512(p, share) : isa == Isa::kAvx2 ? ReadAvx2(p, share)
-                                                                                          : ReadScalar(p, share);
+      const uint64_t v = isa >= Isa::kAvx512 ? ReadAvx512(p, share)
+                         : isa == Isa::kAvx2 ? ReadAvx2(p, share)
+                                             : ReadScalar(p, share);
       sink.fetch_xor(v, std::memory_order_relaxed);
     });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

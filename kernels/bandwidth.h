@@ -15,7 +15,7 @@ namespace colibri {
 namespace kernels {
 
 struct BandwidthResult {
-  double best_gbps = 0;    // best of the passes
+  double best_gbps = 0;  // best of the passes
   double median_gbps = 0;
 };
 

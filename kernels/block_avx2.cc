@@ -50,9 +50,7 @@ inline __m256 LoadF16x8(const uint8_t* p) {
 }
 
 // 8 bytes at p, zero- or sign-extended to 8 int32 lanes.
-inline __m128i Load8Bytes(const void* p) {
-  return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-}
+inline __m128i Load8Bytes(const void* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
 
 // Tiles of the k-major kernels: out[t0+t][8·v0 + i] for t < NT, i < 8·NV.
 // NT x NV accumulators, NV weight vectors and one broadcast fit in 16 ymm.
@@ -329,8 +327,13 @@ float Int4ZeroTerm(const float* scales, const uint8_t* zeros, const float* group
 template <typename P, typename Finish>
 void RowBlock(const common::MatrixView& w, int64_t block, const Activations& x, float* out, Finish finish) {
   alignas(32) float state[kBlockRows * kRowTokens * 8];
-  RowArgs a{w.data + block * w.layout.block_bytes, static_cast<int64_t>(w.layout.block_bytes / kBlockRows),
-            nullptr, x.cols, w.scales + block * kBlockRows * w.layout.groups, w.layout.groups, state};
+  RowArgs a{w.data + block * w.layout.block_bytes,
+            static_cast<int64_t>(w.layout.block_bytes / kBlockRows),
+            nullptr,
+            x.cols,
+            w.scales + block * kBlockRows * w.layout.groups,
+            w.layout.groups,
+            state};
   const int64_t groups = x.cols / 64;
   const int64_t chunk = x.num_tokens <= kStreamTokens ? groups : kChunk / 64;
   for (int64_t t0 = 0; t0 < x.num_tokens; t0 += kRowTokens) {

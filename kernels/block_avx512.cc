@@ -151,8 +151,8 @@ using TileFn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, in
 // Runs the tiles (tiles[n - 1] handles n tokens, n <= max_tile) over the
 // k-chunks of one block. The chunking changes no result: each token's sums
 // still see k in increasing order.
-void RunBlocked(const common::MatrixView& w, int64_t block, const Activations& x, float* out,
-                const TileFn* tiles, int64_t max_tile) {
+void RunBlocked(const common::MatrixView& w, int64_t block, const Activations& x, float* out, const TileFn* tiles,
+                int64_t max_tile) {
   const int64_t K = x.cols, T = x.num_tokens;
   const int64_t bytes_per_k = static_cast<int64_t>(w.layout.block_bytes) / K;
   const int64_t chunk = T <= max_tile ? K : std::max<int64_t>(64, kChunkBytes / bytes_per_k / 64 * 64);
@@ -231,8 +231,7 @@ void Int8Tile(const int8_t* q, const float* scales, const Activations& x, int64_
 // core of a double-pumped AVX-512 core (a vpermps nibble lookup instead of
 // and + vcvtdq2ps measured no faster).
 template <int R, int TT>
-void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, int64_t r0, int64_t t0,
-              float* out) {
+void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, int64_t r0, int64_t t0, float* out) {
   const int64_t K = x.cols, groups = w.layout.groups, n0 = block * kBlockRows + r0;
   const uint8_t* rows = w.data + block * w.layout.block_bytes + r0 * (K / 2);
   const float* scales = w.scales + n0 * groups;

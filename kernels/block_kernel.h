@@ -23,8 +23,8 @@ namespace kernels {
 
 // The activations of T tokens, prepared once and read by every block.
 struct Activations {
-  int64_t num_tokens = 0;  // T
-  int64_t cols = 0;        // padded K (a multiple of 64); entries past the real K are 0
+  int64_t num_tokens = 0;             // T
+  int64_t cols = 0;                   // padded K (a multiple of 64); entries past the real K are 0
   const float* f32 = nullptr;         // [T][cols], rows 64-byte aligned
   const uint16_t* bf16 = nullptr;     // [T][cols], f32 rounded to bf16 (nearest even)
   const float* group_sums = nullptr;  // [T][cols / 64]: Σ_k of f32 over each 64-input group
@@ -32,8 +32,7 @@ struct Activations {
 
 // REQUIRES: w.layout.padded_cols == x.cols, block < w.layout.num_blocks(),
 // out has T * 64 floats, and the pointers of x that the dtype reads are set.
-using BlockKernelFn = void (*)(const common::MatrixView& w, int64_t block, const Activations& x,
-                               float* out);
+using BlockKernelFn = void (*)(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 // The readable scalar reference of every block kernel (kernels/block_scalar.cc):
 // the oracle the ISA variants are tested against.

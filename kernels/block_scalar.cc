@@ -42,8 +42,7 @@ void BlockF32Scalar(const common::MatrixView& w, int64_t block, const Activation
 
 void BlockF16Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   const uint8_t* b = w.data + block * w.layout.block_bytes;
-  BlockScalar(w, block, x, out,
-              [&](int64_t j, int64_t k) { return common::F16ToFloat(Half(b, k * kBlockRows + j)); });
+  BlockScalar(w, block, x, out, [&](int64_t j, int64_t k) { return common::F16ToFloat(Half(b, k * kBlockRows + j)); });
 }
 
 void BlockBf16Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {

@@ -142,7 +142,7 @@ void DequantInt4(const common::MatrixView& w, int64_t block, uint16_t* tile) {
     const int64_t n0 = block * kBlockRows + j0;
     for (int64_t g = 0; g < groups; ++g) {
       PrefetchL2(data, (j0 + 8) * (K / 2) + 256 * g, 4);  // 4K bytes in K/64 steps
-      __m256i a[4][8];  // [set][row]: 32-bit (k, k+1) pairs, see kFirstPair
+      __m256i a[4][8];                                    // [set][row]: 32-bit (k, k+1) pairs, see kFirstPair
 #pragma GCC unroll 8
       for (int r = 0; r < 8; ++r) {
         const int64_t sz = (n0 + r) * groups + g;
@@ -153,10 +153,10 @@ void DequantInt4(const common::MatrixView& w, int64_t block, uint16_t* tile) {
         // Lane 0 dwords: low bytes q0-3, high q0-3, low q8-11, high q8-11;
         // lane 1: the same for q4-7 and q12-15.
         const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(r0, gather0), _mm256_shuffle_epi8(r1, gather1));
-        const __m256i lo_t = _mm256_permutevar8x32_epi32(b, low_table);    // low bytes of q0-15, both lanes
+        const __m256i lo_t = _mm256_permutevar8x32_epi32(b, low_table);   // low bytes of q0-15, both lanes
         const __m256i hi_t = _mm256_permutevar8x32_epi32(b, high_table);  // high bytes
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + (j0 + r) * (K / 2) + g * 32));
-        const __m256i q0 = _mm256_and_si256(raw, nibble);                         // inputs 0..31
+        const __m256i q0 = _mm256_and_si256(raw, nibble);                        // inputs 0..31
         const __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);  // inputs 32..63
         const __m256i l0 = _mm256_shuffle_epi8(lo_t, q0), h0 = _mm256_shuffle_epi8(hi_t, q0);
         const __m256i l1 = _mm256_shuffle_epi8(lo_t, q1), h1 = _mm256_shuffle_epi8(hi_t, q1);

@@ -44,7 +44,7 @@ using common::kBlockRows;
 inline __m512i RoundBf16High(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i t = _mm512_add_epi32(bits, _mm512_set1_epi32(0x8000));
-  const __m512i y = _mm512_add_epi32(bits, _mm512_set1_epi32(0x17fff));    // t + 0xffff
+  const __m512i y = _mm512_add_epi32(bits, _mm512_set1_epi32(0x17fff));      // t + 0xffff
   return _mm512_ternarylogic_epi32(t, y, _mm512_set1_epi32(0x10000), 0x70);  // t & ~(y & 0x10000)
 }
 
@@ -52,7 +52,7 @@ inline __m512i RoundBf16High(__m512 v) {
 inline __m512i PackPairs(__m512 even, __m512 odd) {
   // Word 2i: high word of even lane i; word 2i+1: high word of odd lane i.
   const __m512i high_words = _mm512_set_epi16(63, 31, 61, 29, 59, 27, 57, 25, 55, 23, 53, 21, 51, 19, 49, 17,  //
-                                               47, 15, 45, 13, 43, 11, 41, 9, 39, 7, 37, 5, 35, 3, 33, 1);
+                                              47, 15, 45, 13, 43, 11, 41, 9, 39, 7, 37, 5, 35, 3, 33, 1);
   return _mm512_permutex2var_epi16(RoundBf16High(even), high_words, RoundBf16High(odd));
 }
 
@@ -69,7 +69,7 @@ inline void TransposeBytes16x64(const int8_t* p, int64_t stride, __m512i (&col)[
   __m512i v[16], t[16];
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(p + r * stride);
-  // t[2i+h] word w: byte 8h+w of rows 2i, 2i+1.
+    // t[2i+h] word w: byte 8h+w of rows 2i, 2i+1.
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_epi8(v[2 * i], v[2 * i + 1]);
@@ -185,7 +185,7 @@ void DequantInt4(const common::MatrixView& w, int64_t block, uint16_t* tile) {
     const int64_t n0 = block * kBlockRows + j0;
     for (int64_t g = 0; g < groups; ++g) {
       PrefetchL2(data, (j0 + 16) * (K / 2) + 512 * g, 8);  // 8K bytes in K/64 steps
-      __m512i lo[16], hi[16];  // row r: pairs 0..15 / 16..31 of the group
+      __m512i lo[16], hi[16];                              // row r: pairs 0..15 / 16..31 of the group
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) {
         const int64_t sz = (n0 + r) * groups + g;

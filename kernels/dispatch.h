@@ -20,7 +20,7 @@ namespace kernels {
 // Ordered: a higher ISA implies every lower one.
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
-std::string IsaName(Isa isa);                            // "scalar", "avx2", ...
+std::string IsaName(Isa isa);                           // "scalar", "avx2", ...
 absl::StatusOr<Isa> ParseIsa(const std::string& name);  // INVALID_ARGUMENT naming it
 
 // The best ISA this CPU and OS support.

@@ -66,8 +66,7 @@ void Derive(const float* f32, int64_t count, uint16_t* bf16, float* sums) {
 
 // h = silu(a) ⊙ b over `count` values of one token, plus h's bf16 copy and
 // 64-group sums. (count % 64 == 0.)
-void SwiGlu(SwiGluFn fn, const float* a, const float* b, int64_t count, float* h, uint16_t* h_bf16,
-            float* h_sums) {
+void SwiGlu(SwiGluFn fn, const float* a, const float* b, int64_t count, float* h, uint16_t* h_bf16, float* h_sums) {
   for (int64_t i = 0; i < count; i += 64) fn(a + i, b + i, h + i, h_bf16 + i, h_sums + i / 64);
 }
 
@@ -86,8 +85,8 @@ std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int parts, 
 
 }  // namespace
 
-GroupedRoutes GroupByExpert(const common::Routes& routes,
-                            absl::Span<const common::ExpertWeights* const> experts, bool to_slots) {
+GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
+                            bool to_slots) {
   GroupedRoutes g;
   g.rows.resize(experts.size());
   g.weights.resize(experts.size());
@@ -115,8 +114,8 @@ uint8_t* Workspace::Reserve(size_t bytes) {
   return reinterpret_cast<uint8_t*>((p + kAlign - 1) / kAlign * kAlign);
 }
 
-void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model,
-                float* dst, Workspace& workspace, const ExecutorOptions& options) {
+void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+                Workspace& workspace, const ExecutorOptions& options) {
   if (tasks.empty()) return;
   const KernelTable& kernels = options.kernels != nullptr ? *options.kernels : SelectedKernels();
   const common::MatrixLayout& l1 = tasks[0].expert->w1.layout;  // [d_ff][d_model]
@@ -188,8 +187,8 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
         return;
       }
       kernels.dequant_bf16(matrix, b, tile);
-      bf16_kernel(common::MatrixView{tile_layout, reinterpret_cast<const uint8_t*>(tile), nullptr, nullptr}, 0,
-                  acts, out);
+      bf16_kernel(common::MatrixView{tile_layout, reinterpret_cast<const uint8_t*>(tile), nullptr, nullptr}, 0, acts,
+                  out);
     };
 
     // Phase 0: gather each expert's rows of x (zero padded) with their bf16 copy and sums.
@@ -224,8 +223,8 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
         OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w1.data + b0 * l1.block_bytes, tile1, n);
         OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w3.data + b0 * l1.block_bytes, tile3, n);
         for (int64_t r = 0; r < t.num_rows; ++r) {
-          SwiGlu(kernels.swiglu, tile1 + r * n, tile3 + r * n, n, h + r * k2 + b0 * kBlockRows, h_bf16 + r * k2 + b0 * kBlockRows,
-                 h_sums + r * (k2 / 64) + b0);
+          SwiGlu(kernels.swiglu, tile1 + r * n, tile3 + r * n, n, h + r * k2 + b0 * kBlockRows,
+                 h_bf16 + r * k2 + b0 * kBlockRows, h_sums + r * (k2 / 64) + b0);
         }
         continue;
       }
@@ -233,8 +232,8 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
         run_block(p.dequant, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
         run_block(p.dequant, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
         for (int64_t r = 0; r < t.num_rows; ++r) {
-          SwiGlu(kernels.swiglu, tile1 + r * kBlockRows, tile3 + r * kBlockRows, kBlockRows, h + r * k2 + b * kBlockRows,
-                 h_bf16 + r * k2 + b * kBlockRows, h_sums + r * (k2 / 64) + b);
+          SwiGlu(kernels.swiglu, tile1 + r * kBlockRows, tile3 + r * kBlockRows, kBlockRows,
+                 h + r * k2 + b * kBlockRows, h_bf16 + r * k2 + b * kBlockRows, h_sums + r * (k2 / 64) + b);
         }
       }
     }

@@ -86,10 +86,10 @@ struct ExecutorOptions {
 // point into `rows` and `weights` (moving the struct keeps them valid; do not
 // copy it).
 struct GroupedRoutes {
-  std::vector<std::vector<int32_t>> rows;    // [expert] token rows routed to it
-  std::vector<std::vector<float>> weights;   // [expert] their routing weights
-  std::vector<std::vector<int32_t>> slots;   // [expert] their route slots t * top_k + j
-  std::vector<ExpertTask> tasks;             // one per routed expert, in expert id order
+  std::vector<std::vector<int32_t>> rows;   // [expert] token rows routed to it
+  std::vector<std::vector<float>> weights;  // [expert] their routing weights
+  std::vector<std::vector<int32_t>> slots;  // [expert] their route slots t * top_k + j
+  std::vector<ExpertTask> tasks;            // one per routed expert, in expert id order
 };
 
 // With `to_slots`, each task writes its results to dst row t * top_k + j
@@ -97,14 +97,14 @@ struct GroupedRoutes {
 // T * top_k rows.
 // REQUIRES: experts[e] is non-null for every routed expert id e (others may
 // be null), ids < experts.size().
-GroupedRoutes GroupByExpert(const common::Routes& routes,
-                            absl::Span<const common::ExpertWeights* const> experts, bool to_slots = false);
+GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
+                            bool to_slots = false);
 
 // REQUIRES: every task's expert has the same shape (d_model x d_ff) and
 // weight type; rows < the number of rows of x, out_rows (or rows) < the
 // number of rows of dst (both [rows][d_model], f32).
-void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model,
-                float* dst, Workspace& workspace, const ExecutorOptions& options = {});
+void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+                Workspace& workspace, const ExecutorOptions& options = {});
 
 }  // namespace kernels
 }  // namespace colibri

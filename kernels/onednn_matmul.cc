@@ -57,12 +57,13 @@ const Cached& Lookup(const Key& key) {
 
 }  // namespace
 
-void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src,
-                  const void* weights, float* dst, int64_t ldd) {
+void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src, const void* weights,
+                  float* dst, int64_t ldd) {
   const Cached& c = Lookup(Key{static_cast<int>(type), num_tokens, cols, n, ldd});
   thread_local dnnl::stream stream(Engine());
   thread_local std::vector<uint8_t> scratchpad;
-  if (scratchpad.size() < std::max<size_t>(1, c.scratchpad_bytes)) scratchpad.resize(std::max<size_t>(1, c.scratchpad_bytes));
+  if (scratchpad.size() < std::max<size_t>(1, c.scratchpad_bytes))
+    scratchpad.resize(std::max<size_t>(1, c.scratchpad_bytes));
   dnnl::engine& engine = Engine();
   // oneDNN takes non-const handles; it only reads src and weights.
   dnnl::memory src_mem(c.src, engine, const_cast<void*>(src));

@@ -26,8 +26,8 @@ namespace kernels {
 // matmul); never on data. Each new (type, T, K, n, ldd) creates a primitive (milliseconds)
 // and caches it for the life of the process: fine for the opt-in use the
 // executor makes of it (docs/KERNELS.md), not for unbounded T variety.
-void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src,
-                  const void* weights, float* dst, int64_t ldd);
+void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src, const void* weights,
+                  float* dst, int64_t ldd);
 
 }  // namespace kernels
 }  // namespace colibri

@@ -17,8 +17,7 @@ double Silu(double v) { return v / (1.0 + std::exp(-v)); }
 
 }  // namespace
 
-void ReferenceExpertFfn(const common::ExpertWeights& expert, const float* x, int64_t num_rows,
-                        double* out) {
+void ReferenceExpertFfn(const common::ExpertWeights& expert, const float* x, int64_t num_rows, double* out) {
   const int64_t d_model = expert.w1.layout.cols;
   const int64_t d_ff = expert.w1.layout.rows;
   std::vector<double> xd(x, x + num_rows * d_model);
@@ -38,8 +37,8 @@ void ReferenceExpertFfn(const common::ExpertWeights& expert, const float* x, int
   }
 }
 
-void ReferenceMoeLayer(absl::Span<const common::ExpertWeights* const> experts,
-                       const common::Routes& routes, const float* x, int64_t d_model, float* y) {
+void ReferenceMoeLayer(absl::Span<const common::ExpertWeights* const> experts, const common::Routes& routes,
+                       const float* x, int64_t d_model, float* y) {
   const int64_t num_tokens = routes.num_tokens();
   const int64_t k = routes.top_k;
   // contribution[(t * k + j) * d_model + c] = FFN_{e_tj}(x_t)[c]

@@ -24,14 +24,13 @@ namespace kernels {
 
 // out[r][c] = FFN(x[r])[c] for r < num_rows, in double.
 // REQUIRES: x is [num_rows][d_model], out has num_rows * d_model entries.
-void ReferenceExpertFfn(const common::ExpertWeights& expert, const float* x, int64_t num_rows,
-                        double* out);
+void ReferenceExpertFfn(const common::ExpertWeights& expert, const float* x, int64_t num_rows, double* out);
 
 // y[t] = Σ_j routes.weights[t][j] · FFN_{routes.expert_ids[t][j]}(x[t]).
 // `experts[e]` is expert e of the layer; it may be null only if no route uses e.
 // REQUIRES: every routed id < experts.size(); x and y are [num_tokens][d_model].
-void ReferenceMoeLayer(absl::Span<const common::ExpertWeights* const> experts,
-                       const common::Routes& routes, const float* x, int64_t d_model, float* y);
+void ReferenceMoeLayer(absl::Span<const common::ExpertWeights* const> experts, const common::Routes& routes,
+                       const float* x, int64_t d_model, float* y);
 
 }  // namespace kernels
 }  // namespace colibri

@@ -1,6 +1,7 @@
 // SwiGLU combine with AVX2 + FMA.
 
 #include "kernels/x86_simd.h"
+
 #include "kernels/swiglu.h"
 
 namespace colibri {

@@ -1,6 +1,7 @@
 // SwiGLU combine with AVX-512 (compiled with -mavx512f/bw/vl/dq).
 
 #include "kernels/x86_simd.h"
+
 #include "kernels/swiglu.h"
 
 namespace colibri {

@@ -1,13 +1,13 @@
 #include "kernels/x86_simd.h"
+
 #include "kernels/thread_pool.h"
 
 #include <numa.h>
-
-#include <algorithm>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -39,8 +39,8 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
   std::vector<int> cpus = AllowedCpus();
   if (options.numa_node >= 0) {
     if (numa_available() < 0) {
-      return absl::UnavailableError(absl::StrCat("NUMA node ", options.numa_node,
-                                                 " requested but libnuma reports no NUMA support"));
+      return absl::UnavailableError(
+          absl::StrCat("NUMA node ", options.numa_node, " requested but libnuma reports no NUMA support"));
     }
     if (options.numa_node > numa_max_node()) {
       return absl::InvalidArgumentError(
@@ -90,9 +90,9 @@ absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
   if (nodes.empty()) return absl::FailedPreconditionError("no allowed CPU belongs to a NUMA node");
   std::string list;
   for (const int n : nodes) absl::StrAppend(&list, list.empty() ? "" : ",", n);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the CPUs this process may use span NUMA nodes ", list,
-      "; restrict it to one node (taskset/numactl, or Kubernetes' topology manager) or set ThreadPool::Options::numa_node"));
+  return absl::FailedPreconditionError(absl::StrCat("the CPUs this process may use span NUMA nodes ", list,
+                                                    "; restrict it to one node (taskset/numactl, or Kubernetes' "
+                                                    "topology manager) or set ThreadPool::Options::numa_node"));
 }
 
 void ThreadPool::WorkerLoop(int index) {

@@ -75,7 +75,7 @@ class ThreadPool {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   int remaining_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<uint64_t> published_generation_{0};   // spin-read copy of generation_
+  std::atomic<uint64_t> published_generation_{0};  // spin-read copy of generation_
 
   // Sense-reversing barrier.
   std::atomic<int> barrier_count_{0};

@@ -106,15 +106,14 @@ COLIBRI_EXPORT colibri_status colibri_init(const char* model_path, const colibri
  * negative n_tokens, a layer outside [0, n_layers), a token id outside the
  * vocabulary), RESOURCE_EXHAUSTED over max_tokens; hidden_out is then left
  * as it was. Thread-safe; the output bits depend only on the inputs. */
-COLIBRI_EXPORT colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer,
-                                                    const int32_t* token_ids, int64_t n_tokens,
-                                                    const float* hidden_in, float* hidden_out);
+COLIBRI_EXPORT colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, const int32_t* token_ids,
+                                                    int64_t n_tokens, const float* hidden_in, float* hidden_out);
 
 /* How colibri_forward picks each token's top_k experts and their weights. */
 typedef enum colibri_routing {
-  COLIBRI_ROUTING_LUT = 1,    /* by token id, from the model's table */
-  COLIBRI_ROUTING_GATE = 2,   /* softmax top-k of the gate over hidden_in */
-  COLIBRI_ROUTING_CLIENT = 3  /* the caller's route_experts / route_weights */
+  COLIBRI_ROUTING_LUT = 1,   /* by token id, from the model's table */
+  COLIBRI_ROUTING_GATE = 2,  /* softmax top-k of the gate over hidden_in */
+  COLIBRI_ROUTING_CLIENT = 3 /* the caller's route_experts / route_weights */
 } colibri_routing;
 
 /* The general call. Arguments as colibri_forward_batch, and:
@@ -133,10 +132,10 @@ typedef enum colibri_routing {
  * plus INVALID_ARGUMENT for an unknown routing or bad client routes; on
  * failure no output is written. Thread-safe. */
 COLIBRI_EXPORT colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t routing,
-                                              const int32_t* token_ids, int64_t n_tokens,
-                                              const float* hidden_in, const int32_t* route_experts,
-                                              const float* route_weights, float* hidden_out,
-                                              int32_t* routes_out_experts, float* routes_out_weights);
+                                              const int32_t* token_ids, int64_t n_tokens, const float* hidden_in,
+                                              const int32_t* route_experts, const float* route_weights,
+                                              float* hidden_out, int32_t* routes_out_experts,
+                                              float* routes_out_weights);
 
 /* The model's shape. Strings are NUL-terminated, truncated to fit. */
 typedef struct colibri_model_info {

@@ -7,8 +7,6 @@
 // message buffer is a fixed thread-local array: recording an error never
 // allocates and never throws.
 
-#include "router_node/colibri.h"
-
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -24,6 +22,7 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
+#include "router_node/colibri.h"
 #include "router_node/engine.h"
 
 struct colibri_engine {
@@ -74,8 +73,8 @@ colibri_status Fail(colibri_status code, absl::string_view prefix, absl::string_
 
 colibri_status Fail(const absl::Status& status) noexcept {
   const int code = static_cast<int>(status.code());
-  const colibri_status c_code = code > 0 && code <= COLIBRI_UNAUTHENTICATED ? static_cast<colibri_status>(code)
-                                                                           : COLIBRI_UNKNOWN;
+  const colibri_status c_code =
+      code > 0 && code <= COLIBRI_UNAUTHENTICATED ? static_cast<colibri_status>(code) : COLIBRI_UNKNOWN;
   return Fail(c_code, "", status.message());
 }
 
@@ -147,15 +146,11 @@ int32_t nothing_i32[1];
 
 absl::StatusOr<common::RoutingMode> ToRoutingMode(int32_t routing) {
   switch (routing) {
-    case COLIBRI_ROUTING_LUT:
-      return common::RoutingMode::kLut;
-    case COLIBRI_ROUTING_GATE:
-      return common::RoutingMode::kGate;
-    case COLIBRI_ROUTING_CLIENT:
-      return common::RoutingMode::kClient;
+    case COLIBRI_ROUTING_LUT: return common::RoutingMode::kLut;
+    case COLIBRI_ROUTING_GATE: return common::RoutingMode::kGate;
+    case COLIBRI_ROUTING_CLIENT: return common::RoutingMode::kClient;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("routing ", routing, " is not LUT (1), GATE (2) or CLIENT (3)"));
+  return absl::InvalidArgumentError(absl::StrCat("routing ", routing, " is not LUT (1), GATE (2) or CLIENT (3)"));
 }
 
 }  // namespace
@@ -191,8 +186,8 @@ colibri_status colibri_init(const char* model_path, const colibri_options* optio
   });
 }
 
-colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, const int32_t* token_ids,
-                                     int64_t n_tokens, const float* hidden_in, float* hidden_out) {
+colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, const int32_t* token_ids, int64_t n_tokens,
+                                     const float* hidden_in, float* hidden_out) {
   return Guarded([&]() -> absl::Status {
     COLIBRI_RETURN_IF_ERROR(colibri::CheckBatch(engine, n_tokens));
     if (n_tokens == 0) {
@@ -210,10 +205,10 @@ colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, cons
   });
 }
 
-colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t routing,
-                               const int32_t* token_ids, int64_t n_tokens, const float* hidden_in,
-                               const int32_t* route_experts, const float* route_weights, float* hidden_out,
-                               int32_t* routes_out_experts, float* routes_out_weights) {
+colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t routing, const int32_t* token_ids,
+                               int64_t n_tokens, const float* hidden_in, const int32_t* route_experts,
+                               const float* route_weights, float* hidden_out, int32_t* routes_out_experts,
+                               float* routes_out_weights) {
   return Guarded([&]() -> absl::Status {
     namespace rn = colibri::router_node;
     COLIBRI_RETURN_IF_ERROR(colibri::CheckBatch(engine, n_tokens));

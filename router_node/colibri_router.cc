@@ -11,27 +11,34 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
-#include "runtime/flags.h"
 #include "router_node/router_server.h"
+#include "runtime/flags.h"
 
-ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output): manifest, gates, LUTs. Required "
+ABSL_FLAG(std::string, model, "",
+          "Model directory (colibri-convert's output): manifest, gates, LUTs. Required "
           "unless --local is given.");
-ABSL_FLAG(std::string, local, "", "Local (embedded) mode: run every expert of this model directory in this process "
+ABSL_FLAG(std::string, local, "",
+          "Local (embedded) mode: run every expert of this model directory in this process "
           "instead of on expert nodes.");
 ABSL_FLAG(std::string, experts_at, "", "Expert nodes, host:port,...; what each serves is asked from the node.");
-ABSL_FLAG(std::string, cluster_file, "", "Or: a file of expert node addresses, one host:port per line ('#' "
+ABSL_FLAG(std::string, cluster_file, "",
+          "Or: a file of expert node addresses, one host:port per line ('#' "
           "comments); re-read when it changes.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 picks a free port (printed).");
 ABSL_FLAG(int64_t, max_tokens, 65536, "Most tokens one Forward call may carry (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int, workers, 8, "Threads running Forward calls (each waits for its nodes, so more than cores is fine).");
 ABSL_FLAG(int64_t, max_queued_requests, 256, "Forward calls waiting for a worker (RESOURCE_EXHAUSTED beyond).");
-ABSL_FLAG(int64_t, max_message_bytes, 0, "Largest client request or reply; 0 derives it from the model and "
+ABSL_FLAG(int64_t, max_message_bytes, 0,
+          "Largest client request or reply; 0 derives it from the model and "
           "--max_tokens.");
-ABSL_FLAG(bool, verify_checksums, true, "Verify the gate and LUT files' (and in --local, the experts') checksums at "
+ABSL_FLAG(bool, verify_checksums, true,
+          "Verify the gate and LUT files' (and in --local, the experts') checksums at "
           "start.");
-ABSL_FLAG(int, node_timeout_ms, 5000, "Deadline of one node call attempt (capped by the client's); a node that "
+ABSL_FLAG(int, node_timeout_ms, 5000,
+          "Deadline of one node call attempt (capped by the client's); a node that "
           "misses it is failed over.");
-ABSL_FLAG(int, hedge_after_ms, 0, "Hedged calls: when a node has not answered a layer call within this, send its "
+ABSL_FLAG(int, hedge_after_ms, 0,
+          "Hedged calls: when a node has not answered a layer call within this, send its "
           "work to another replica too and take the first answer (0: off; set near the nodes' p95 latency).");
 ABSL_FLAG(int, health_interval_ms, 500, "How often every expert node is asked GetNodeInfo (health and shard map).");
 ABSL_FLAG(int, health_timeout_ms, 1000, "Deadline of one health check.");
@@ -71,7 +78,8 @@ const colibri::runtime::OptionFlags kOptionFlags = {
 
 int main(int argc, char** argv) {
   colibri::common::TuneAllocatorForServer();
-  colibri::runtime::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(
+      argc, argv,
       "Colibri router: serves colibri.v1.Router (Forward, ForwardStream, GetModelInfo, GetClusterStatus) with\n"
       "grpc.health.v1 and reflection. Routes each token (lut | gate | client), sends the rows to the expert nodes\n"
       "that own its experts (one call per node per layer) and returns the weighted sum; or, with --local, runs the\n"

@@ -52,26 +52,26 @@ class CallControl {
 // One expert's share of a layer call.
 struct ExpertWork {
   int32_t expert = 0;
-  std::vector<int32_t> rows;     // token rows of LayerWork::x, ascending
-  std::vector<float> weights;    // routing weight per row
-  std::vector<int32_t> slots;    // where each row's result goes: t * top_k + j
+  std::vector<int32_t> rows;   // token rows of LayerWork::x, ascending
+  std::vector<float> weights;  // routing weight per row
+  std::vector<int32_t> slots;  // where each row's result goes: t * top_k + j
 };
 
 struct LayerWork {
   int32_t layer = 0;
-  const float* x = nullptr;      // [num_tokens][d_model], f32; lives until Compute returns
+  const float* x = nullptr;  // [num_tokens][d_model], f32; lives until Compute returns
   int64_t num_tokens = 0;
-  int64_t num_slots = 0;         // num_tokens * top_k
+  int64_t num_slots = 0;            // num_tokens * top_k
   std::vector<ExpertWork> experts;  // ascending expert id, each non-empty
   std::string request_id;
 };
 
 // What a backend did for one layer call, for timings and traces.
 struct NodeCallRecord {
-  std::string node;          // address, or "local"
-  int64_t start_nanos = 0;   // from the start of Compute
+  std::string node;         // address, or "local"
+  int64_t start_nanos = 0;  // from the start of Compute
   int64_t end_nanos = 0;
-  int64_t rows = 0;          // token rows sent
+  int64_t rows = 0;  // token rows sent
   int64_t experts = 0;
   std::string experts_list;  // "0,3": the expert ids of the call
   int attempt = 0;           // 0 first try, 1 the retry on another replica

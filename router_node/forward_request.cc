@@ -22,12 +22,9 @@ absl::StatusOr<common::DType> ParseDType(v1::DataType t, bool unspecified_is_f32
 
 colibri::v1::RoutingMode ToProtoRoutingMode(common::RoutingMode mode) {
   switch (mode) {
-    case common::RoutingMode::kLut:
-      return v1::ROUTING_MODE_LUT;
-    case common::RoutingMode::kGate:
-      return v1::ROUTING_MODE_GATE;
-    case common::RoutingMode::kClient:
-      return v1::ROUTING_MODE_CLIENT;
+    case common::RoutingMode::kLut: return v1::ROUTING_MODE_LUT;
+    case common::RoutingMode::kGate: return v1::ROUTING_MODE_GATE;
+    case common::RoutingMode::kClient: return v1::ROUTING_MODE_CLIENT;
   }
   return v1::ROUTING_MODE_UNSPECIFIED;
 }
@@ -47,12 +44,8 @@ absl::StatusOr<ForwardInput> ParseForwardRequest(const v1::ForwardRequest& reque
   in.hidden_bytes = static_cast<int64_t>(h.data().size());
   switch (request.routing()) {
     case v1::ROUTING_MODE_UNSPECIFIED:
-    case v1::ROUTING_MODE_LUT:
-      in.routing = common::RoutingMode::kLut;
-      break;
-    case v1::ROUTING_MODE_GATE:
-      in.routing = common::RoutingMode::kGate;
-      break;
+    case v1::ROUTING_MODE_LUT: in.routing = common::RoutingMode::kLut; break;
+    case v1::ROUTING_MODE_GATE: in.routing = common::RoutingMode::kGate; break;
     case v1::ROUTING_MODE_CLIENT:
       in.routing = common::RoutingMode::kClient;
       in.client_top_k = request.routes().top_k();

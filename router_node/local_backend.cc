@@ -32,7 +32,8 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
     NodeCallRecord r;
     r.node = "local";
     r.start_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(begin - start).count();
-    r.end_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    r.end_nanos =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
     r.rows = work.num_tokens;
     r.experts = static_cast<int64_t>(tasks.size());
     for (const ExpertWork& w : work.experts) {

@@ -27,8 +27,7 @@ class LocalBackend final : public ExpertBackend {
   // own one the work needs; CANCELLED / DEADLINE_EXCEEDED checked before
   // the kernels start (a running layer is not interrupted). Calls are
   // serialized on the pool.
-  absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control,
-                       BackendStats* stats) override;
+  absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats) override;
   std::string kind() const override { return "local"; }
 
  private:

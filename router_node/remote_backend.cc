@@ -10,9 +10,9 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
-#include "runtime/grpc_credentials.h"
 #include "common/status_macros.h"
 #include "router_node/remote_backend_internal.h"
+#include "runtime/grpc_credentials.h"
 
 // The node set, health checks and the shard map. One layer's node calls are
 // in remote_dispatch.cc.
@@ -45,7 +45,8 @@ int64_t MtimeNanos(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const RemoteOptions& options) {
   if (options.addresses.empty() == options.cluster_file.empty()) {
-    return absl::InvalidArgumentError("give the expert nodes either as RemoteOptions::addresses or as RemoteOptions::cluster_file");
+    return absl::InvalidArgumentError(
+        "give the expert nodes either as RemoteOptions::addresses or as RemoteOptions::cluster_file");
   }
   if (options.n_layers < 1 || options.n_experts < 1 || options.d_model < 1) {
     return absl::InvalidArgumentError("RemoteOptions: model shape not set");
@@ -53,7 +54,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   std::unique_ptr<RemoteBackend> b(new RemoteBackend(options));
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                            runtime::ChannelCredentialsFromFiles(options.tls_ca_file, options.tls_cert_file,
-                                                               options.tls_key_file, "RemoteOptions::"));
+                                                                options.tls_key_file, "RemoteOptions::"));
   b->credentials_ = credentials;
   std::vector<std::string> addresses = options.addresses;
   if (!options.cluster_file.empty()) {
@@ -121,8 +122,8 @@ absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& address
     if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
     auto node = std::make_shared<Node>();
     node->address = a;
-    node->stub = v1::ExpertNode::NewStub(grpc::CreateCustomChannel(
-        a, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args));
+    node->stub = v1::ExpertNode::NewStub(
+        grpc::CreateCustomChannel(a, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args));
     topo->nodes.push_back(std::move(node));
   }
   if (topo->nodes.empty()) return absl::InvalidArgumentError("no expert node addresses");
@@ -221,8 +222,8 @@ void RemoteBackend::HealthRound() {
       node.weights_version = info.weights_version();
     }
     if (was_live != node.live && options_.log != nullptr) {
-      *options_.log << "colibri-router: node " << node.address << (node.live ? " is live" : " is down: ")
-                    << error << std::endl;
+      *options_.log << "colibri-router: node " << node.address << (node.live ? " is live" : " is down: ") << error
+                    << std::endl;
     }
   }
   if (options_.metrics != nullptr) {
@@ -248,7 +249,8 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     node->live = false;
     node->last_error = error;
   }
-  if (options_.log != nullptr) *options_.log << "colibri-router: node " << node->address << " is down: " << error << std::endl;
+  if (options_.log != nullptr)
+    *options_.log << "colibri-router: node " << node->address << " is down: " << error << std::endl;
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_router_failovers_total", "Nodes taken out of the map after a failed call.")
         ->Add();

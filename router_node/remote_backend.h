@@ -39,9 +39,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "absl/base/thread_annotations.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "router_node/expert_backend.h"
@@ -58,14 +58,14 @@ struct RemoteOptions {
   int64_t n_layers = 0;
   int64_t n_experts = 0;
   int64_t d_model = 0;
-  absl::Duration node_timeout = absl::Seconds(5);      // per node call attempt
+  absl::Duration node_timeout = absl::Seconds(5);  // per node call attempt
   // > 0: when a node has not answered within this, send its work to another
   // replica as well and take whichever answers first (the other is
   // cancelled). Off by default; set it near the nodes' p95 call latency.
   absl::Duration hedge_after = absl::ZeroDuration();
   absl::Duration health_interval = absl::Milliseconds(500);
-  absl::Duration health_timeout = absl::Seconds(1);    // per GetNodeInfo
-  int64_t max_message_bytes = 1 << 30;                 // per node call, both ways
+  absl::Duration health_timeout = absl::Seconds(1);  // per GetNodeInfo
+  int64_t max_message_bytes = 1 << 30;               // per node call, both ways
   // TLS to the nodes: a CA (PEM) enables it; cert + key add a client
   // certificate (mutual TLS); server_name overrides the name checked in the
   // node's certificate.
@@ -103,8 +103,7 @@ class RemoteBackend final : public ExpertBackend {
   // after Stop returns). Idempotent.
   void Stop();
 
-  absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control,
-                       BackendStats* stats) override;
+  absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats) override;
   std::string kind() const override { return "distributed"; }
 
   // Runs a health round now (also re-reads the cluster file) and returns

@@ -6,14 +6,14 @@
 // remote_dispatch.cc (one layer's node calls: plan, send, hedge, retry,
 // scatter). Not for other code.
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
@@ -60,7 +60,6 @@ struct RemoteBackend::Call {
   int64_t start_nanos = 0;
   int64_t end_nanos = 0;
 };
-
 
 inline int64_t NanosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();

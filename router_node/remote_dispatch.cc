@@ -27,8 +27,7 @@ bool Retriable(grpc::StatusCode code) {
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::CANCELLED:  // not by us (checked first): e.g. the node shutting down
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -79,8 +78,8 @@ absl::Status ScatterReply(const LayerWork& work, int64_t d_model, const Call& ca
   const v1::Tensor& t = call.response.output();
   if (t.dtype() != v1::DATA_TYPE_F32 || t.shape_size() != 2 || t.shape(0) != expected || t.shape(1) != d_model ||
       static_cast<int64_t>(t.data().size()) != expected * d_model * 4) {
-    return absl::InternalError(absl::StrCat("node ", call.address, ": reply for layer ", work.layer,
-                                            " is not [", expected, ", ", d_model, "] f32"));
+    return absl::InternalError(absl::StrCat("node ", call.address, ": reply for layer ", work.layer, " is not [",
+                                            expected, ", ", d_model, "] f32"));
   }
   const char* src = t.data().data();
   for (const int w : call.plan.works) {
@@ -125,8 +124,8 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::vector<int> load(topo->nodes.size());
     for (size_t n = 0; n < load.size(); ++n) load[n] = topo->nodes[n]->in_flight.load(std::memory_order_relaxed);
-    absl::StatusOr<std::vector<NodeCall>> plan = PlanNodeCalls(*topo->map, work.layer, work.experts, pending, load,
-                                                               excluded);
+    absl::StatusOr<std::vector<NodeCall>> plan =
+        PlanNodeCalls(*topo->map, work.layer, work.experts, pending, load, excluded);
     if (!plan.ok()) {
       return first_failure.empty() ? plan.status()
                                    : absl::UnavailableError(absl::StrCat(plan.status().message(), "; ", first_failure));
@@ -233,12 +232,14 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
         if (!c->done) c->context.TryCancel();
       }
     }
-    tracker.WaitUntil([&] {
-      for (const auto& c : calls) {
-        if (!c->done) return false;
-      }
-      return true;
-    }, absl::InfiniteFuture());
+    tracker.WaitUntil(
+        [&] {
+          for (const auto& c : calls) {
+            if (!c->done) return false;
+          }
+          return true;
+        },
+        absl::InfiniteFuture());
 
     std::vector<int> failed;
     absl::Status error;
@@ -266,14 +267,15 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       const Call& c = *r.primary;
       topo->nodes[c.node]->failed.fetch_add(1, std::memory_order_relaxed);
       const grpc::StatusCode code = c.status.error_code();
-      const std::string what = absl::StrCat("node ", c.address, ": ", c.status.error_message(), " (code ",
-                                            static_cast<int>(code), ")");
+      const std::string what =
+          absl::StrCat("node ", c.address, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
       if (control.cancelled()) {
         if (error.ok()) error = absl::CancelledError("request cancelled by the client");
       } else if (absl::Now() >= control.deadline() ||
                  (client_deadline && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
         if (error.ok()) {
-          error = absl::DeadlineExceededError(absl::StrCat("layer ", work.layer, ": deadline exceeded waiting for ", what));
+          error =
+              absl::DeadlineExceededError(absl::StrCat("layer ", work.layer, ": deadline exceeded waiting for ", what));
         }
       } else if (Retriable(code)) {
         if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) MarkDown(topo->nodes[c.node], what);
@@ -292,8 +294,8 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       std::string experts;
       for (const int w : failed) absl::StrAppend(&experts, experts.empty() ? "" : ",", work.experts[w].expert);
       return absl::UnavailableError(absl::StrCat("layer ", work.layer, " expert ", experts,
-                                                 ": failed on every replica tried (", first_failure, "; retry failed on ",
-                                                 retry_failure, ")"));
+                                                 ": failed on every replica tried (", first_failure,
+                                                 "; retry failed on ", retry_failure, ")"));
     }
     std::sort(failed.begin(), failed.end());
     pending = std::move(failed);

@@ -18,13 +18,10 @@ int64_t NanosSince(std::chrono::steady_clock::time_point start) {
 
 int64_t ElementBytes(common::DType t) {
   switch (t) {
-    case common::DType::kF32:
-      return 4;
+    case common::DType::kF32: return 4;
     case common::DType::kBF16:
-    case common::DType::kF16:
-      return 2;
-    default:
-      return 0;
+    case common::DType::kF16: return 2;
+    default: return 0;
   }
 }
 
@@ -66,8 +63,8 @@ absl::Status CheckClientRoutes(const ForwardInput& in, const common::Manifest& m
                                                    " entries; must be tokens x top_k = ", slots));
   }
   if (static_cast<int64_t>(in.client_weights.size()) != slots) {
-    return absl::InvalidArgumentError(absl::StrCat("routes.weights has ", in.client_weights.size(),
-                                                   " entries; must be tokens x top_k = ", slots));
+    return absl::InvalidArgumentError(
+        absl::StrCat("routes.weights has ", in.client_weights.size(), " entries; must be tokens x top_k = ", slots));
   }
   for (int64_t s = 0; s < slots; ++s) {
     const int32_t e = in.client_expert_ids[s];
@@ -77,13 +74,13 @@ absl::Status CheckClientRoutes(const ForwardInput& in, const common::Manifest& m
     }
     for (int64_t j = s - s % m.top_k; j < s; ++j) {
       if (in.client_expert_ids[j] == e) {
-        return absl::InvalidArgumentError(absl::StrCat("routes.expert_ids[", s, "] = ", e, ": expert repeated for token ",
-                                                       s / m.top_k));
+        return absl::InvalidArgumentError(
+            absl::StrCat("routes.expert_ids[", s, "] = ", e, ": expert repeated for token ", s / m.top_k));
       }
     }
     if (!std::isfinite(in.client_weights[s])) {
-      return absl::InvalidArgumentError(absl::StrCat("routes.weights[", s, "] = ", in.client_weights[s],
-                                                     " is not finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("routes.weights[", s, "] = ", in.client_weights[s], " is not finite"));
     }
   }
   return absl::OkStatus();
@@ -100,7 +97,8 @@ std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
   for (const NodeCallRecord& c : out.backend.calls) {
     const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
                                             c.hedge ? " hedge" : "");
-    spans.push_back({absl::StrCat("node:", c.node), t.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos, detail});
+    spans.push_back(
+        {absl::StrCat("node:", c.node), t.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos, detail});
     spans.push_back({absl::StrCat("node_compute:", c.node), t.route_nanos + c.end_nanos - c.node_compute_nanos,
                      c.node_compute_nanos, detail});
   }
@@ -113,7 +111,8 @@ Router::Router(std::unique_ptr<common::ModelDir> model, ExpertBackend* backend, 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(const std::string& model_dir, ExpertBackend* backend,
                                                        const RouterOptions& options) {
   if (options.max_tokens < 1 || options.max_tokens > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("RouterOptions::max_tokens ", options.max_tokens, " must be in [1, 2^24]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RouterOptions::max_tokens ", options.max_tokens, " must be in [1, 2^24]"));
   }
   COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(model_dir));
   std::unique_ptr<Router> r(new Router(std::move(model), backend, options));
@@ -188,16 +187,16 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
   }
   const int64_t element = ElementBytes(in.hidden_dtype);
   if (element == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden.dtype ", common::DTypeName(in.hidden_dtype),
-                                                   " is not supported (f32, bf16 or f16)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden.dtype ", common::DTypeName(in.hidden_dtype), " is not supported (f32, bf16 or f16)"));
   }
   if (ElementBytes(in.output_dtype) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("output_dtype ", common::DTypeName(in.output_dtype),
-                                                   " is not supported (f32, bf16 or f16)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("output_dtype ", common::DTypeName(in.output_dtype), " is not supported (f32, bf16 or f16)"));
   }
   if (in.cols != m.d_model || in.num_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden.shape [", in.num_tokens, ", ", in.cols,
-                                                   "] must be [T, ", m.d_model, "] (d_model)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden.shape [", in.num_tokens, ", ", in.cols, "] must be [T, ", m.d_model, "] (d_model)"));
   }
   if (in.num_tokens > options_.max_tokens) {
     return absl::ResourceExhaustedError(absl::StrCat("hidden.shape: ", in.num_tokens, " tokens exceed the limit of ",
@@ -206,8 +205,8 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
   // num_tokens <= 2^24 and d_model <= 2^20: no overflow.
   if (in.hidden_bytes != in.num_tokens * m.d_model * element) {
     return absl::InvalidArgumentError(absl::StrCat("hidden.data has ", in.hidden_bytes, " bytes; [", in.num_tokens,
-                                                   ", ", m.d_model, "] of ", common::DTypeName(in.hidden_dtype),
-                                                   " is ", in.num_tokens * m.d_model * element));
+                                                   ", ", m.d_model, "] of ", common::DTypeName(in.hidden_dtype), " is ",
+                                                   in.num_tokens * m.d_model * element));
   }
   std::vector<float> x(in.num_tokens * m.d_model);
   ToF32(in, x.data());

@@ -51,17 +51,17 @@ struct ForwardInput {
 
 struct StageTimings {
   int64_t route_nanos = 0;
-  int64_t dispatch_nanos = 0;   // until the backend returned (the slowest node)
+  int64_t dispatch_nanos = 0;  // until the backend returned (the slowest node)
   int64_t aggregate_nanos = 0;
   int64_t total_nanos = 0;
 };
 
 struct ForwardOutput {
-  std::string output;        // [num_tokens][d_model] of output_dtype, raw bytes
+  std::string output;  // [num_tokens][d_model] of output_dtype, raw bytes
   common::DType output_dtype = common::DType::kF32;
-  common::Routes routes;     // the routes used
+  common::Routes routes;  // the routes used
   StageTimings timings;
-  BackendStats backend;      // the backend's node calls
+  BackendStats backend;  // the backend's node calls
 };
 
 // One stage of a Forward as clients see it (Router's Timing message):
@@ -78,8 +78,8 @@ struct TimingSpan {
 std::vector<TimingSpan> TimingSpans(const ForwardOutput& output);
 
 struct RouterOptions {
-  int64_t max_tokens = 65536;  // tokens of one Forward; beyond: RESOURCE_EXHAUSTED
-  bool verify_checksums = true;  // of the gate and LUT files at load
+  int64_t max_tokens = 65536;                  // tokens of one Forward; beyond: RESOURCE_EXHAUSTED
+  bool verify_checksums = true;                // of the gate and LUT files at load
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the router
 };
 

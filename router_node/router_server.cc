@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/grpc_credentials.h"
 #include "common/status_macros.h"
+#include "runtime/grpc_credentials.h"
 
 namespace colibri {
 namespace router_node {
@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   if (options.model_dir.empty()) return absl::InvalidArgumentError("RouterServerOptions::model_dir is required");
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            runtime::ServerCredentialsFromFiles(options.tls_cert_file, options.tls_key_file,
-                                                              options.tls_client_ca_file, "RouterServerOptions::"));
+                                                               options.tls_client_ca_file, "RouterServerOptions::"));
   std::unique_ptr<RouterServer> s(new RouterServer());
   if (options.local) {
     options.engine.max_tokens = options.router.max_tokens;

@@ -17,11 +17,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
-#include "runtime/metrics_server.h"
 #include "router_node/engine.h"
 #include "router_node/remote_backend.h"
 #include "router_node/router.h"
 #include "router_node/router_service.h"
+#include "runtime/metrics_server.h"
 
 namespace grpc {
 class Server;
@@ -35,16 +35,16 @@ struct RouterServerOptions {
   std::string model_dir;               // the model (manifest, gates, LUTs); required
   // Local mode: run every expert in this process (Engine) instead of on nodes.
   bool local = false;
-  Engine::Options engine;              // local mode: threads, NUMA, mlock
-  RemoteOptions remote;                // distributed mode: nodes, timeouts, TLS to nodes (model fields are filled in)
-  RouterOptions router;                // max_tokens, checksums
-  RouterService::Options service;      // workers, queue, debug log
-  int64_t max_message_bytes = 0;       // 0: derived from d_model, top_k and max_tokens
+  Engine::Options engine;          // local mode: threads, NUMA, mlock
+  RemoteOptions remote;            // distributed mode: nodes, timeouts, TLS to nodes (model fields are filled in)
+  RouterOptions router;            // max_tokens, checksums
+  RouterService::Options service;  // workers, queue, debug log
+  int64_t max_message_bytes = 0;   // 0: derived from d_model, top_k and max_tokens
   // TLS for clients: certificate chain and key; with a client CA, mutual TLS.
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
-  int metrics_port = -1;               // >= 0: Prometheus /metrics on it (0 picks a port)
+  int metrics_port = -1;  // >= 0: Prometheus /metrics on it (0 picks a port)
   std::string metrics_host = "0.0.0.0";
 };
 
@@ -69,9 +69,9 @@ class RouterServer {
 
   common::MetricsRegistry metrics_;
   std::unique_ptr<runtime::MetricsServer> metrics_server_;
-  std::unique_ptr<Engine> engine_;           // local mode
-  std::unique_ptr<RemoteBackend> remote_;    // distributed mode
-  std::unique_ptr<Router> remote_router_;    // distributed mode
+  std::unique_ptr<Engine> engine_;         // local mode
+  std::unique_ptr<RemoteBackend> remote_;  // distributed mode
+  std::unique_ptr<Router> remote_router_;  // distributed mode
   Router* router_ = nullptr;
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<grpc::Server> server_;

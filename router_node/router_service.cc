@@ -1,7 +1,5 @@
 #include "router_node/router_service.h"
 
-#include "router_node/forward_request.h"
-
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -11,6 +9,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
+#include "router_node/forward_request.h"
 #include "runtime/grpc_status.h"
 
 namespace colibri {
@@ -227,14 +226,14 @@ void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::
     stage_[4]->Observe(out.timings.total_nanos * 1e-9);
   }
   if (!options_.debug || options_.log == nullptr) return;
-  std::string line = absl::StrCat("colibri-router: request '", request_id, "' layer ", layer, " tokens ", tokens,
-                                  ": route ", out.timings.route_nanos / 1000, " us, dispatch ",
-                                  out.timings.dispatch_nanos / 1000, " us, aggregate ",
-                                  out.timings.aggregate_nanos / 1000, " us, total ", out.timings.total_nanos / 1000,
-                                  " us; nodes:");
+  std::string line = absl::StrCat(
+      "colibri-router: request '", request_id, "' layer ", layer, " tokens ", tokens, ": route ",
+      out.timings.route_nanos / 1000, " us, dispatch ", out.timings.dispatch_nanos / 1000, " us, aggregate ",
+      out.timings.aggregate_nanos / 1000, " us, total ", out.timings.total_nanos / 1000, " us; nodes:");
   for (const NodeCallRecord& c : out.backend.calls) {
-    absl::StrAppend(&line, " ", c.node, (c.attempt > 0 ? " (retry)" : ""), (c.hedge ? " (hedge)" : ""), " ", (c.end_nanos - c.start_nanos) / 1000,
-                    " us (compute ", c.node_compute_nanos / 1000, " us, ", c.rows, " rows, ", c.experts, " experts)");
+    absl::StrAppend(&line, " ", c.node, (c.attempt > 0 ? " (retry)" : ""), (c.hedge ? " (hedge)" : ""), " ",
+                    (c.end_nanos - c.start_nanos) / 1000, " us (compute ", c.node_compute_nanos / 1000, " us, ", c.rows,
+                    " rows, ", c.experts, " experts)");
   }
   *options_.log << line << std::endl;
 }
@@ -265,8 +264,8 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
   response->set_norm_topk_prob(m.norm_topk_prob);
   response->set_vocab_size(static_cast<int32_t>(m.vocab_size));
   response->set_weight_type(common::DTypeName(m.weight_type));
-  for (const common::RoutingMode mode : {common::RoutingMode::kLut, common::RoutingMode::kGate,
-                                         common::RoutingMode::kClient}) {
+  for (const common::RoutingMode mode :
+       {common::RoutingMode::kLut, common::RoutingMode::kGate, common::RoutingMode::kClient}) {
     response->add_routing_modes(ToProtoRoutingMode(mode));
   }
   response->set_backend(router_->backend().kind());

@@ -27,12 +27,12 @@ namespace router_node {
 class RouterService final : public colibri::v1::Router::CallbackService {
  public:
   struct Options {
-    int workers = 8;                  // threads running Forward calls
-    int64_t max_queued_requests = 256;  // waiting for a worker; beyond: RESOURCE_EXHAUSTED
-    bool debug = false;               // log every call's stage timings to `log` (COLIBRI_DEBUG=1)
-    std::ostream* log = nullptr;      // must outlive the service
+    int workers = 8;                             // threads running Forward calls
+    int64_t max_queued_requests = 256;           // waiting for a worker; beyond: RESOURCE_EXHAUSTED
+    bool debug = false;                          // log every call's stage timings to `log` (COLIBRI_DEBUG=1)
+    std::ostream* log = nullptr;                 // must outlive the service
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
-    RemoteBackend* remote = nullptr;  // for GetClusterStatus; null in local mode
+    RemoteBackend* remote = nullptr;             // for GetClusterStatus; null in local mode
   };
 
   // `router` must outlive the service.

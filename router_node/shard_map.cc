@@ -21,7 +21,8 @@ ShardMap::ShardMap(int64_t n_layers, int64_t n_experts, std::vector<NodeState> n
 
 std::optional<std::pair<int64_t, int64_t>> ShardMap::FirstUncovered() const {
   for (size_t i = 0; i < replicas_.size(); ++i) {
-    if (replicas_[i].empty()) return std::make_pair(static_cast<int64_t>(i) / n_experts_, static_cast<int64_t>(i) % n_experts_);
+    if (replicas_[i].empty())
+      return std::make_pair(static_cast<int64_t>(i) / n_experts_, static_cast<int64_t>(i) % n_experts_);
   }
   return std::nullopt;
 }
@@ -36,8 +37,7 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
     int best = -1;
     for (const int n : map.replicas(layer, expert)) {
       if (excluded.count(n) > 0) continue;
-      if (best < 0 || load[n] < load[best] ||
-          (load[n] == load[best] && calls.count(n) > 0 && calls.count(best) == 0)) {
+      if (best < 0 || load[n] < load[best] || (load[n] == load[best] && calls.count(n) > 0 && calls.count(best) == 0)) {
         best = n;
       }
     }
@@ -62,8 +62,8 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
       } else {
         why += ")";
       }
-      return absl::UnavailableError(absl::StrCat("layer ", layer, " expert ", expert, ": no live expert node serves it",
-                                                 why));
+      return absl::UnavailableError(
+          absl::StrCat("layer ", layer, " expert ", expert, ": no live expert node serves it", why));
     }
     NodeCall& call = calls[best];
     call.node = best;

@@ -24,8 +24,8 @@ namespace router_node {
 struct NodeState {
   std::string address;
   bool live = false;
-  std::string last_error;                              // why not live
-  std::vector<std::pair<int64_t, int64_t>> owned;      // (layer, expert), as the node reported
+  std::string last_error;                          // why not live
+  std::vector<std::pair<int64_t, int64_t>> owned;  // (layer, expert), as the node reported
 };
 
 class ShardMap {
@@ -50,8 +50,8 @@ class ShardMap {
 
 // One node's share of a layer call.
 struct NodeCall {
-  int node = 0;                // index into ShardMap::nodes()
-  std::vector<int> works;      // indices into LayerWork::experts, ascending
+  int node = 0;            // index into ShardMap::nodes()
+  std::vector<int> works;  // indices into LayerWork::experts, ascending
 };
 
 // Assigns each work in `works` (indices into `experts`) to a live replica of

@@ -19,16 +19,20 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::stri
   return text.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFiles(
-    const std::string& cert, const std::string& key, const std::string& client_ca, const std::string& prefix) {
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFiles(const std::string& cert,
+                                                                                    const std::string& key,
+                                                                                    const std::string& client_ca,
+                                                                                    const std::string& prefix) {
   if (cert.empty() && key.empty()) {
     if (!client_ca.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, "tls_client_ca_file needs ", prefix, "tls_cert_file and ", prefix, "tls_key_file"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "tls_client_ca_file needs ", prefix, "tls_cert_file and ", prefix, "tls_key_file"));
     }
     return grpc::InsecureServerCredentials();
   }
   if (cert.empty() || key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("TLS needs both ", prefix, "tls_cert_file and ", prefix, "tls_key_file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS needs both ", prefix, "tls_cert_file and ", prefix, "tls_key_file"));
   }
   const bool mutual = !client_ca.empty();
   grpc::SslServerCredentialsOptions ssl(mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
@@ -49,8 +53,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFi
   return grpc::SslServerCredentials(ssl);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(
-    const std::string& ca, const std::string& cert, const std::string& key, const std::string& prefix) {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(const std::string& ca,
+                                                                                      const std::string& cert,
+                                                                                      const std::string& key,
+                                                                                      const std::string& prefix) {
   if (ca.empty()) {
     if (!cert.empty() || !key.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("a client certificate needs ", prefix, "tls_ca_file as well"));

@@ -8,11 +8,11 @@
 // "ServerOptions::", and errors name the field and the file. No key material
 // is ever printed. Thread-safe (pure functions).
 
-#include <memory>
-#include <string>
-
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+
+#include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 
@@ -25,13 +25,17 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::stri
 
 // Server side: insecure (no files), TLS (cert + key), or mutual TLS (cert +
 // key + client CA: only clients with a certificate signed by it get in).
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFiles(
-    const std::string& cert, const std::string& key, const std::string& client_ca, const std::string& prefix);
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFiles(const std::string& cert,
+                                                                                    const std::string& key,
+                                                                                    const std::string& client_ca,
+                                                                                    const std::string& prefix);
 
 // Client side: insecure (no CA), TLS checking the server against `ca`, plus
 // a client certificate (cert + key) for mutual TLS.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(
-    const std::string& ca, const std::string& cert, const std::string& key, const std::string& prefix);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(const std::string& ca,
+                                                                                      const std::string& cert,
+                                                                                      const std::string& key,
+                                                                                      const std::string& prefix);
 
 }  // namespace runtime
 }  // namespace colibri

@@ -4,9 +4,9 @@
 // absl::Status -> grpc::Status, the one conversion every *_service.cc uses.
 // absl's canonical codes have the same numbers as gRPC's.
 
-#include <string>
-
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 

@@ -16,8 +16,8 @@ namespace colibri {
 namespace runtime {
 namespace {
 
-constexpr int kPollMillis = 200;       // how often the accept loop checks for stop
-constexpr size_t kMaxRequest = 8192;   // bytes of request head we read
+constexpr int kPollMillis = 200;      // how often the accept loop checks for stop
+constexpr size_t kMaxRequest = 8192;  // bytes of request head we read
 constexpr int kReadTimeoutMillis = 2000;
 
 void WriteAll(int fd, const std::string& data) {
@@ -83,8 +83,8 @@ void MetricsServer::Serve() {
       type = "text/plain; version=0.0.4";
       body = registry_->Render();
     }
-    WriteAll(client, absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type, "\r\nContent-Length: ",
-                                  body.size(), "\r\nConnection: close\r\n\r\n", body));
+    WriteAll(client, absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type, "\r\nContent-Length: ", body.size(),
+                                  "\r\nConnection: close\r\n\r\n", body));
     ::close(client);
   }
 }

@@ -38,11 +38,13 @@ ABSL_FLAG(int64_t, layers, 0, "run: MoE layers per step (0: all of the model's).
 ABSL_FLAG(int, concurrency, 1, "run: client threads, each with its own stream.");
 ABSL_FLAG(double, duration, 0, "run: seconds to run (0: --repeat sequences per client instead).");
 ABSL_FLAG(bool, unary, false, "run: unary Forward calls instead of one ForwardStream per client.");
-ABSL_FLAG(int, deadline_ms, 0, "run: unary calls with this deadline; calls that miss it are counted as abandoned, "
+ABSL_FLAG(int, deadline_ms, 0,
+          "run: unary calls with this deadline; calls that miss it are counted as abandoned, "
           "not failed (a client that gives up).");
 ABSL_FLAG(std::string, trace, "", "run: write a Chrome trace (chrome://tracing, Perfetto) of the calls to this file.");
 ABSL_FLAG(int64_t, trace_calls, 2000, "run: most calls written to --trace.");
-ABSL_FLAG(int64_t, check, 0, "run: afterwards, compare this many tokens per layer with the reference MoE layer "
+ABSL_FLAG(int64_t, check, 0,
+          "run: afterwards, compare this many tokens per layer with the reference MoE layer "
           "(needs --model for a router); exit 1 if outside the weight type's tolerance.");
 ABSL_FLAG(bool, progress, true, "run: a progress line on stderr for runs of 2 s or more.");
 ABSL_FLAG(uint64_t, seed, 1, "run: seed of the token ids and hidden states.");
@@ -60,7 +62,8 @@ std::optional<colibri::common::RoutingMode> BenchRouting() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args = colibri::runtime::ParseFlags(argc, argv,
+  std::vector<char*> args = colibri::runtime::ParseFlags(
+      argc, argv,
       "Colibri benchmarks. Subcommands:\n"
       "  kernels  time the expert executor on one layer (one expert alone, then the full layer with real\n"
       "           top-k routes) at each --tokens, next to this machine's read bandwidth measured in the\n"

@@ -2,24 +2,28 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "runtime/flags.h"
 #include "common/dtype.h"
+#include "runtime/flags.h"
 #include "tools/convert.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "Hugging Face checkpoint directory (config.json + *.safetensors). Required.");
 ABSL_FLAG(std::string, out, "", "Model directory to write. Required.");
-ABSL_FLAG(std::string, weight_type, "bf16", "Stored weight type: f32, bf16, f16, int8 (per-row symmetric) or "
+ABSL_FLAG(std::string, weight_type, "bf16",
+          "Stored weight type: f32, bf16, f16, int8 (per-row symmetric) or "
           "int4 (groups of 64 inputs, asymmetric scale + zero point).");
-ABSL_FLAG(std::string, calibration, "", "Optional safetensors file of recorded hidden states: 'token_ids' [N] and "
+ABSL_FLAG(std::string, calibration, "",
+          "Optional safetensors file of recorded hidden states: 'token_ids' [N] and "
           "'hidden_states.L' [N, d_model] per MoE layer L. Tokens seen there are routed by their mean gate "
           "probabilities; others by their embedding.");
-ABSL_FLAG(double, balance_loss_weight, 0.0, "alpha: subtract alpha*(freq_i - mean freq)^2 from over-used expert "
+ABSL_FLAG(double, balance_loss_weight, 0.0,
+          "alpha: subtract alpha*(freq_i - mean freq)^2 from over-used expert "
           "i's logit before the LUT's top-k (freq = share of routes over the vocabulary). 0 = off.");
 ABSL_FLAG(bool, overwrite, false, "Replace a model directory already at --out.");
 ABSL_FLAG(bool, progress, true, "Print a line per expert file written.");
 
 int main(int argc, char** argv) {
-  colibri::runtime::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(
+      argc, argv,
       "Converts a Hugging Face MoE checkpoint (Mixtral or Qwen-MoE/OLMoE naming; f32, bf16 or f16) into a\n"
       "Colibri model directory: one file per (layer, expert), per-layer gate and routing LUT, and a manifest\n"
       "with every file's size and checksum. Streams tensor by tensor.\n"

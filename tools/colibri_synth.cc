@@ -11,8 +11,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/dtype.h"
 #include "runtime/flags.h"
@@ -34,13 +34,11 @@ ABSL_FLAG(std::string, dtype, "bf16", "Weight dtype: f32, bf16 or f16.");
 ABSL_FLAG(bool, norm_topk_prob, false,
           "Written to config.json for qwen2_moe and olmoe (renormalize the top-k routing "
           "weights); Mixtral always renormalizes and ignores this flag.");
-ABSL_FLAG(uint64_t, seed, 1,
-          "Seed of the weights. The same seed gives the same values whatever --shards is.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the weights. The same seed gives the same values whatever --shards is.");
 ABSL_FLAG(int32_t, shards, 1,
           "Number of *.safetensors files, 1..layers+1. Above 1, files are named "
           "model-0000i-of-0000N.safetensors and listed in model.safetensors.index.json.");
-ABSL_FLAG(bool, overwrite, false,
-          "Replace an existing checkpoint in --out (and an existing --calibration file).");
+ABSL_FLAG(bool, overwrite, false, "Replace an existing checkpoint in --out (and an existing --calibration file).");
 ABSL_FLAG(std::string, calibration, "",
           "Optional path of a calibration safetensors file to write as well: token_ids and, per "
           "layer, simulated hidden states (hidden_states.L). Needs --calibration_records.");
@@ -59,7 +57,8 @@ int Fail(int code, const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char* argv[]) {
-  const std::vector<char*> positional = colibri::runtime::ParseFlags(argc, argv,
+  const std::vector<char*> positional = colibri::runtime::ParseFlags(
+      argc, argv,
       "Writes a synthetic Hugging Face Mixture-of-Experts checkpoint (config.json plus seeded "
       "random weights in safetensors files) so tests, demos and benchmarks need no download. "
       "Tensors are generated and streamed in chunks, so even a full-size Mixtral-8x7B layer "
@@ -68,16 +67,15 @@ int main(int argc, char* argv[]) {
       "  colibri-synth --out=/tmp/mixtral-1l --d_model=4096 --d_ff=14336 --layers=1 "
       "--experts=8 --vocab=32000 --dtype=bf16 --shards=2");
   if (positional.size() > 1) {
-    return Fail(kExitUsage, absl::InvalidArgumentError(absl::StrCat(
-                                "unexpected argument '", positional[1], "' (see --help)")));
+    return Fail(kExitUsage,
+                absl::InvalidArgumentError(absl::StrCat("unexpected argument '", positional[1], "' (see --help)")));
   }
   colibri::tools::SynthOptions options;
   options.out_dir = absl::GetFlag(FLAGS_out);
   if (options.out_dir.empty()) {
     return Fail(kExitUsage, absl::InvalidArgumentError("--out is required (see --help)"));
   }
-  const absl::StatusOr<colibri::common::DType> dtype =
-      colibri::common::ParseWeightType(absl::GetFlag(FLAGS_dtype));
+  const absl::StatusOr<colibri::common::DType> dtype = colibri::common::ParseWeightType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return Fail(kExitUsage, dtype.status());
   options.dtype = *dtype;
   options.overwrite = absl::GetFlag(FLAGS_overwrite);
@@ -94,8 +92,7 @@ int main(int argc, char* argv[]) {
   options.calibration_path = absl::GetFlag(FLAGS_calibration);
   options.calibration_records = absl::GetFlag(FLAGS_calibration_records);
   if (options.calibration_path.empty() != (options.calibration_records == 0)) {
-    return Fail(kExitUsage, absl::InvalidArgumentError(
-                                "--calibration and --calibration_records > 0 go together"));
+    return Fail(kExitUsage, absl::InvalidArgumentError("--calibration and --calibration_records > 0 go together"));
   }
   // Validation rejects int8 / int4 too: a Hugging Face checkpoint holds float weights.
   if (absl::Status status = colibri::tools::ValidateSynthOptions(options); !status.ok()) {
@@ -103,16 +100,15 @@ int main(int argc, char* argv[]) {
   }
 
   const auto start = std::chrono::steady_clock::now();
-  if (absl::Status status = colibri::tools::WriteSyntheticCheckpoint(options, std::cout);
-      !status.ok()) {
+  if (absl::Status status = colibri::tools::WriteSyntheticCheckpoint(options, std::cout); !status.ok()) {
     return Fail(kExitFailure, status);
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   std::cout << absl::StrFormat(
                    "colibri-synth: wrote a %s checkpoint (layers %d, experts %d, %s) to %s in "
                    "%.1f s",
-                   options.naming, options.n_layers, options.n_experts,
-                   colibri::common::DTypeName(options.dtype), options.out_dir, elapsed.count())
+                   options.naming, options.n_layers, options.n_experts, colibri::common::DTypeName(options.dtype),
+                   options.out_dir, elapsed.count())
             << std::endl;
   return 0;
 }

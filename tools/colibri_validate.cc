@@ -45,7 +45,6 @@ int main(int argc, char* argv[]) {
   }
   colibri::tools::ValidateOptions options;
   options.checksums = absl::GetFlag(FLAGS_checksums);
-  const colibri::tools::ValidationReport report =
-      colibri::tools::ValidateModelDir(dir, options, std::cout);
+  const colibri::tools::ValidationReport report = colibri::tools::ValidateModelDir(dir, options, std::cout);
   return report.ok() ? 0 : 1;
 }

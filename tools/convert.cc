@@ -101,8 +101,8 @@ absl::StatusOr<common::ManifestFile> WritePlainFile(const std::string& out_dir, 
 
 // One (layer, expert) file: w1, w3, w2 encoded chunk by chunk from the source.
 absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, const std::string& out_dir,
-                                                     int64_t hf_layer, int64_t layer, int64_t expert,
-                                                     DType type, LayerReport* report) {
+                                                     int64_t hf_layer, int64_t layer, int64_t expert, DType type,
+                                                     LayerReport* report) {
   const HfModelShape& s = ckpt.shape();
   struct Source {
     std::string name;
@@ -119,7 +119,8 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
     if (l.scale_bytes > 0) {
       sections.push_back({src.name + ".scales", DType::kF32, 0, l.scale_bytes, l.padded_rows, l.groups});
     }
-    if (l.zero_bytes > 0) sections.push_back({src.name + ".zeros", DType::kU8, 0, l.zero_bytes, l.padded_rows, l.groups});
+    if (l.zero_bytes > 0)
+      sections.push_back({src.name + ".zeros", DType::kU8, 0, l.zero_bytes, l.padded_rows, l.groups});
   }
   const common::WeightFileLayout layout = common::PlanWeightFile(common::FileKind::kExpert, layer, expert, sections);
   const std::string rel = common::ExpertFilePath(layer, expert);
@@ -156,8 +157,8 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
         for (int64_t c = 0; c < src.cols; ++c) {
           const double orig = rows[r * src.cols + c];
           if (!std::isfinite(orig)) {
-            return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor->name, "' has a non-finite value at [",
-                                                           first + r, ", ", c, "]"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("tensor '", tensor->name, "' has a non-finite value at [", first + r, ", ", c, "]"));
           }
           report->max_weight_error = std::max(report->max_weight_error, std::fabs(orig - decoded[c]));
           report->max_abs_weight = std::max(report->max_abs_weight, std::fabs(orig));
@@ -188,8 +189,8 @@ absl::StatusOr<Calibration> OpenCalibration(const std::string& path) {
   COLIBRI_ASSIGN_OR_RETURN(c.file, common::SafetensorsFile::Open(path));
   const common::SafetensorsTensor* t = c.file->Find("token_ids");
   if (t == nullptr || t->shape.size() != 1 || (t->dtype != "I32" && t->dtype != "I64")) {
-    return absl::InvalidArgumentError(absl::StrCat("calibration file ", path,
-                                                   ": needs a 1-D I32 or I64 tensor 'token_ids'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibration file ", path, ": needs a 1-D I32 or I64 tensor 'token_ids'"));
   }
   for (int64_t i = 0; i < t->shape[0]; ++i) {
     int64_t v = 0;
@@ -201,8 +202,8 @@ absl::StatusOr<Calibration> OpenCalibration(const std::string& path) {
       std::memcpy(&v, t->data + 8 * i, 8);
     }
     if (v < INT32_MIN || v > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat("calibration file ", path, ": token_ids[", i, "] = ", v,
-                                                     " does not fit 32 bits"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("calibration file ", path, ": token_ids[", i, "] = ", v, " does not fit 32 bits"));
     }
     c.tokens.push_back(static_cast<int32_t>(v));
   }
@@ -262,11 +263,12 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* embedding,
                            ckpt->Matrix(HfCheckpoint::EmbeddingName(), s.vocab_size, s.d_model));
   COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o));
-  log << absl::StrFormat("converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
-                         "d_ff %d, top-%d%s, vocab %d -> %s weights\n",
-                         o.checkpoint_dir, s.naming == Naming::kMixtral ? "Mixtral" : "Qwen-MoE/OLMoE",
-                         s.model_type, s.moe_layers.size(), s.n_experts, s.d_model, s.d_ff, s.top_k,
-                         s.norm_topk_prob ? " renormalized" : "", s.vocab_size, common::DTypeName(o.weight_type));
+  log << absl::StrFormat(
+      "converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
+      "d_ff %d, top-%d%s, vocab %d -> %s weights\n",
+      o.checkpoint_dir, s.naming == Naming::kMixtral ? "Mixtral" : "Qwen-MoE/OLMoE", s.model_type, s.moe_layers.size(),
+      s.n_experts, s.d_model, s.d_ff, s.top_k, s.norm_topk_prob ? " renormalized" : "", s.vocab_size,
+      common::DTypeName(o.weight_type));
 
   common::Manifest m;
   m.architecture = s.model_type;
@@ -300,11 +302,12 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     std::vector<float> gate(s.n_experts * s.d_model);
     HfCheckpoint::RowsToFloat(*gate_tensor, 0, s.n_experts, gate.data());
     for (float g : gate) {
-      if (!std::isfinite(g)) return absl::InvalidArgumentError(absl::StrCat("tensor '", gate_tensor->name, "' has a non-finite value"));
+      if (!std::isfinite(g))
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", gate_tensor->name, "' has a non-finite value"));
     }
-    COLIBRI_ASSIGN_OR_RETURN(auto gate_file,
-                             WritePlainFile(o.out_dir, common::GateFilePath(layer), common::FileKind::kGate, layer,
-                                            {{"gate", DType::kF32, s.n_experts, s.d_model, gate.data(), gate.size() * 4}}));
+    COLIBRI_ASSIGN_OR_RETURN(
+        auto gate_file, WritePlainFile(o.out_dir, common::GateFilePath(layer), common::FileKind::kGate, layer,
+                                       {{"gate", DType::kF32, s.n_experts, s.d_model, gate.data(), gate.size() * 4}}));
     m.files.push_back(gate_file);
 
     LutInputs in;
@@ -342,10 +345,10 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     COLIBRI_ASSIGN_OR_RETURN(lr.lut, BuildLut(in));
     COLIBRI_ASSIGN_OR_RETURN(
         auto lut_file,
-        WritePlainFile(o.out_dir, common::LutFilePath(layer), common::FileKind::kLut, layer,
-                       {{"ids", DType::kI32, s.vocab_size, s.top_k, lr.lut.ids.data(), lr.lut.ids.size() * 4},
-                        {"weights", DType::kF32, s.vocab_size, s.top_k, lr.lut.weights.data(),
-                         lr.lut.weights.size() * 4}}));
+        WritePlainFile(
+            o.out_dir, common::LutFilePath(layer), common::FileKind::kLut, layer,
+            {{"ids", DType::kI32, s.vocab_size, s.top_k, lr.lut.ids.data(), lr.lut.ids.size() * 4},
+             {"weights", DType::kF32, s.vocab_size, s.top_k, lr.lut.weights.data(), lr.lut.weights.size() * 4}}));
     m.files.push_back(lut_file);
     lr.lut.ids.clear();
     lr.lut.weights.clear();
@@ -356,8 +359,8 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
       rep.bytes += file.size;
       if (o.progress) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        log << absl::StrFormat("  layer %d/%d expert %d/%d: %s (%.1f MiB, %.0f MiB/s so far)\n", layer + 1,
-                               m.n_layers, e + 1, s.n_experts, file.path, file.size / 1048576.0,
+        log << absl::StrFormat("  layer %d/%d expert %d/%d: %s (%.1f MiB, %.0f MiB/s so far)\n", layer + 1, m.n_layers,
+                               e + 1, s.n_experts, file.path, file.size / 1048576.0,
                                rep.bytes / 1048576.0 / std::max(secs, 1e-9));
       }
     }

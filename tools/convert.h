@@ -35,8 +35,8 @@ struct ConvertOptions {
 struct LayerReport {
   int64_t layer = 0;
   int64_t hf_layer = 0;
-  std::string lut_source;  // "embedding" or "calibration"
-  LutResult lut;           // loads and agreement (ids/weights cleared)
+  std::string lut_source;         // "embedding" or "calibration"
+  LutResult lut;                  // loads and agreement (ids/weights cleared)
   double max_weight_error = 0.0;  // max |w - stored w| over the layer's experts
   double max_abs_weight = 0.0;    // max |w| over the layer's experts
 };
@@ -51,8 +51,7 @@ struct ConvertReport {
 // (see HfCheckpoint::Open, missing tensors, shape mismatches, unsupported
 // dtypes, a malformed calibration file); FAILED_PRECONDITION if out_dir
 // already holds a model and !overwrite; INTERNAL with the path on I/O errors.
-absl::Status ConvertCheckpoint(const ConvertOptions& options, std::ostream& log,
-                               ConvertReport* report = nullptr);
+absl::Status ConvertCheckpoint(const ConvertOptions& options, std::ostream& log, ConvertReport* report = nullptr);
 
 }  // namespace tools
 }  // namespace colibri

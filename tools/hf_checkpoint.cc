@@ -99,8 +99,8 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   for (const auto& [name, file] : weight_map.items()) {
     const common::SafetensorsFile* holder = ckpt->FileOf(name);
     if (holder == nullptr || fs::path(holder->path()).filename() != file.get<std::string>()) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path, " says '", name, "' is in ",
-                                                     file.get<std::string>(), " but it is not there"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, " says '", name, "' is in ", file.get<std::string>(), " but it is not there"));
     }
   }
 
@@ -114,9 +114,9 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     }
   }
   if (mixtral.empty() == qwen.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": expected MoE gate tensors in exactly one naming (model.layers.N", kMixtralGate,
-        " or model.layers.N", kQwenGate, "); found ", mixtral.size(), " and ", qwen.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": expected MoE gate tensors in exactly one naming (model.layers.N", kMixtralGate,
+                     " or model.layers.N", kQwenGate, "); found ", mixtral.size(), " and ", qwen.size()));
   }
   s.naming = mixtral.empty() ? Naming::kQwenMoe : Naming::kMixtral;
   const auto& layers = mixtral.empty() ? qwen : mixtral;
@@ -154,12 +154,10 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   s.vocab_size = embed->shape[0];
 
   // Sizes a model directory can hold (common/manifest.h).
-  for (const auto& [what, value, limit] : {std::tuple{"n_experts", s.n_experts, common::kMaxExperts},
-                                           std::tuple{"d_model", s.d_model, common::kMaxDim},
-                                           std::tuple{"d_ff", s.d_ff, common::kMaxDim},
-                                           std::tuple{"vocab_size", s.vocab_size, common::kMaxVocab},
-                                           std::tuple{"MoE layers", static_cast<int64_t>(s.moe_layers.size()),
-                                                      common::kMaxLayers}}) {
+  for (const auto& [what, value, limit] :
+       {std::tuple{"n_experts", s.n_experts, common::kMaxExperts}, std::tuple{"d_model", s.d_model, common::kMaxDim},
+        std::tuple{"d_ff", s.d_ff, common::kMaxDim}, std::tuple{"vocab_size", s.vocab_size, common::kMaxVocab},
+        std::tuple{"MoE layers", static_cast<int64_t>(s.moe_layers.size()), common::kMaxLayers}}) {
     if (value < 1 || value > limit) {
       return absl::InvalidArgumentError(
           absl::StrCat(dir, ": ", what, " = ", value, " is outside [1, ", limit, "] (from the tensors' shapes)"));
@@ -168,8 +166,8 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   // config.json must agree with the tensors where it speaks.
   auto check = [&](const char* key, int64_t actual) -> absl::Status {
     if (config.contains(key) && config[key].is_number_integer() && config[key].get<int64_t>() != actual) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " = ",
-                                                     config[key].get<int64_t>(), " but the tensors say ", actual));
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/config.json: ", key, " = ", config[key].get<int64_t>(), " but the tensors say ", actual));
     }
     return absl::OkStatus();
   };
@@ -186,19 +184,18 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   }
   s.top_k = config["num_experts_per_tok"].get<int64_t>();
   if (s.top_k < 1 || s.top_k > s.n_experts) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: num_experts_per_tok = ", s.top_k,
-                                                   " is outside [1, ", s.n_experts, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/config.json: num_experts_per_tok = ", s.top_k, " is outside [1, ", s.n_experts, "]"));
   }
   // Mixtral always renormalizes the top-k weights; Qwen-MoE and OLMoE say so.
-  s.norm_topk_prob = s.naming == Naming::kMixtral ||
-                     (config.contains("norm_topk_prob") && config["norm_topk_prob"].is_boolean() &&
-                      config["norm_topk_prob"].get<bool>());
+  s.norm_topk_prob =
+      s.naming == Naming::kMixtral || (config.contains("norm_topk_prob") && config["norm_topk_prob"].is_boolean() &&
+                                       config["norm_topk_prob"].get<bool>());
   return ckpt;
 }
 
 std::string HfCheckpoint::GateName(int64_t layer) const {
-  return absl::StrCat("model.layers.", layer,
-                      shape_.naming == Naming::kMixtral ? kMixtralGate : kQwenGate);
+  return absl::StrCat("model.layers.", layer, shape_.naming == Naming::kMixtral ? kMixtralGate : kQwenGate);
 }
 
 std::string HfCheckpoint::ExpertName(int64_t layer, int64_t expert, ExpertMatrix which) const {
@@ -227,19 +224,19 @@ const common::SafetensorsFile* HfCheckpoint::FileOf(const std::string& name) con
   return nullptr;
 }
 
-absl::StatusOr<const common::SafetensorsTensor*> HfCheckpoint::Matrix(const std::string& name,
-                                                                      int64_t rows, int64_t cols) const {
+absl::StatusOr<const common::SafetensorsTensor*> HfCheckpoint::Matrix(const std::string& name, int64_t rows,
+                                                                      int64_t cols) const {
   const common::SafetensorsFile* file = FileOf(name);
   if (file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
   const common::SafetensorsTensor* t = file->Find(name);
   if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16") {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " has dtype ",
-                                                   t->dtype, "; supported: F32, BF16, F16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' in ", file->path(), " has dtype ", t->dtype, "; supported: F32, BF16, F16"));
   }
   if (t->shape != std::vector<int64_t>{rows, cols}) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " has shape [",
-                                                   absl::StrJoin(t->shape, ", "), "], expected [", rows,
-                                                   ", ", cols, "]"));
+                                                   absl::StrJoin(t->shape, ", "), "], expected [", rows, ", ", cols,
+                                                   "]"));
   }
   return t;
 }

@@ -59,12 +59,10 @@ class HfCheckpoint {
   // The tensor named `name`, checked to be F32, BF16 or F16 and of shape
   // [rows, cols]. INVALID_ARGUMENT naming the tensor and file otherwise
   // (missing tensor, wrong shape, unsupported dtype).
-  absl::StatusOr<const common::SafetensorsTensor*> Matrix(const std::string& name, int64_t rows,
-                                                          int64_t cols) const;
+  absl::StatusOr<const common::SafetensorsTensor*> Matrix(const std::string& name, int64_t rows, int64_t cols) const;
 
   // Converts rows [first, first + n) of a matrix from Matrix() to f32.
-  static void RowsToFloat(const common::SafetensorsTensor& tensor, int64_t first, int64_t n,
-                          float* out);
+  static void RowsToFloat(const common::SafetensorsTensor& tensor, int64_t first, int64_t n, float* out);
 
   // Drops rows [first, first + n) of a matrix from Matrix() from this
   // process's memory (they are read again from the page cache if touched).

@@ -72,15 +72,16 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d, %s weights%s\n",
                          o.model_dir, o.layer, m.architecture, m.n_experts, m.top_k, m.d_model, m.d_ff,
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
-  out << absl::StrFormat("# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows (int8) "
-                         "/ %d rows (int4); 0 = never\n",
-                         pool->size(), kernels::IsaName(table.isa), exec.onednn_min_tokens, exec.int8_tile_min_tokens,
-                         exec.int4_tile_min_tokens);
+  out << absl::StrFormat(
+      "# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows (int8) "
+      "/ %d rows (int4); 0 = never\n",
+      pool->size(), kernels::IsaName(table.isa), exec.onednn_min_tokens, exec.int8_tile_min_tokens,
+      exec.int4_tile_min_tokens);
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {
-    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s\n", "impl", "dtype", "case", "T",
-                           "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s");
+    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s\n", "impl", "dtype", "case", "T", "median_ms",
+                           "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s");
   }
   const double flops_per_row = 2.0 * 3.0 * m.d_model * m.d_ff;
   auto report = [&](const char* label, int64_t tokens, const Timing& t, size_t bytes, double flops) {
@@ -90,8 +91,8 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
       out << absl::StrFormat(
           "{\"impl\":\"colibri-%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"T\":%d,\"median_ms\":%.4f,\"p99_ms\":%.4f,"
           "\"max_ms\":%.4f,\"gbps\":%.2f,\"frac_bw\":%.3f,\"gflops\":%.1f,\"bw_gbps\":%.2f}\n",
-          kernels::IsaName(table.isa), common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms,
-          t.max_ms, gbps, gbps / before.best_gbps, gflops, before.best_gbps);
+          kernels::IsaName(table.isa), common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms, t.max_ms,
+          gbps, gbps / before.best_gbps, gflops, before.best_gbps);
     } else {
       out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.2f %9.1f\n", "colibri",
                              common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms,
@@ -110,20 +111,22 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
       std::vector<float> ones(tokens, 1.0f);
       for (int64_t t = 0; t < tokens; ++t) rows[t] = static_cast<int32_t>(t);
       const kernels::ExpertTask task{experts[0].get(), rows.data(), ones.data(), tokens};
-      const Timing t = Time([&] { kernels::RunExperts(*pool, {task}, x.data(), m.d_model, dst.data(), workspace, exec); },
-                            o.warmup, o.repeat);
+      const Timing t =
+          Time([&] { kernels::RunExperts(*pool, {task}, x.data(), m.d_model, dst.data(), workspace, exec); }, o.warmup,
+               o.repeat);
       report("expert", tokens, t, ExpertBytes(*experts[0]), flops_per_row * tokens);
     }
     // The full layer with the gate's real top-k routes, one task per routed expert.
-    const common::Routes routes = common::RouteByGate(routing->gate, m.n_experts, m.d_model, m.top_k,
-                                                      m.norm_topk_prob, x.data(), tokens);
+    const common::Routes routes =
+        common::RouteByGate(routing->gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x.data(), tokens);
     std::vector<const common::ExpertWeights*> all;
     for (const auto& e : experts) all.push_back(e.get());
     const kernels::GroupedRoutes grouped = kernels::GroupByExpert(routes, all);
     size_t bytes = 0;
     for (const kernels::ExpertTask& task : grouped.tasks) bytes += ExpertBytes(*task.expert);
-    const Timing t = Time([&] { kernels::RunExperts(*pool, grouped.tasks, x.data(), m.d_model, dst.data(), workspace, exec); },
-                          o.warmup, o.repeat);
+    const Timing t =
+        Time([&] { kernels::RunExperts(*pool, grouped.tasks, x.data(), m.d_model, dst.data(), workspace, exec); },
+             o.warmup, o.repeat);
     report("layer", tokens, t, bytes, flops_per_row * tokens * m.top_k);
   }
   const kernels::BandwidthResult after = kernels::MeasureReadBandwidth(*pool);

@@ -22,15 +22,15 @@ struct KernelBenchOptions {
   std::string model_dir;
   int64_t layer = 0;
   std::vector<int64_t> tokens = {1, 8, 32, 128};
-  int threads = 0;                 // 0: one per allowed CPU
+  int threads = 0;  // 0: one per allowed CPU
   int warmup = 3;
   int repeat = 30;
   uint64_t seed = 1;
-  int64_t onednn_min_tokens = 0;   // as ExecutorOptions; 0 never uses oneDNN
+  int64_t onednn_min_tokens = 0;    // as ExecutorOptions; 0 never uses oneDNN
   int64_t dequant_min_tokens = -1;  // int8/int4 bf16 tiles from this many rows; -1: the executor's defaults; 0: never
-  bool hugepages = true;           // copy weights to MADV_HUGEPAGE anonymous memory
-  bool single_expert = true;       // also time expert 0 alone
-  bool json = false;               // one JSON object per result line
+  bool hugepages = true;            // copy weights to MADV_HUGEPAGE anonymous memory
+  bool single_expert = true;        // also time expert 0 alone
+  bool json = false;                // one JSON object per result line
 };
 
 absl::Status RunKernelBench(const KernelBenchOptions& options, std::ostream& out);

@@ -20,8 +20,8 @@
 #include "absl/strings/str_format.h"
 #include "clients/cpp/client.h"
 #include "common/model_dir.h"
-#include "common/status_macros.h"
 #include "common/mutex.h"
+#include "common/status_macros.h"
 #include "kernels/reference_moe.h"
 #include "router_node/engine.h"
 
@@ -152,8 +152,8 @@ absl::Status WriteTrace(const std::string& path, const std::vector<CallRecord>& 
   };
   std::vector<std::string> events;
   auto span = [&](int pid, int tid, const std::string& name, double ts_us, double dur_us, const std::string& args) {
-    events.push_back(absl::StrFormat(R"({"ph":"X","pid":%d,"tid":%d,"name":%s,"ts":%.3f,"dur":%.3f,"args":{%s}})",
-                                     pid, tid, JsonString(name), ts_us, std::max(dur_us, 0.001), args));
+    events.push_back(absl::StrFormat(R"({"ph":"X","pid":%d,"tid":%d,"name":%s,"ts":%.3f,"dur":%.3f,"args":{%s}})", pid,
+                                     tid, JsonString(name), ts_us, std::max(dur_us, 0.001), args));
   };
   for (const CallRecord& c : calls) {
     const double start = c.start_nanos / 1e3;
@@ -167,16 +167,16 @@ absl::Status WriteTrace(const std::string& path, const std::vector<CallRecord>& 
       const std::string args = t.detail.empty() ? "" : absl::StrCat("\"detail\":", JsonString(t.detail));
       if (node || compute) {
         const std::string address = t.stage.substr(t.stage.find(':') + 1);
-        span(pid_of("node " + address), c.client, compute ? "compute " + t.detail : "Compute call", router_start + t.start_nanos / 1e3,
-             t.nanos / 1e3, args);
+        span(pid_of("node " + address), c.client, compute ? "compute " + t.detail : "Compute call",
+             router_start + t.start_nanos / 1e3, t.nanos / 1e3, args);
       } else {
         span(2, c.client, t.stage, router_start + t.start_nanos / 1e3, t.nanos / 1e3, args);
       }
     }
   }
   for (const auto& [name, pid] : pids) {
-    events.push_back(absl::StrFormat(R"({"ph":"M","pid":%d,"name":"process_name","args":{"name":%s}})", pid,
-                                     JsonString(name)));
+    events.push_back(
+        absl::StrFormat(R"({"ph":"M","pid":%d,"name":"process_name","args":{"name":%s}})", pid, JsonString(name)));
   }
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   for (size_t i = 0; i < events.size(); ++i) out << events[i] << (i + 1 < events.size() ? ",\n" : "\n");
@@ -227,9 +227,10 @@ absl::Status Check(Target& target, const std::string& model_dir, const Model& mo
     }
     worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
   }
-  *summary = absl::StrFormat("%d tokens x %d layers vs the reference MoE layer: max relative L2 error %.2e "
-                             "(%s tolerance %.0e): %s", tokens, layers, worst, common::DTypeName(type), tolerance,
-                             worst <= tolerance ? "OK" : "FAILED");
+  *summary = absl::StrFormat(
+      "%d tokens x %d layers vs the reference MoE layer: max relative L2 error %.2e "
+      "(%s tolerance %.0e): %s",
+      tokens, layers, worst, common::DTypeName(type), tolerance, worst <= tolerance ? "OK" : "FAILED");
   out << "check: " << *summary << "\n";
   if (worst > tolerance) return absl::FailedPreconditionError(absl::StrCat("--check failed: ", *summary));
   return absl::OkStatus();
@@ -306,7 +307,8 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
           client::ForwardArgs args;
           std::vector<float> hidden(o.batch_size * model.d_model);
           for (float& v : hidden) v = normal(rng);
-          for (int64_t t = 0; t < o.batch_size; ++t) args.token_ids.push_back(static_cast<int32_t>(rng() % model.vocab));
+          for (int64_t t = 0; t < o.batch_size; ++t)
+            args.token_ids.push_back(static_cast<int32_t>(rng() % model.vocab));
           args.routing = routing;
           args.return_routes = true;
           args.return_timings = true;
@@ -317,8 +319,9 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
             const auto start = Clock::now();
             absl::StatusOr<client::ForwardResult> r = targets[c]->Forward(args);
             const auto end = Clock::now();
-            if (!r.ok() && o.deadline_ms > 0 && (r.status().code() == absl::StatusCode::kDeadlineExceeded ||
-                                                 r.status().code() == absl::StatusCode::kCancelled)) {
+            if (!r.ok() && o.deadline_ms > 0 &&
+                (r.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                 r.status().code() == absl::StatusCode::kCancelled)) {
               ++abandoned;
               break;  // this step's hidden state is gone: start the next step
             }
@@ -388,12 +391,11 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
     const std::string dir = !o.model_dir.empty() ? o.model_dir : o.local_model;
     if (dir.empty()) return absl::InvalidArgumentError("--check needs --model DIR (the router's model)");
     std::ostringstream ignored;
-    check = Check(*targets[0], dir, model, layers, o.check_tokens, routing, o.seed, o.json ? ignored : out,
-                  &check_summary);
+    check =
+        Check(*targets[0], dir, model, layers, o.check_tokens, routing, o.seed, o.json ? ignored : out, &check_summary);
   }
   if (!o.trace_path.empty()) {
-    std::vector<CallRecord> traced(records.begin(),
-                                   records.begin() + std::min<int64_t>(records.size(), o.trace_calls));
+    std::vector<CallRecord> traced(records.begin(), records.begin() + std::min<int64_t>(records.size(), o.trace_calls));
     COLIBRI_RETURN_IF_ERROR(WriteTrace(o.trace_path, traced, target_name));
   }
 
@@ -407,20 +409,21 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
         R"("stages_p50_us":{"route":%.1f,"dispatch":%.1f,"slowest_node":%.1f,"node_compute":%.1f,"aggregate":%.1f,)"
         R"("router_total":%.1f},"tokens_per_expert":[%s],"check":%s,"trace":%s})",
         JsonString(target_name), JsonString(model.backend), JsonString(model.weight_type), model.d_model, layers,
-        model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency, JsonString(common::RoutingModeName(o.routing)),
+        model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency,
+        JsonString(common::RoutingModeName(o.routing)),
         (o.unary || engine != nullptr || o.deadline_ms > 0) ? "false" : "true", elapsed,
-        static_cast<int64_t>(records.size()), abandoned.load(), tokens_per_s, calls_per_s, Percentile(latency, 0.5), Percentile(latency, 0.9), Percentile(latency, 0.99),
-        Percentile(latency, 1.0), Percentile(route, 0.5), Percentile(dispatch, 0.5), Percentile(slowest, 0.5),
-        Percentile(compute, 0.5), Percentile(aggregate, 0.5), Percentile(router_total, 0.5), experts,
-        JsonString(check_summary), JsonString(o.trace_path));
+        static_cast<int64_t>(records.size()), abandoned.load(), tokens_per_s, calls_per_s, Percentile(latency, 0.5),
+        Percentile(latency, 0.9), Percentile(latency, 0.99), Percentile(latency, 1.0), Percentile(route, 0.5),
+        Percentile(dispatch, 0.5), Percentile(slowest, 0.5), Percentile(compute, 0.5), Percentile(aggregate, 0.5),
+        Percentile(router_total, 0.5), experts, JsonString(check_summary), JsonString(o.trace_path));
     out << "\n";
     return check;
   }
   out << absl::StrFormat("colibri-bench run: %s (%s, %s, d_model %d, %d layers, %d experts, top-%d)\n", target_name,
                          model.backend, model.weight_type, model.d_model, model.n_layers, model.n_experts, model.top_k);
   out << absl::StrFormat("workload: %d client(s) x %s, batch %d, seq_len %d, %d layers, %s routing, %.1f s\n",
-                         o.concurrency, engine != nullptr ? "in-process" : (o.unary ? "unary" : "stream"),
-                         o.batch_size, o.seq_len, layers, common::RoutingModeName(o.routing), elapsed);
+                         o.concurrency, engine != nullptr ? "in-process" : (o.unary ? "unary" : "stream"), o.batch_size,
+                         o.seq_len, layers, common::RoutingModeName(o.routing), elapsed);
   out << absl::StrFormat("throughput: %.1f tokens/s through %d layers (%.1f layer calls/s)\n", tokens_per_s, layers,
                          calls_per_s);
   if (o.deadline_ms > 0) {
@@ -430,11 +433,12 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   out << absl::StrFormat("latency per layer call (us): p50 %.0f  p90 %.0f  p99 %.0f  max %.0f  (n=%d)\n",
                          Percentile(latency, 0.5), Percentile(latency, 0.9), Percentile(latency, 0.99),
                          Percentile(latency, 1.0), static_cast<int64_t>(latency.size()));
-  out << absl::StrFormat("stages p50 (us): route %.0f, dispatch %.0f (slowest node call %.0f, its compute %.0f), "
-                         "aggregate %.0f; router total %.0f, so transport to and from the router %.0f\n",
-                         Percentile(route, 0.5), Percentile(dispatch, 0.5), Percentile(slowest, 0.5),
-                         Percentile(compute, 0.5), Percentile(aggregate, 0.5), Percentile(router_total, 0.5),
-                         Percentile(latency, 0.5) - Percentile(router_total, 0.5));
+  out << absl::StrFormat(
+      "stages p50 (us): route %.0f, dispatch %.0f (slowest node call %.0f, its compute %.0f), "
+      "aggregate %.0f; router total %.0f, so transport to and from the router %.0f\n",
+      Percentile(route, 0.5), Percentile(dispatch, 0.5), Percentile(slowest, 0.5), Percentile(compute, 0.5),
+      Percentile(aggregate, 0.5), Percentile(router_total, 0.5),
+      Percentile(latency, 0.5) - Percentile(router_total, 0.5));
   out << "expert load (share of routed token slots per layer; even would be "
       << absl::StrFormat("%.1f%%", 100.0 / model.n_experts) << "):\n";
   for (int64_t l = 0; l < layers; ++l) {
@@ -442,7 +446,8 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
     for (int64_t e = 0; e < model.n_experts; ++e) layer_total += load[l * model.n_experts + e];
     std::string line = absl::StrFormat("  layer %d:", l);
     for (int64_t e = 0; e < model.n_experts && e < 16; ++e) {
-      absl::StrAppendFormat(&line, " e%d %.1f%%", e, 100.0 * load[l * model.n_experts + e] / std::max<int64_t>(1, layer_total));
+      absl::StrAppendFormat(&line, " e%d %.1f%%", e,
+                            100.0 * load[l * model.n_experts + e] / std::max<int64_t>(1, layer_total));
     }
     if (model.n_experts > 16) absl::StrAppend(&line, " ...");
     out << line << "\n";

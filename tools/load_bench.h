@@ -25,28 +25,28 @@ namespace colibri {
 namespace tools {
 
 struct LoadBenchOptions {
-  std::string router;            // host:port, or
-  std::string local_model;       // a model directory run in-process (colibri::Engine)
-  std::string model_dir;         // for --check (the router's model); defaults to local_model
-  int local_threads = 0;         // engine threads
+  std::string router;       // host:port, or
+  std::string local_model;  // a model directory run in-process (colibri::Engine)
+  std::string model_dir;    // for --check (the router's model); defaults to local_model
+  int local_threads = 0;    // engine threads
   int64_t batch_size = 1;
   int64_t seq_len = 16;
-  int64_t layers = 0;            // 0: all
+  int64_t layers = 0;                                       // 0: all
   common::RoutingMode routing = common::RoutingMode::kLut;  // lut or gate
   int concurrency = 1;
-  int warmup = 2;                // calls per client not measured
-  int64_t repeat = 1;            // sequences per client (when duration == 0)
-  double duration_seconds = 0;   // > 0: run for this long instead
-  bool unary = false;            // unary calls instead of one stream per client
+  int warmup = 2;               // calls per client not measured
+  int64_t repeat = 1;           // sequences per client (when duration == 0)
+  double duration_seconds = 0;  // > 0: run for this long instead
+  bool unary = false;           // unary calls instead of one stream per client
   // > 0: unary calls with this deadline, as a client that gives up would make
   // them; calls that end DEADLINE_EXCEEDED or CANCELLED are counted as
   // abandoned (not failures) and the run goes on.
   int deadline_ms = 0;
-  std::string trace_path;        // Chrome trace JSON (at most trace_calls calls)
+  std::string trace_path;  // Chrome trace JSON (at most trace_calls calls)
   int64_t trace_calls = 2000;
-  bool json = false;             // print one JSON object instead of the tables
-  int64_t check_tokens = 0;      // > 0: compare this many tokens per layer with the reference layer
-  bool progress = true;          // a progress line on stderr for runs over 2 s
+  bool json = false;         // print one JSON object instead of the tables
+  int64_t check_tokens = 0;  // > 0: compare this many tokens per layer with the reference layer
+  bool progress = true;      // a progress line on stderr for runs over 2 s
   uint64_t seed = 1;
 };
 

@@ -42,8 +42,8 @@ absl::StatusOr<LutResult> BuildLut(const LutInputs& in) {
   for (size_t r = 0; r < in.calibration_tokens.size(); ++r) {
     const int32_t token = in.calibration_tokens[r];
     if (token < 0 || token >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("calibration record ", r, " has token id ", token,
-                                                     ", outside [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("calibration record ", r, " has token id ", token, ", outside [0, ", vocab, ")"));
     }
     double* l = &record_logits[r * n];
     common::GateLogits(in.gate, n, d, in.calibration_hidden + r * d, l);

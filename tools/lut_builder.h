@@ -47,8 +47,8 @@ struct LutInputs {
 };
 
 struct LutResult {
-  std::vector<int32_t> ids;      // [vocab_size][top_k]
-  std::vector<float> weights;    // [vocab_size][top_k]
+  std::vector<int32_t> ids;          // [vocab_size][top_k]
+  std::vector<float> weights;        // [vocab_size][top_k]
   std::vector<int64_t> load_before;  // routes per expert over the vocabulary, unbalanced
   std::vector<int64_t> load_after;   // the same for the stored LUT
   int64_t compared = 0;              // inputs compared with exact gate routing

@@ -22,8 +22,7 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-absl::Status ReadInputs(const std::string& path, int64_t d_model, std::vector<int32_t>* tokens,
-                        std::vector<float>* x) {
+absl::Status ReadInputs(const std::string& path, int64_t d_model, std::vector<int32_t>* tokens, std::vector<float>* x) {
   COLIBRI_ASSIGN_OR_RETURN(auto file, common::SafetensorsFile::Open(path));
   const common::SafetensorsTensor* ids = file->Find("token_ids");
   const common::SafetensorsTensor* hidden = file->Find("hidden_states");
@@ -44,10 +43,9 @@ absl::Status ReadInputs(const std::string& path, int64_t d_model, std::vector<in
 
 absl::Status WriteOutputs(const std::string& path, const ReferenceResult& r, int64_t d_model) {
   const int64_t t = r.routes.num_tokens(), k = r.routes.top_k;
-  COLIBRI_ASSIGN_OR_RETURN(auto w, common::SafetensorsWriter::Create(
-                                       path, {{"expert_ids", "I32", {t, k}},
-                                              {"expert_weights", "F32", {t, k}},
-                                              {"output", "F32", {t, d_model}}}));
+  COLIBRI_ASSIGN_OR_RETURN(auto w, common::SafetensorsWriter::Create(path, {{"expert_ids", "I32", {t, k}},
+                                                                            {"expert_weights", "F32", {t, k}},
+                                                                            {"output", "F32", {t, d_model}}}));
   COLIBRI_RETURN_IF_ERROR(w->Append(r.routes.expert_ids.data(), r.routes.expert_ids.size() * 4));
   COLIBRI_RETURN_IF_ERROR(w->Append(r.routes.weights.data(), r.routes.weights.size() * 4));
   COLIBRI_RETURN_IF_ERROR(w->Append(r.output.data(), r.output.size() * 4));
@@ -88,9 +86,9 @@ absl::StatusOr<KernelCheck> CheckKernels(const common::ModelDir& model, int64_t 
 
 }  // namespace
 
-absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, int64_t layer,
-                                                 common::RoutingMode mode, absl::Span<const int32_t> token_ids,
-                                                 const float* x, bool verify_checksums) {
+absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, int64_t layer, common::RoutingMode mode,
+                                                 absl::Span<const int32_t> token_ids, const float* x,
+                                                 bool verify_checksums) {
   if (mode == common::RoutingMode::kClient) {
     return absl::InvalidArgumentError("the reference layer routes by lut or gate, not client");
   }
@@ -102,8 +100,8 @@ absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, 
 
   start = std::chrono::steady_clock::now();
   if (mode == common::RoutingMode::kLut) {
-    COLIBRI_ASSIGN_OR_RETURN(r.routes, common::RouteByLut(routing->lut_ids, routing->lut_weights, m.vocab_size,
-                                                          m.top_k, token_ids));
+    COLIBRI_ASSIGN_OR_RETURN(
+        r.routes, common::RouteByLut(routing->lut_ids, routing->lut_weights, m.vocab_size, m.top_k, token_ids));
   } else {
     r.routes = common::RouteByGate(routing->gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x,
                                    static_cast<int64_t>(token_ids.size()));
@@ -131,10 +129,11 @@ absl::Status RunReference(const ReferenceRunOptions& o, std::ostream& log) {
   auto start = std::chrono::steady_clock::now();
   COLIBRI_ASSIGN_OR_RETURN(auto model, common::ModelDir::Open(o.model_dir));
   const common::Manifest& m = model->manifest();
-  log << absl::StrFormat("model %s: %s, %d layers x %d experts, d_model %d, d_ff %d, top-%d, %s weights "
-                         "(manifest read in %.3f s)\n",
-                         o.model_dir, m.architecture, m.n_layers, m.n_experts, m.d_model, m.d_ff, m.top_k,
-                         common::DTypeName(m.weight_type), Since(start));
+  log << absl::StrFormat(
+      "model %s: %s, %d layers x %d experts, d_model %d, d_ff %d, top-%d, %s weights "
+      "(manifest read in %.3f s)\n",
+      o.model_dir, m.architecture, m.n_layers, m.n_experts, m.d_model, m.d_ff, m.top_k,
+      common::DTypeName(m.weight_type), Since(start));
   std::vector<int32_t> tokens;
   std::vector<float> x;
   if (!o.inputs_path.empty()) {
@@ -164,14 +163,14 @@ absl::Status RunReference(const ReferenceRunOptions& o, std::ostream& log) {
     COLIBRI_ASSIGN_OR_RETURN(r, ReferenceForward(*model, layer, o.routing, tokens, x.data(), o.verify_checksums));
     double norm = 0;
     for (float v : r.output) norm += static_cast<double>(v) * v;
-    log << absl::StrFormat("layer %d: load %.3f s%s, route %.6f s, reference compute %.3f s; token 0 -> experts "
-                           "[%s] weights [%s]; |y| = %.4g\n",
-                           layer, r.load_seconds, o.verify_checksums ? " (checksums verified)" : "",
-                           r.route_seconds, r.compute_seconds,
-                           absl::StrJoin(r.routes.expert_ids.begin(), r.routes.expert_ids.begin() + m.top_k, " "),
-                           absl::StrJoin(r.routes.weights.begin(), r.routes.weights.begin() + m.top_k, " ",
-                                         [](std::string* out, float w) { absl::StrAppend(out, absl::StrFormat("%.4f", w)); }),
-                           std::sqrt(norm));
+    log << absl::StrFormat(
+        "layer %d: load %.3f s%s, route %.6f s, reference compute %.3f s; token 0 -> experts "
+        "[%s] weights [%s]; |y| = %.4g\n",
+        layer, r.load_seconds, o.verify_checksums ? " (checksums verified)" : "", r.route_seconds, r.compute_seconds,
+        absl::StrJoin(r.routes.expert_ids.begin(), r.routes.expert_ids.begin() + m.top_k, " "),
+        absl::StrJoin(r.routes.weights.begin(), r.routes.weights.begin() + m.top_k, " ",
+                      [](std::string* out, float w) { absl::StrAppend(out, absl::StrFormat("%.4f", w)); }),
+        std::sqrt(norm));
     if (pool != nullptr) {
       COLIBRI_ASSIGN_OR_RETURN(const KernelCheck check, CheckKernels(*model, layer, r, x.data(), *pool));
       log << absl::StrFormat("layer %d: expert kernels (%s, %d threads) %.3f s, relative L2 error vs reference %.3g\n",

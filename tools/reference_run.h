@@ -30,18 +30,18 @@ struct ReferenceResult {
 // x is [token_ids.size()][d_model]. `mode` is lut or gate. INVALID_ARGUMENT
 // for client mode (the reference has no caller's routes), a bad layer or a
 // token id outside the vocabulary (lut mode); load errors as ModelDir's.
-absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, int64_t layer,
-                                                 common::RoutingMode mode, absl::Span<const int32_t> token_ids,
-                                                 const float* x, bool verify_checksums);
+absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, int64_t layer, common::RoutingMode mode,
+                                                 absl::Span<const int32_t> token_ids, const float* x,
+                                                 bool verify_checksums);
 
 struct ReferenceRunOptions {
   std::string model_dir;
-  int64_t layer = -1;           // -1: every layer
+  int64_t layer = -1;                                       // -1: every layer
   common::RoutingMode routing = common::RoutingMode::kLut;  // lut or gate
-  int64_t tokens = 8;           // sample tokens when no inputs file
+  int64_t tokens = 8;                                       // sample tokens when no inputs file
   uint64_t seed = 1;
-  std::string inputs_path;      // safetensors: token_ids I32 [T], hidden_states F32 [T, d_model]
-  std::string output_path;      // safetensors: output, expert_ids, expert_weights (last layer run)
+  std::string inputs_path;  // safetensors: token_ids I32 [T], hidden_states F32 [T, d_model]
+  std::string output_path;  // safetensors: output, expert_ids, expert_weights (last layer run)
   bool verify_checksums = true;
   // Also run the optimized expert executor (kernels/expert_executor.h) on
   // the same routes and report its time and its error against the reference.

@@ -1,5 +1,6 @@
 #include "tools/router_bench.h"
 
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <random>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "colibri/v1/router.grpc.pb.h"
@@ -102,10 +101,11 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
   const int64_t d_model = info.d_model();
   out << "# colibri-bench router: " << o.router << " (" << info.backend() << ", " << info.weight_type() << ", d_model "
       << d_model << ", d_ff " << info.d_ff() << ", " << info.n_experts() << " experts, top-" << info.top_k()
-      << ") vs the in-process engine; layer " << o.layer << ", " << common::RoutingModeName(o.routing) << " routing, " << o.repeat
-      << " calls per row, times in microseconds\n";
-  out << "# an empty gRPC round trip to the router (GetModelInfo): p50 " << static_cast<int64_t>(Percentile(ping_us, 0.5))
-      << " us, p99 " << static_cast<int64_t>(Percentile(ping_us, 0.99)) << " us\n";
+      << ") vs the in-process engine; layer " << o.layer << ", " << common::RoutingModeName(o.routing) << " routing, "
+      << o.repeat << " calls per row, times in microseconds\n";
+  out << "# an empty gRPC round trip to the router (GetModelInfo): p50 "
+      << static_cast<int64_t>(Percentile(ping_us, 0.5)) << " us, p99 "
+      << static_cast<int64_t>(Percentile(ping_us, 0.99)) << " us\n";
   out << "# T | engine p50 | engine p99 | router p50 | router p99 | added p50 | added % | slowest node call | "
          "its compute | route+aggregate | router overhead in dispatch | router CPU/call | identical\n";
   std::mt19937_64 rng(o.seed);
@@ -174,8 +174,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
                   "%lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f%% | %.0f | %.0f | %.0f | %.0f | %s | %s\n",
                   static_cast<long long>(T), l50, Percentile(local_us, 0.99), r50, Percentile(remote_us, 0.99),
                   r50 - l50, l50 > 0 ? 100.0 * (r50 - l50) / l50 : 0.0, Percentile(node_us, 0.5),
-                  Percentile(compute_us, 0.5), Percentile(own_us, 0.5),
-                  Percentile(overhead_us, 0.5),
+                  Percentile(compute_us, 0.5), Percentile(own_us, 0.5), Percentile(overhead_us, 0.5),
                   o.router_pid > 0 ? absl::StrCat(static_cast<int64_t>(cpu / o.repeat * 1e6)).c_str() : "-",
                   engine == nullptr ? "-" : (local_bytes == remote_bytes ? "yes" : "NO"));
     out << line << std::flush;

@@ -21,13 +21,13 @@ namespace colibri {
 namespace tools {
 
 struct RouterBenchOptions {
-  std::string model_dir;        // the model the router serves (also opened locally)
-  std::string router;           // host:port of the router
-  int router_pid = 0;           // > 0: read its CPU time from /proc/<pid>/stat
+  std::string model_dir;  // the model the router serves (also opened locally)
+  std::string router;     // host:port of the router
+  int router_pid = 0;     // > 0: read its CPU time from /proc/<pid>/stat
   int32_t layer = 0;
   std::vector<int64_t> tokens = {1, 8, 128};
   common::RoutingMode routing = common::RoutingMode::kLut;  // lut or gate
-  int local_threads = 0;        // in-process engine threads; 0: one per CPU; < 0: skip the engine
+  int local_threads = 0;  // in-process engine threads; 0: one per CPU; < 0: skip the engine
   int warmup = 3;
   int repeat = 30;
   uint64_t seed = 1;

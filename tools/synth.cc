@@ -45,9 +45,7 @@ uint64_t Mix(uint64_t seed, uint64_t name_hash, uint64_t index) {  // SplitMix64
   return z ^ (z >> 31);
 }
 
-float ToUniform(uint64_t bits) {
-  return static_cast<float>(bits >> 40) * (1.0f / 8388608.0f) - 1.0f;
-}
+float ToUniform(uint64_t bits) { return static_cast<float>(bits >> 40) * (1.0f / 8388608.0f) - 1.0f; }
 
 void StoreLe(uint32_t bits, size_t size, uint8_t* out) {
   for (size_t i = 0; i < size; ++i) out[i] = static_cast<uint8_t>(bits >> (8 * i));
@@ -88,16 +86,14 @@ struct TensorJob {
   std::function<void(uint64_t first, uint64_t count, uint8_t* out)> fill;
 };
 
-TensorJob MakeJob(std::string name, const char* dtype, std::vector<int64_t> shape,
-                  size_t element_size, int64_t group) {
+TensorJob MakeJob(std::string name, const char* dtype, std::vector<int64_t> shape, size_t element_size, int64_t group) {
   uint64_t nbytes = element_size;
   for (int64_t d : shape) nbytes *= static_cast<uint64_t>(d);
   return {{std::move(name), dtype, std::move(shape)}, element_size, nbytes, group, nullptr};
 }
 
 // A weight: SynthUniform(seed, name, i) * scale rounded to the dtype; 1.0 everywhere if scale == 0.
-TensorJob WeightJob(const SynthOptions& o, std::string name, std::vector<int64_t> shape,
-                    float scale, int64_t group) {
+TensorJob WeightJob(const SynthOptions& o, std::string name, std::vector<int64_t> shape, float scale, int64_t group) {
   const Encoding enc = EncodingOf(o.dtype);
   TensorJob job = MakeJob(name, enc.safetensors, std::move(shape), enc.size, group);
   job.fill = [type = o.dtype, seed = o.seed, hash = Fnv1a64(name), scale, size = enc.size](
@@ -150,15 +146,13 @@ std::vector<TensorJob> CalibrationJobs(const SynthOptions& o) {
     }
   };
   for (int64_t l = 0; l < o.n_layers; ++l) {
-    jobs.push_back(MakeJob(absl::StrCat("hidden_states.", l), "F32",
-                           {o.calibration_records, o.d_model}, 4, 0));
-    jobs.back().fill = [=, noise_hash = Fnv1a64(absl::StrCat("calib.", l))](
-                           uint64_t first, uint64_t count, uint8_t* out) {
+    jobs.push_back(MakeJob(absl::StrCat("hidden_states.", l), "F32", {o.calibration_records, o.d_model}, 4, 0));
+    jobs.back().fill = [=, noise_hash = Fnv1a64(absl::StrCat("calib.", l))](uint64_t first, uint64_t count,
+                                                                            uint8_t* out) {
       for (uint64_t r = first / d; r < (first + count) / d; ++r) {
         const uint64_t embed_row = token(r) * d;
         for (uint64_t j = 0; j < d; ++j) {
-          const float embed =
-              RoundTo(type, ToUniform(Mix(seed, embed_hash, embed_row + j)) * kSqrt3);
+          const float embed = RoundTo(type, ToUniform(Mix(seed, embed_hash, embed_row + j)) * kSqrt3);
           const float noise = ToUniform(Mix(seed + 1, noise_hash, r * d + j)) * kSqrt3;
           StoreLe(common::FloatBits(embed + 0.5f * noise), 4, out + 4 * (r * d + j - first));
         }
@@ -191,22 +185,18 @@ std::vector<int> AssignShards(const std::vector<TensorJob>& jobs, int64_t groups
   return shard_of;
 }
 
-std::string Mib(uint64_t bytes) {
-  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-}
+std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 // Streams `jobs` into a new safetensors file at `path`, whole rows at a time,
 // at most kChunkBytes (or one row) per Append.
-absl::Status WriteTensorFile(const std::string& path, const std::vector<const TensorJob*>& jobs,
-                             std::ostream& log) {
+absl::Status WriteTensorFile(const std::string& path, const std::vector<const TensorJob*>& jobs, std::ostream& log) {
   std::vector<SafetensorsWriter::Spec> specs;
   uint64_t file_bytes = 0;
   for (const TensorJob* job : jobs) {
     specs.push_back(job->spec);
     file_bytes += job->nbytes;
   }
-  COLIBRI_ASSIGN_OR_RETURN(auto writer,
-                           SafetensorsWriter::Create(path, std::move(specs), {{"format", "pt"}}));
+  COLIBRI_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, std::move(specs), {{"format", "pt"}}));
   std::vector<uint8_t> buffer;
   uint64_t written = 0;
   for (const TensorJob* job : jobs) {
@@ -221,21 +211,23 @@ absl::Status WriteTensorFile(const std::string& path, const std::vector<const Te
     }
     written += job->nbytes;
     if (job->nbytes >= kProgressBytes) {
-      log << absl::StrFormat("  %s (%s): %.0f%% of %s", job->spec.name, Mib(job->nbytes),
-                             100.0 * written / file_bytes, path)
+      log << absl::StrFormat("  %s (%s): %.0f%% of %s", job->spec.name, Mib(job->nbytes), 100.0 * written / file_bytes,
+                             path)
           << std::endl;
     }
   }
   COLIBRI_RETURN_IF_ERROR(writer->Close());
-  log << "wrote " << path << " (" << jobs.size() << " tensors, " << Mib(file_bytes) << ")"
-      << std::endl;
+  log << "wrote " << path << " (" << jobs.size() << " tensors, " << Mib(file_bytes) << ")" << std::endl;
   return absl::OkStatus();
 }
 
 Json ConfigJson(const SynthOptions& o) {
-  Json c = {{"model_type", o.naming},          {"hidden_size", o.d_model},
-            {"intermediate_size", o.d_ff},     {"num_hidden_layers", o.n_layers},
-            {"num_experts_per_tok", o.top_k},  {"vocab_size", o.vocab_size},
+  Json c = {{"model_type", o.naming},
+            {"hidden_size", o.d_model},
+            {"intermediate_size", o.d_ff},
+            {"num_hidden_layers", o.n_layers},
+            {"num_experts_per_tok", o.top_k},
+            {"vocab_size", o.vocab_size},
             {"torch_dtype", EncodingOf(o.dtype).torch}};
   if (o.naming == "mixtral") {
     c["architectures"] = Json::array({"MixtralForCausalLM"});
@@ -302,8 +294,7 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text, std
 absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.out_dir.empty()) return absl::InvalidArgumentError("out_dir is empty");
   if (o.naming != "mixtral" && o.naming != "qwen2_moe" && o.naming != "olmoe") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe or olmoe"));
+    return absl::InvalidArgumentError(absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe or olmoe"));
   }
   struct Range {
     const char* field;
@@ -312,15 +303,13 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   // In this order, so top_k and shards are checked against valid bounds.
   for (const Range& r :
        {Range{"d_model", o.d_model, 1, kSynthMaxDim}, Range{"d_ff", o.d_ff, 1, kSynthMaxDim},
-        Range{"n_layers", o.n_layers, 1, kSynthMaxLayers},
-        Range{"n_experts", o.n_experts, 1, kSynthMaxExperts},
-        Range{"top_k", o.top_k, 1, o.n_experts},
-        Range{"vocab_size", o.vocab_size, 1, kSynthMaxVocab},
+        Range{"n_layers", o.n_layers, 1, kSynthMaxLayers}, Range{"n_experts", o.n_experts, 1, kSynthMaxExperts},
+        Range{"top_k", o.top_k, 1, o.n_experts}, Range{"vocab_size", o.vocab_size, 1, kSynthMaxVocab},
         Range{"shards", o.shards, 1, o.n_layers + 1},
         Range{"calibration_records", o.calibration_records, 0, kSynthMaxCalibrationRecords}}) {
     if (r.value < r.low || r.value > r.high) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          r.field, " = ", r.value, ": expected a value in [", r.low, ", ", r.high, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.field, " = ", r.value, ": expected a value in [", r.low, ", ", r.high, "]"));
     }
   }
   if (o.dtype != DType::kF32 && o.dtype != DType::kBF16 && o.dtype != DType::kF16) {
@@ -352,9 +341,8 @@ absl::Status WriteSyntheticCheckpoint(const SynthOptions& o, std::ostream& log) 
   Json weight_map = Json::object();
   uint64_t total_size = 0;
   for (int s = 0; s < o.shards; ++s) {
-    const std::string file =
-        o.shards == 1 ? std::string("model.safetensors")
-                      : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, o.shards);
+    const std::string file = o.shards == 1 ? std::string("model.safetensors")
+                                           : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, o.shards);
     COLIBRI_RETURN_IF_ERROR(WriteTensorFile((dir / file).string(), per_shard[s], log));
     for (const TensorJob* job : per_shard[s]) {
       weight_map[job->spec.name] = file;
@@ -363,8 +351,7 @@ absl::Status WriteSyntheticCheckpoint(const SynthOptions& o, std::ostream& log) 
   }
   if (o.shards > 1) {
     const Json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
-    COLIBRI_RETURN_IF_ERROR(
-        WriteTextFile((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n", log));
+    COLIBRI_RETURN_IF_ERROR(WriteTextFile((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n", log));
   }
   if (calibrate) {
     const std::vector<TensorJob> calibration_jobs = CalibrationJobs(o);
@@ -375,9 +362,7 @@ absl::Status WriteSyntheticCheckpoint(const SynthOptions& o, std::ostream& log) 
   return WriteTextFile((dir / "config.json").string(), ConfigJson(o).dump(2) + "\n", log);
 }
 
-uint64_t SynthBits(uint64_t seed, absl::string_view name, uint64_t index) {
-  return Mix(seed, Fnv1a64(name), index);
-}
+uint64_t SynthBits(uint64_t seed, absl::string_view name, uint64_t index) { return Mix(seed, Fnv1a64(name), index); }
 
 float SynthUniform(uint64_t seed, absl::string_view name, uint64_t index) {
   return ToUniform(SynthBits(seed, name, index));

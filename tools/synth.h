@@ -35,7 +35,7 @@ namespace tools {
 
 // Upper bounds ValidateSynthOptions enforces (they keep every size far from
 // 64-bit overflow and every token id inside int32).
-inline constexpr int64_t kSynthMaxDim = int64_t{1} << 20;        // d_model, d_ff
+inline constexpr int64_t kSynthMaxDim = int64_t{1} << 20;  // d_model, d_ff
 inline constexpr int64_t kSynthMaxVocab = int64_t{1} << 24;
 inline constexpr int64_t kSynthMaxLayers = 4096;
 inline constexpr int64_t kSynthMaxExperts = 4096;

@@ -76,7 +76,7 @@ std::string Reason(const absl::Status& status, const std::string& full_path) {
 // A listed file, mapped, with its header if that parsed and matches the role.
 struct OpenedFile {
   std::string full_path;
-  std::unique_ptr<common::MappedFile> file;       // null if it could not be mapped
+  std::unique_ptr<common::MappedFile> file;        // null if it could not be mapped
   std::optional<common::WeightFileLayout> layout;  // set only if contents can be checked
   bool size_ok = false;
   Problems problems;
@@ -96,9 +96,8 @@ OpenedFile OpenListedFile(const common::ModelDir& model, const std::string& path
   ++report->files_checked;
   auto file = common::MappedFile::Open(out.full_path);
   if (!file.ok()) {
-    out.problems.push_back(file.status().code() == absl::StatusCode::kNotFound
-                               ? std::string("missing")
-                               : std::string(file.status().message()));
+    out.problems.push_back(file.status().code() == absl::StatusCode::kNotFound ? std::string("missing")
+                                                                               : std::string(file.status().message()));
     return out;
   }
   out.file = std::move(*file);
@@ -112,8 +111,7 @@ OpenedFile OpenListedFile(const common::ModelDir& model, const std::string& path
   if (options.checksums) {
     const std::string actual = common::ChecksumBytes(f.data(), f.size());
     if (actual != listed->checksum) {
-      out.problems.push_back(
-          absl::StrCat("checksum ", actual, " does not match the manifest's ", listed->checksum));
+      out.problems.push_back(absl::StrCat("checksum ", actual, " does not match the manifest's ", listed->checksum));
     }
   }
   if (role == nullptr) {
@@ -187,8 +185,8 @@ void CheckExpert(const common::ModelDir& model, int64_t layer, int64_t expert, O
 
 // The bytes of section `name` if it is a [rows][cols] array of the 4-byte
 // `dtype` filling exactly its size; otherwise nullptr and a problem.
-const uint8_t* Section4(const OpenedFile& f, const std::string& name, DType dtype, int64_t rows,
-                        int64_t cols, Problems* problems) {
+const uint8_t* Section4(const OpenedFile& f, const std::string& name, DType dtype, int64_t rows, int64_t cols,
+                        Problems* problems) {
   const common::Section* s = f.layout->Find(name);
   if (s == nullptr) {
     problems->push_back(absl::StrCat("sections: no section '", name, "'"));
@@ -196,9 +194,9 @@ const uint8_t* Section4(const OpenedFile& f, const std::string& name, DType dtyp
   }
   const uint64_t size = static_cast<uint64_t>(rows * cols) * 4;
   if (s->dtype != dtype || s->rows != rows || s->cols != cols || s->size != size) {
-    problems->push_back(absl::StrCat("sections: '", name, "' is ", common::DTypeName(s->dtype), " [", s->rows,
-                                     " x ", s->cols, "] in ", s->size, " bytes, expected ",
-                                     common::DTypeName(dtype), " [", rows, " x ", cols, "] in ", size));
+    problems->push_back(absl::StrCat("sections: '", name, "' is ", common::DTypeName(s->dtype), " [", s->rows, " x ",
+                                     s->cols, "] in ", s->size, " bytes, expected ", common::DTypeName(dtype), " [",
+                                     rows, " x ", cols, "] in ", size));
     return nullptr;
   }
   return f.file->data() + s->offset;
@@ -222,10 +220,9 @@ void CheckGate(const common::Manifest& m, OpenedFile* f) {
 // weights >= 0 that sum to 1 when the manifest says they are normalized.
 void CheckLut(const common::Manifest& m, OpenedFile* f) {
   const int64_t k = m.top_k;
-  const auto* ids = reinterpret_cast<const int32_t*>(
-      Section4(*f, "ids", DType::kI32, m.vocab_size, k, &f->problems));
-  const auto* weights = reinterpret_cast<const float*>(
-      Section4(*f, "weights", DType::kF32, m.vocab_size, k, &f->problems));
+  const auto* ids = reinterpret_cast<const int32_t*>(Section4(*f, "ids", DType::kI32, m.vocab_size, k, &f->problems));
+  const auto* weights =
+      reinterpret_cast<const float*>(Section4(*f, "weights", DType::kF32, m.vocab_size, k, &f->problems));
   Tally range(absl::StrCat("expert ids outside [0, ", m.n_experts, ")"));
   Tally repeats("tokens routed twice to one expert");
   Tally non_finite("route weights not finite");
@@ -269,8 +266,7 @@ void Emit(const std::string& path, Problems problems, ValidationReport* report, 
 }
 
 // Check 6: every file in the tree, except manifest.json, must be listed.
-void CheckTree(const std::string& dir, const common::Manifest& m, ValidationReport* report,
-               std::ostream& log) {
+void CheckTree(const std::string& dir, const common::Manifest& m, ValidationReport* report, std::ostream& log) {
   std::set<std::string> listed;
   for (const common::ManifestFile& f : m.files) {
     listed.insert(fs::path(f.path).lexically_normal().generic_string());
@@ -290,8 +286,8 @@ void CheckTree(const std::string& dir, const common::Manifest& m, ValidationRepo
 }
 
 // The closing block of the log; `model` is null when the manifest did not parse.
-void PrintSummary(const std::string& dir, const common::ModelDir* model, const ValidationReport& report,
-                  double seconds, std::ostream& log) {
+void PrintSummary(const std::string& dir, const common::ModelDir* model, const ValidationReport& report, double seconds,
+                  std::ostream& log) {
   log << "\ndirectory     " << dir << "\n";
   if (model != nullptr) {
     const common::Manifest& m = model->manifest();
@@ -303,19 +299,15 @@ void PrintSummary(const std::string& dir, const common::ModelDir* model, const V
   }
   log << absl::StrFormat("checked       %d files, %d bytes (%.1f MiB) in %.2f s\n", report.files_checked,
                          report.bytes_checked, report.bytes_checked / 1048576.0, seconds);
-  log << (report.ok() ? std::string("VALID")
-                      : absl::StrCat("INVALID: ", report.issues.size(), " problem(s)"))
+  log << (report.ok() ? std::string("VALID") : absl::StrCat("INVALID: ", report.issues.size(), " problem(s)"))
       << std::endl;
 }
 
 }  // namespace
 
-ValidationReport ValidateModelDir(const std::string& dir, const ValidateOptions& options,
-                                  std::ostream& log) {
+ValidationReport ValidateModelDir(const std::string& dir, const ValidateOptions& options, std::ostream& log) {
   const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   ValidationReport report;
   auto opened = common::ModelDir::Open(dir);
   if (!opened.ok()) {

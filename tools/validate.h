@@ -64,8 +64,7 @@ struct ValidateOptions {
 //
 // Never aborts on bad data. Thread-compatible: `log` must not be written by
 // others during the call.
-ValidationReport ValidateModelDir(const std::string& dir, const ValidateOptions& options,
-                                  std::ostream& log);
+ValidationReport ValidateModelDir(const std::string& dir, const ValidateOptions& options, std::ostream& log);
 
 }  // namespace tools
 }  // namespace colibri

@@ -52,22 +52,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 absl::StatusOr<v1::ForwardRequest> Client::MakeRequest(const ForwardArgs& args) const {
   const int64_t d_model = model_.d_model();
   if (d_model <= 0 || args.hidden.size() % d_model != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden holds ", args.hidden.size(),
-                                                   " values, not a multiple of d_model ", d_model));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden holds ", args.hidden.size(), " values, not a multiple of d_model ", d_model));
   }
   const int64_t tokens = static_cast<int64_t>(args.hidden.size()) / d_model;
   v1::ForwardRequest r;
   r.set_layer(args.layer);
   r.mutable_token_ids()->Add(args.token_ids.begin(), args.token_ids.end());
-  *r.mutable_hidden() = args.send_as == WireType::kBF16 ? PackBf16(args.hidden, tokens, d_model)
-                                                        : PackF32(args.hidden, tokens, d_model);
+  *r.mutable_hidden() =
+      args.send_as == WireType::kBF16 ? PackBf16(args.hidden, tokens, d_model) : PackF32(args.hidden, tokens, d_model);
   switch (args.routing) {
-    case Routing::kLut:
-      r.set_routing(v1::ROUTING_MODE_LUT);
-      break;
-    case Routing::kGate:
-      r.set_routing(v1::ROUTING_MODE_GATE);
-      break;
+    case Routing::kLut: r.set_routing(v1::ROUTING_MODE_LUT); break;
+    case Routing::kGate: r.set_routing(v1::ROUTING_MODE_GATE); break;
     case Routing::kClient:
       r.set_routing(v1::ROUTING_MODE_CLIENT);
       r.mutable_routes()->set_top_k(args.routes.top_k);

@@ -33,8 +33,8 @@ namespace colibri {
 namespace client {
 
 struct ClientOptions {
-  std::string target;                   // host:port of the router (any gRPC target)
-  absl::Duration timeout = absl::Seconds(30);  // deadline of each unary call
+  std::string target;                                  // host:port of the router (any gRPC target)
+  absl::Duration timeout = absl::Seconds(30);          // deadline of each unary call
   absl::Duration connect_timeout = absl::Seconds(10);  // deadline of Connect's GetModelInfo
   // TLS: a CA (PEM file) turns it on; cert + key add a client certificate
   // (mutual TLS); server_name overrides the name checked in the router's
@@ -56,7 +56,7 @@ struct Routes {
 };
 
 struct Timing {
-  std::string stage;   // route, dispatch, aggregate, total, node:ADDR, node_compute:ADDR
+  std::string stage;  // route, dispatch, aggregate, total, node:ADDR, node_compute:ADDR
   int64_t start_nanos = 0;
   int64_t nanos = 0;
   std::string detail;  // node calls: "experts 0,3 rows 5"
@@ -68,16 +68,16 @@ struct ForwardArgs {
   absl::Span<const float> hidden;     // [T * d_model] f32; T = hidden.size() / d_model
   WireType send_as = WireType::kF32;  // kBF16 halves the request (rounds the inputs)
   Routing routing = Routing::kLut;
-  Routes routes;                      // kClient only
-  WireType output = WireType::kF32;   // kBF16 halves the reply (rounds the output)
+  Routes routes;                     // kClient only
+  WireType output = WireType::kF32;  // kBF16 halves the reply (rounds the output)
   std::string request_id;
   bool return_routes = false;
   bool return_timings = false;
 };
 
 struct ForwardResult {
-  std::vector<float> output;  // [T * d_model]
-  Routes routes;              // when return_routes
+  std::vector<float> output;    // [T * d_model]
+  Routes routes;                // when return_routes
   std::vector<Timing> timings;  // when return_timings
 };
 
@@ -129,9 +129,9 @@ class Session {
 
  private:
   friend class Client;
-  Session(const Client* client, std::unique_ptr<grpc::ClientContext> context,
-          std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>>
-              stream)
+  Session(
+      const Client* client, std::unique_ptr<grpc::ClientContext> context,
+      std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>> stream)
       : client_(client), context_(std::move(context)), stream_(std::move(stream)) {}
 
   const Client* client_;

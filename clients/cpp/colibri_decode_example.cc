@@ -59,7 +59,8 @@ uint64_t Fnv1a64(const std::vector<float>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  colibri::runtime::ParseFlags(argc, argv,
+  colibri::runtime::ParseFlags(
+      argc, argv,
       "Decodes --steps tokens through every MoE layer of the model a Colibri router serves, over one stream,\n"
       "adding each layer's output to the hidden state. Example: colibri-decode-example --router 127.0.0.1:50051");
   namespace cc = colibri::client;
@@ -77,8 +78,8 @@ int main(int argc, char** argv) {
   }
   const auto& model = (*client)->model();
   const int layers = absl::GetFlag(FLAGS_layers) > 0 ? absl::GetFlag(FLAGS_layers) : model.n_layers();
-  std::printf("model d_model %d layers %d experts %d top_k %d routing %s\n", model.d_model(), layers,
-              model.n_experts(), model.top_k(), routing.c_str());
+  std::printf("model d_model %d layers %d experts %d top_k %d routing %s\n", model.d_model(), layers, model.n_experts(),
+              model.top_k(), routing.c_str());
   auto session = (*client)->OpenSession();
   if (!session.ok()) {
     std::cerr << "colibri-decode-example: " << session.status() << "\n";

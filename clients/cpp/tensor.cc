@@ -41,9 +41,12 @@ absl::StatusOr<std::vector<float>> Unpack(const v1::Tensor& t) {
     }
     count *= d;
   }
-  const int64_t element = t.dtype() == v1::DATA_TYPE_F32 ? 4 : (t.dtype() == v1::DATA_TYPE_BF16 || t.dtype() == v1::DATA_TYPE_F16) ? 2 : 0;
+  const int64_t element = t.dtype() == v1::DATA_TYPE_F32                                        ? 4
+                          : (t.dtype() == v1::DATA_TYPE_BF16 || t.dtype() == v1::DATA_TYPE_F16) ? 2
+                                                                                                : 0;
   if (element == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor: dtype ", v1::DataType_Name(t.dtype()), " is not f32/bf16/f16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: dtype ", v1::DataType_Name(t.dtype()), " is not f32/bf16/f16"));
   }
   if (static_cast<int64_t>(t.data().size()) != count * element) {
     return absl::InvalidArgumentError(

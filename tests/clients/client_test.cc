@@ -5,14 +5,14 @@
 
 #include "clients/cpp/client.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <future>
 #include <memory>
 #include <random>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "clients/cpp/tensor.h"
 #include "tests/test_util.h"
@@ -32,9 +32,9 @@ struct Cluster {
   Cluster() {
     colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
     auto node = [&](const std::string& experts) {
-      auto p = std::make_unique<ProcessGuard>(std::vector<std::string>{
-          Binary("expert_node/colibri-expert"), "--model=" + (dir / "model"), "--experts=" + experts,
-          "--listen=127.0.0.1:0", "--nomlock", "--threads=1"});
+      auto p = std::make_unique<ProcessGuard>(
+          std::vector<std::string>{Binary("expert_node/colibri-expert"), "--model=" + (dir / "model"),
+                                   "--experts=" + experts, "--listen=127.0.0.1:0", "--nomlock", "--threads=1"});
       return p;
     };
     a = node("0-2");

@@ -42,15 +42,15 @@ TEST_CASE("every f16 value survives a round trip through f32") {
 
 TEST_CASE("f16 conversion rounds to nearest even, saturates to inf and handles subnormals") {
   CHECK(F16ToFloat(0x3c00) == 1.0f);
-  CHECK(FloatToF16(65504.0f) == 0x7bff);   // largest finite
-  CHECK(FloatToF16(65519.0f) == 0x7bff);   // below the halfway point
-  CHECK(FloatToF16(65520.0f) == 0x7c00);   // halfway to 65536: ties to even = inf
+  CHECK(FloatToF16(65504.0f) == 0x7bff);  // largest finite
+  CHECK(FloatToF16(65519.0f) == 0x7bff);  // below the halfway point
+  CHECK(FloatToF16(65520.0f) == 0x7c00);  // halfway to 65536: ties to even = inf
   CHECK(FloatToF16(1e9f) == 0x7c00);
   CHECK(FloatToF16(-1e9f) == 0xfc00);
-  CHECK(F16ToFloat(0x0001) == 0x1p-24f);   // smallest subnormal
+  CHECK(F16ToFloat(0x0001) == 0x1p-24f);  // smallest subnormal
   CHECK(FloatToF16(0x1p-24f) == 0x0001);
-  CHECK(FloatToF16(0x1p-25f) == 0x0000);   // halfway to the smallest subnormal: even (0)
-  CHECK(FloatToF16(0x1.8p-24f) == 0x0002); // 1.5 ulp: ties to even (2)
+  CHECK(FloatToF16(0x1p-25f) == 0x0000);         // halfway to the smallest subnormal: even (0)
+  CHECK(FloatToF16(0x1.8p-24f) == 0x0002);       // 1.5 ulp: ties to even (2)
   CHECK(FloatToF16(1.0f + 0x1p-11f) == 0x3c00);  // halfway: even
   CHECK(FloatToF16(1.0f + 3 * 0x1p-11f) == 0x3c02);
   CHECK(FloatToF16(-0.0f) == 0x8000);

@@ -20,8 +20,8 @@ std::string WithHeader(const std::string& json, const std::string& data = "") {
 }
 
 absl::Status ParseBytes(const std::string& bytes) {
-  auto parsed = ParseSafetensorsHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
-                                       bytes.size(), "test.safetensors");
+  auto parsed = ParseSafetensorsHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size(),
+                                       "test.safetensors");
   return parsed.status();
 }
 
@@ -96,9 +96,9 @@ TEST_CASE("malformed safetensors headers are refused with the reason") {
                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                            std::string(12, '\0')),
                 "overlap");
-  ExpectRefused(WithHeader(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
-                           std::string(8, '\0')),
-                "overflow");
+  ExpectRefused(
+      WithHeader(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "overflow");
   // An empty tensor inside another must not hide an overlap with a third.
   ExpectRefused(WithHeader(R"({"a":{"dtype":"U8","shape":[100],"data_offsets":[0,100]},)"
                            R"("b":{"dtype":"U8","shape":[0],"data_offsets":[50,50]},)"
@@ -107,9 +107,9 @@ TEST_CASE("malformed safetensors headers are refused with the reason") {
                 "overlap");
   // Deep nesting in a hostile header: a clear error, no stack exhaustion.
   const std::string deep = std::string(100000, '[') + "1" + std::string(100000, ']');
-  ExpectRefused(WithHeader(R"({"t":{"dtype":"F32","shape":[)" + deep + R"(],"data_offsets":[0,4]}})",
-                           std::string(4, '\0')),
-                "shape entry");
+  ExpectRefused(
+      WithHeader(R"({"t":{"dtype":"F32","shape":[)" + deep + R"(],"data_offsets":[0,4]}})", std::string(4, '\0')),
+      "shape entry");
   std::string huge(8, '\0');
   const uint64_t n = uint64_t{1} << 40;
   std::memcpy(&huge[0], &n, 8);

@@ -116,8 +116,8 @@ TEST_CASE("int4 keeps zero exact, packs low nibble first and pads with the zero 
   CHECK(out[20] == 0.f);
   CHECK(out[69] == 0.f);
   const int q0 = e.data[0] & 0x0f, q1 = e.data[0] >> 4;
-  CHECK(q0 == 0);   // input 0, the minimum of the group, in the low nibble of byte 0
-  CHECK(q1 == 5);   // input 32 (= 0.0) in its high nibble: the zero point
+  CHECK(q0 == 0);  // input 0, the minimum of the group, in the low nibble of byte 0
+  CHECK(q1 == 5);  // input 32 (= 0.0) in its high nibble: the zero point
   CHECK(e.zeros[0] == 5);
   CHECK((e.data[1] & 0x0f) == 1);  // input 1 = -0.8 -> q = 1
   // Padding (cols 70..127) decodes to exactly zero: q == zero point.

@@ -3,6 +3,7 @@
 // and SIGTERM drains it to exit status 0. The process is killed on any
 // failure (ProcessGuard).
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <atomic>
@@ -10,8 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"

@@ -7,14 +7,14 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "expert_node/expert_server.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/expert_executor.h"
 #include "tests/test_util.h"
 
@@ -47,8 +47,8 @@ Node Start(const std::string& model_dir, const std::string& experts, int metrics
   INFO(server.status().message());
   REQUIRE(server.ok());
   node.server = std::move(server).value();
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials());
   node.stub = v1::ExpertNode::NewStub(channel);
   return node;
 }
@@ -137,8 +137,8 @@ TEST_CASE("an expert node reports SERVING over grpc.health.v1 once loaded, and N
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kF16);
   Node node = Start(dir / "model", "all");
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
   grpc::health::v1::HealthCheckResponse response;
   {
@@ -251,7 +251,7 @@ TEST_CASE("with mutual TLS only clients holding a certificate from the CA get in
   grpc::SslCredentialsOptions no_client_cert;
   no_client_cert.pem_root_certs = trusted.pem_root_certs;
   CHECK_FALSE(info(grpc::SslCredentials(no_client_cert)).ok());  // untrusted client refused
-  CHECK_FALSE(info(grpc::InsecureChannelCredentials()).ok());     // plaintext refused
+  CHECK_FALSE(info(grpc::InsecureChannelCredentials()).ok());    // plaintext refused
 
   options.tls_key_file.clear();
   CHECK(ExpertServer::Create(options, nullptr).status().message().find("ServerOptions::tls_key_file") !=

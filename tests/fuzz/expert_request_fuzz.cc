@@ -27,8 +27,8 @@ Node& GetNode() {
     static std::ostringstream log;
     n.store = std::move(colibri::expert_node::ExpertStore::Create(colibri::fuzz::TinyModel(), options, &log).value());
     n.pool = std::move(colibri::kernels::ThreadPool::Create({1, -1, false}).value());
-    n.engine = std::make_unique<colibri::expert_node::ComputeEngine>(n.store.get(), n.pool.get(),
-                                                                     colibri::expert_node::ComputeEngine::Limits{64, 4096});
+    n.engine = std::make_unique<colibri::expert_node::ComputeEngine>(
+        n.store.get(), n.pool.get(), colibri::expert_node::ComputeEngine::Limits{64, 4096});
     return n;
   }();
   return node;

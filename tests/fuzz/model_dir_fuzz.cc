@@ -9,9 +9,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/model_dir.h"
 #include "tests/fuzz/fuzz_model.h"
@@ -51,8 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* body = reinterpret_cast<const char*>(data + 1);
   // Restore the originals, then replace one file.
   WriteAll(dir / "manifest.json", manifest.data(), manifest.size());
-  for (int i = 1; i < 4; ++i) fs::copy_file(fs::path(colibri::fuzz::TinyModel()) / files[i], dir / files[i],
-                                            fs::copy_options::overwrite_existing);
+  for (int i = 1; i < 4; ++i)
+    fs::copy_file(fs::path(colibri::fuzz::TinyModel()) / files[i], dir / files[i],
+                  fs::copy_options::overwrite_existing);
   if (which == 0) {
     WriteAll(dir / "manifest.json", body, size - 1);
   } else {

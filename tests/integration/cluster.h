@@ -6,6 +6,8 @@
 // it ends): start them, call the router, poll for a condition, and drive a
 // steady load from client threads.
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -16,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "colibri/v1/router.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -42,7 +42,7 @@ inline Proc StartNode(const std::string& model, const std::string& experts, int 
                       const std::vector<std::string>& extra = {}) {
   Proc p;
   std::vector<std::string> args = {Binary("expert_node/colibri-expert"), "--model=" + model, "--experts=" + experts,
-                                   "--listen=" + Address(port), "--nomlock", "--threads=1"};
+                                   "--listen=" + Address(port),          "--nomlock",        "--threads=1"};
   args.insert(args.end(), extra.begin(), extra.end());
   p.process = std::make_unique<ProcessGuard>(args);
   p.port = p.process->ReadPort();
@@ -74,7 +74,7 @@ inline std::unique_ptr<v1::Router::Stub> Connect(int port) {
 }
 
 inline v1::ForwardRequest Request(int32_t layer, const std::vector<int32_t>& ids, uint32_t seed,
-                           v1::RoutingMode routing = v1::ROUTING_MODE_LUT) {
+                                  v1::RoutingMode routing = v1::ROUTING_MODE_LUT) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> x(ids.size() * kDModel);
@@ -92,7 +92,7 @@ inline v1::ForwardRequest Request(int32_t layer, const std::vector<int32_t>& ids
 }
 
 inline grpc::Status Call(v1::Router::Stub& stub, const v1::ForwardRequest& request, v1::ForwardResponse* response,
-                  std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   return stub.Forward(&context, request, response);
@@ -107,8 +107,8 @@ inline v1::GetClusterStatusResponse Status(v1::Router::Stub& stub) {
 }
 
 inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port) {
-  auto health = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()));
+  auto health =
+      grpc::health::v1::Health::NewStub(grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::health::v1::HealthCheckResponse response;

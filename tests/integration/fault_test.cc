@@ -86,12 +86,13 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
               failed.error_message().c_str());
 }
 
-TEST_CASE("a hung node (SIGSTOP) is failed over by the node timeout, and without a replica the client's deadline holds") {
+TEST_CASE(
+    "a hung node (SIGSTOP) is failed over by the node timeout, and without a replica the client's deadline holds") {
   Model model(common::DType::kBF16);
   Proc a = StartNode(model.path, "all");
   Proc b = StartNode(model.path, "all");
-  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port),
-                             "--node_timeout_ms=300"});
+  Proc router = StartRouter(
+      {"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port), "--node_timeout_ms=300"});
   auto stub = Connect(router.port);
   const v1::ForwardRequest request = Request(0, {1, 2, 3, 4, 5, 6, 7, 8}, 5, v1::ROUTING_MODE_GATE);
   v1::ForwardResponse response;
@@ -173,9 +174,10 @@ TEST_CASE("restarting the router under client load: clients see UNAVAILABLE, the
   const double seconds = std::chrono::duration<double>(Clock::now() - restarted).count();
   stop = true;
   for (std::thread& t : clients) t.join();
-  std::printf("router kill -9 and restart under 2 clients: %d ok, %d UNAVAILABLE while it was down, %d other; "
-              "the same client was served again %.2f s after the restart\n",
-              ok.load(), unavailable.load(), other.load(), seconds);
+  std::printf(
+      "router kill -9 and restart under 2 clients: %d ok, %d UNAVAILABLE while it was down, %d other; "
+      "the same client was served again %.2f s after the restart\n",
+      ok.load(), unavailable.load(), other.load(), seconds);
   INFO(other_error);
   CHECK(back);
   CHECK(other == 0);
@@ -192,8 +194,7 @@ TEST_CASE("nodes reloading their weights under load fail no request") {
   int reloads = 0;
   for (int round = 0; round < 3; ++round) {
     for (const Proc* node : {&a, &b}) {
-      auto stub = v1::ExpertNode::NewStub(
-          grpc::CreateChannel(Address(node->port), grpc::InsecureChannelCredentials()));
+      auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(Address(node->port), grpc::InsecureChannelCredentials()));
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
       v1::ReloadResponse response;
@@ -256,8 +257,10 @@ TEST_CASE("a slow replica is hedged: the other one answers, with the same bytes"
       if (t.stage() == "node:" + Address(fast.port) && t.detail().find("hedge") != std::string::npos) ++hedge_answers;
     }
   }
-  std::printf("hedging: 5 calls whose first node sleeps 400 ms; %d answered by a hedge on the other replica, "
-              "outputs identical to an unhedged router's\n", hedge_answers);
+  std::printf(
+      "hedging: 5 calls whose first node sleeps 400 ms; %d answered by a hedge on the other replica, "
+      "outputs identical to an unhedged router's\n",
+      hedge_answers);
   CHECK(hedge_answers == 5);
 }
 

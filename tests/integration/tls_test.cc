@@ -4,13 +4,13 @@
 // CA, or in plaintext is refused; a router without its client certificate
 // cannot use the node. Certificates come from scripts/make_test_certs.sh.
 
+#include <grpcpp/grpcpp.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "colibri/v1/router.grpc.pb.h"
 #include "tests/test_util.h"
@@ -67,11 +67,16 @@ TEST_CASE("mutual TLS: only clients with a CA-signed certificate reach the route
                      "--tls_client_ca=" + c + "/ca.crt"});
   const int node_port = node.ReadPort();
   auto router_args = [&](bool with_client_cert) {
-    std::vector<std::string> a = {Binary("router_node/colibri-router"), "--model=" + (dir / "model"),
-                                  "--experts_at=127.0.0.1:" + std::to_string(node_port), "--listen=127.0.0.1:0",
-                                  "--tls_cert=" + c + "/server.crt", "--tls_key=" + c + "/server.key",
-                                  "--tls_client_ca=" + c + "/ca.crt", "--node_tls_ca=" + c + "/ca.crt",
-                                  "--node_tls_server_name=localhost", "--health_interval_ms=100"};
+    std::vector<std::string> a = {Binary("router_node/colibri-router"),
+                                  "--model=" + (dir / "model"),
+                                  "--experts_at=127.0.0.1:" + std::to_string(node_port),
+                                  "--listen=127.0.0.1:0",
+                                  "--tls_cert=" + c + "/server.crt",
+                                  "--tls_key=" + c + "/server.key",
+                                  "--tls_client_ca=" + c + "/ca.crt",
+                                  "--node_tls_ca=" + c + "/ca.crt",
+                                  "--node_tls_server_name=localhost",
+                                  "--health_interval_ms=100"};
     if (with_client_cert) {
       a.push_back("--node_tls_cert=" + c + "/client.crt");
       a.push_back("--node_tls_key=" + c + "/client.key");
@@ -126,11 +131,11 @@ TEST_CASE("mutual TLS: only clients with a CA-signed certificate reach the route
   const grpc::Status refused = bare_stub->Forward(&context, request, &response);
   INFO(refused.error_message());
   CHECK(refused.error_code() == grpc::StatusCode::UNAVAILABLE);
-  std::printf("mutual TLS: CA-signed client ok; no certificate: %d, other CA: %d, plaintext: %d; "
-              "router without client certificate: %d (%s)\n",
-              static_cast<int>(no_cert.error_code()), static_cast<int>(rogue.error_code()),
-              static_cast<int>(plain.error_code()), static_cast<int>(refused.error_code()),
-              refused.error_message().c_str());
+  std::printf(
+      "mutual TLS: CA-signed client ok; no certificate: %d, other CA: %d, plaintext: %d; "
+      "router without client certificate: %d (%s)\n",
+      static_cast<int>(no_cert.error_code()), static_cast<int>(rogue.error_code()),
+      static_cast<int>(plain.error_code()), static_cast<int>(refused.error_code()), refused.error_message().c_str());
 }
 
 }  // namespace

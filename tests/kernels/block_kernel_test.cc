@@ -111,9 +111,10 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
                 const double bound = kRelTolerance * Magnitude(m.view, row, in, t, type == DType::kBF16) + 1e-30;
                 const float e = expected[t * 64 + j], a = actual[t * 64 + j];
                 if (std::fabs(double(a) - e) > bound) {
-                  FAIL(IsaName(static_cast<Isa>(isa_code)) << " " << common::DTypeName(type) << " [" << rows << " x "
-                       << cols << "] T=" << tokens << " block " << b << " token " << t << " row " << j
-                       << ": " << a << " vs reference " << e << " (bound " << bound << ")");
+                  FAIL(IsaName(static_cast<Isa>(isa_code))
+                       << " " << common::DTypeName(type) << " [" << rows << " x " << cols << "] T=" << tokens
+                       << " block " << b << " token " << t << " row " << j << ": " << a << " vs reference " << e
+                       << " (bound " << bound << ")");
                 }
                 if (row >= rows) REQUIRE(a == 0.f);  // padding rows stay zero
                 nonzero |= a != 0.f;
@@ -179,7 +180,8 @@ TEST_CASE("int8 and int4 blocks dequantize to bf16 tiles exactly, in every varia
           const KernelTable& table = KernelsFor(static_cast<Isa>(isa_code));
           std::vector<uint16_t> tile(64 * k, 0xffff);
           table.dequant_bf16(m.view, b, tile.data());
-          INFO(IsaName(table.isa) << " " << common::DTypeName(type) << " [" << rows << " x " << cols << "] block " << b);
+          INFO(IsaName(table.isa) << " " << common::DTypeName(type) << " [" << rows << " x " << cols << "] block "
+                                  << b);
           REQUIRE(tile == expected);
         }
       }

@@ -96,8 +96,8 @@ TEST_CASE("the expert executor matches the reference layer for every weight type
       std::normal_distribution<float> normal;
       std::vector<float> x(tokens * synth.d_model);
       for (float& v : x) v = normal(rng);
-      const common::Routes routes = common::RouteByGate(layer.routing->gate, synth.n_experts, synth.d_model,
-                                                        synth.top_k, true, x.data(), tokens);
+      const common::Routes routes =
+          common::RouteByGate(layer.routing->gate, synth.n_experts, synth.d_model, synth.top_k, true, x.data(), tokens);
       std::vector<float> expected(x.size());
       ReferenceMoeLayer(experts, routes, x.data(), synth.d_model, expected.data());
       const GroupedRoutes tasks = GroupByExpert(routes, experts);

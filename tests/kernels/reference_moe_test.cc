@@ -75,9 +75,10 @@ void RunCase(const std::string& name, DType source_type, int64_t layers) {
     const std::vector<int32_t> tokens = colibri::testing::ReadI32(inputs, "token_ids");
     const std::vector<float> x = colibri::testing::ReadF32(inputs, "hidden_states");
     for (int64_t layer = 0; layer < layers; ++layer) {
-      for (const auto& [mode, file] : {std::pair{common::RoutingMode::kGate, "gate"},
-                                       std::pair{common::RoutingMode::kLut, "embedding"}}) {
-        const std::string expected_path = golden + "/expected_" + file + "_layer" + std::to_string(layer) + ".safetensors";
+      for (const auto& [mode, file] :
+           {std::pair{common::RoutingMode::kGate, "gate"}, std::pair{common::RoutingMode::kLut, "embedding"}}) {
+        const std::string expected_path =
+            golden + "/expected_" + file + "_layer" + std::to_string(layer) + ".safetensors";
         auto r = tools::ReferenceForward(**model, layer, mode, tokens, x.data(), true);
         REQUIRE(r.ok());
         // Routes: the same experts in the same order, weights to f32 rounding.
@@ -90,16 +91,14 @@ void RunCase(const std::string& name, DType source_type, int64_t layers) {
                   << ": relative L2 error " << e.rel_l2 << ", max abs error " << e.max_abs);
         CHECK(e.rel_l2 <= tol.rel_l2);
         // Printed for docs/MODEL_FORMAT.md's table of measured errors.
-        WARN(name << " " << common::DTypeName(tol.type) << " layer " << layer << " " << file
-                  << ": rel L2 " << e.rel_l2);
+        WARN(name << " " << common::DTypeName(tol.type) << " layer " << layer << " " << file << ": rel L2 "
+                  << e.rel_l2);
       }
     }
   }
 }
 
-TEST_CASE("reference layer matches PyTorch on a Mixtral f32 checkpoint") {
-  RunCase("mixtral_f32", DType::kF32, 2);
-}
+TEST_CASE("reference layer matches PyTorch on a Mixtral f32 checkpoint") { RunCase("mixtral_f32", DType::kF32, 2); }
 
 TEST_CASE("reference layer matches PyTorch on an OLMoE-naming bf16 checkpoint") {
   RunCase("olmoe_bf16", DType::kBF16, 1);

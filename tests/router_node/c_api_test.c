@@ -72,8 +72,8 @@ static int RunWorker(void* arg) {
       w->ok = s == COLIBRI_INVALID_ARGUMENT && strstr(colibri_last_error(NULL), "layer -1") != NULL;
     } else {
       const colibri_status s = colibri_forward_batch(w->engine, 0, w->ids, w->n_tokens, w->x, y);
-      w->ok = s == COLIBRI_OK && memcmp(y, w->want, sizeof(float) * w->values) == 0 &&
-              colibri_last_error(NULL)[0] == '\0';
+      w->ok =
+          s == COLIBRI_OK && memcmp(y, w->want, sizeof(float) * w->values) == 0 && colibri_last_error(NULL)[0] == '\0';
     }
   }
   free(y);
@@ -152,10 +152,8 @@ int main(int argc, char** argv) {
   Check(s == COLIBRI_OK, "forward_batch with 0 tokens and NULL pointers is OK");
 
   /* The general call: LUT with the routes returned, then those routes as client routes. */
-  s = colibri_forward(engine, 0, COLIBRI_ROUTING_LUT, ids, kTokens, x, NULL, NULL, y3, route_experts,
-                      route_weights);
-  Check(s == COLIBRI_OK && memcmp(y1, y3, sizeof(float) * values) == 0,
-        "forward (LUT) equals forward_batch bitwise");
+  s = colibri_forward(engine, 0, COLIBRI_ROUTING_LUT, ids, kTokens, x, NULL, NULL, y3, route_experts, route_weights);
+  Check(s == COLIBRI_OK && memcmp(y1, y3, sizeof(float) * values) == 0, "forward (LUT) equals forward_batch bitwise");
   for (i = 0; s == COLIBRI_OK && i < slots; ++i) {
     if (route_experts[i] < 0 || route_experts[i] >= info.n_experts || !isfinite(route_weights[i])) break;
   }

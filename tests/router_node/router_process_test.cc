@@ -10,6 +10,7 @@
 //    answers in order and survives a bad request.
 // Every process is killed when its ProcessGuard goes out of scope.
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <atomic>
@@ -20,8 +21,6 @@
 #include <memory>
 #include <random>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "colibri/v1/router.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -40,7 +39,8 @@ TEST_CASE("a distributed router answers byte for byte like a local one, in every
     Model model(type);
     Proc a = StartNode(model.path, "0-2");
     Proc b = StartNode(model.path, "2-3");  // expert 2 on both nodes
-    Proc distributed = StartRouter({"--model=" + model.path, "--experts-at=" + Address(a.port) + "," + Address(b.port)});
+    Proc distributed =
+        StartRouter({"--model=" + model.path, "--experts-at=" + Address(a.port) + "," + Address(b.port)});
     Proc local = StartRouter({"--local=" + model.path, "--threads=1"});
     auto remote_stub = Connect(distributed.port);
     auto local_stub = Connect(local.port);
@@ -91,8 +91,8 @@ TEST_CASE("a distributed router answers byte for byte like a local one, in every
 TEST_CASE("the router exports Prometheus metrics: requests, stages, tokens per expert, node calls") {
   Model model(common::DType::kBF16);
   Proc a = StartNode(model.path, "all");
-  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port), "--metrics_port=0",
-                             "--metrics_host=127.0.0.1"});
+  Proc router = StartRouter(
+      {"--model=" + model.path, "--experts_at=" + Address(a.port), "--metrics_port=0", "--metrics_host=127.0.0.1"});
   const std::string line = router.process->ReadLine();
   INFO(line);
   REQUIRE(line.find("metrics on port ") != std::string::npos);

@@ -3,8 +3,6 @@
 // modes' agreement, dtypes, statistics, and every malformed request refused
 // with INVALID_ARGUMENT naming the field.
 
-#include "router_node/engine.h"
-
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -12,6 +10,7 @@
 
 #include "common/model_dir.h"
 #include "kernels/reference_moe.h"
+#include "router_node/engine.h"
 #include "tests/test_util.h"
 
 namespace colibri {

@@ -4,11 +4,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
-#include <tuple>
-#include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "common/dtype.h"
 #include "common/model_dir.h"
@@ -119,8 +119,9 @@ void WriteImbalancedCheckpoint(const std::string& dir) {
   constexpr int64_t kVocab = 512, kDim = 16, kFf = 32, kExperts = 4;
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << R"({"model_type":"mixtral","num_experts_per_tok":1})";
-  std::vector<common::SafetensorsWriter::Spec> specs = {{"model.embed_tokens.weight", "F32", {kVocab, kDim}},
-                                                        {"model.layers.0.block_sparse_moe.gate.weight", "F32", {kExperts, kDim}}};
+  std::vector<common::SafetensorsWriter::Spec> specs = {
+      {"model.embed_tokens.weight", "F32", {kVocab, kDim}},
+      {"model.layers.0.block_sparse_moe.gate.weight", "F32", {kExperts, kDim}}};
   for (int e = 0; e < kExperts; ++e) {
     const std::string p = "model.layers.0.block_sparse_moe.experts." + std::to_string(e) + ".";
     specs.push_back({p + "w1.weight", "F32", {kFf, kDim}});
@@ -165,7 +166,7 @@ TEST_CASE("balancing evens out the load of an imbalanced gate") {
   CHECK(spread(lut.load_after) < spread(lut.load_before));
   CHECK(lut.load_after[0] < lut.load_before[0]);
   CHECK(lut.agree_before == lut.compared);
-  CHECK(lut.agree_after < lut.compared);  // balancing moved some tokens ...
+  CHECK(lut.agree_after < lut.compared);      // balancing moved some tokens ...
   CHECK(lut.agree_after > lut.compared / 2);  // ... not most of them
   CHECK(Validate(o.out_dir).ok());
   auto model = common::ModelDir::Open(o.out_dir);
@@ -213,9 +214,8 @@ void WriteHandCheckpoint(const std::string& dir,
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << R"({"model_type":"mixtral","hidden_size":8,"intermediate_size":16,)"
                                          R"("num_local_experts":2,"num_experts_per_tok":1,"vocab_size":4})";
-  std::vector<common::SafetensorsWriter::Spec> specs = {
-      {"model.embed_tokens.weight", "F32", {4, 8}},
-      {"model.layers.0.block_sparse_moe.gate.weight", "F32", {2, 8}}};
+  std::vector<common::SafetensorsWriter::Spec> specs = {{"model.embed_tokens.weight", "F32", {4, 8}},
+                                                        {"model.layers.0.block_sparse_moe.gate.weight", "F32", {2, 8}}};
   for (int e = 0; e < 2; ++e) {
     const std::string p = "model.layers.0.block_sparse_moe.experts." + std::to_string(e) + ".";
     specs.push_back({p + "w1.weight", "F32", {16, 8}});
@@ -303,7 +303,8 @@ TEST_CASE("the converter refuses bad checkpoints with a clear message") {
   }
   {
     TempDir dir;  // a non-canonical layer number: no gate recognized, no crash
-    WriteHandCheckpoint(dir / "ckpt", [](auto* specs) { (*specs)[1].name = "model.layers.00.block_sparse_moe.gate.weight"; });
+    WriteHandCheckpoint(dir / "ckpt",
+                        [](auto* specs) { (*specs)[1].name = "model.layers.00.block_sparse_moe.gate.weight"; });
     CHECK(Contains(ConvertHand(dir), "expected MoE gate tensors in exactly one naming"));
   }
   {
