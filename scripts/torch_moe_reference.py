@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent PyTorch reference for one Hugging Face sparse MoE block.
 
-Computes the sparse mixture-of-experts block of a Mixtral, Qwen2-MoE or OLMoE
+Computes the sparse mixture-of-experts block of a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE
 checkpoint with PyTorch (float32, weights upcast to float32), independently of
 the Colibri C++ code, to produce golden vectors and to cross-check the C++
 reference.  The math is HF's MixtralSparseMoeBlock forward:

@@ -23,10 +23,14 @@ ABSL_FLAG(std::string, out, "",
           "missing. Refused if it already holds a config.json, unless --overwrite.");
 ABSL_FLAG(std::string, naming, "mixtral",
           "Tensor names and config.json layout to imitate: mixtral (block_sparse_moe, w1/w3/w2), "
-          "qwen2_moe or olmoe (mlp, gate_proj/up_proj/down_proj).");
+          "qwen2_moe, qwen3_moe or olmoe (mlp, gate_proj/up_proj/down_proj).");
 ABSL_FLAG(int64_t, d_model, 256, "Hidden size (hidden_size).");
-ABSL_FLAG(int64_t, d_ff, 512, "Expert intermediate size (intermediate_size).");
-ABSL_FLAG(int64_t, layers, 2, "Number of MoE decoder layers (num_hidden_layers).");
+ABSL_FLAG(int64_t, d_ff, 512,
+          "Expert intermediate size (intermediate_size; moe_intermediate_size for qwen2_moe/qwen3_moe).");
+ABSL_FLAG(int64_t, layers, 2, "Number of decoder layers (num_hidden_layers), --dense_layers included.");
+ABSL_FLAG(int64_t, dense_layers, 0,
+          "qwen2_moe/qwen3_moe: the first N decoder layers are dense MLPs (mlp_only_layers, width 2 * d_ff); "
+          "the converter skips them.");
 ABSL_FLAG(int64_t, experts, 8, "Experts per layer.");
 ABSL_FLAG(int64_t, top_k, 2, "Experts each token is routed to (num_experts_per_tok), 1..experts.");
 ABSL_FLAG(int64_t, vocab, 1000, "Vocabulary size: rows of model.embed_tokens.weight.");
@@ -83,6 +87,7 @@ int main(int argc, char* argv[]) {
   options.d_model = absl::GetFlag(FLAGS_d_model);
   options.d_ff = absl::GetFlag(FLAGS_d_ff);
   options.n_layers = absl::GetFlag(FLAGS_layers);
+  options.dense_layers = absl::GetFlag(FLAGS_dense_layers);
   options.n_experts = absl::GetFlag(FLAGS_experts);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.vocab_size = absl::GetFlag(FLAGS_vocab);

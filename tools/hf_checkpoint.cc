@@ -56,6 +56,43 @@ int64_t LayerOf(const std::string& name, absl::string_view suffix) {
 constexpr absl::string_view kMixtralGate = ".block_sparse_moe.gate.weight";
 constexpr absl::string_view kQwenGate = ".mlp.gate.weight";
 
+// Qwen2-MoE / Qwen3-MoE say which decoder layers are MoE: layer l is when it
+// is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (their
+// modeling code). When config.json says so, it must match the layers that
+// have a gate tensor.
+absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const std::vector<int64_t>& moe_layers) {
+  if (!config.contains("decoder_sparse_step") || !config.contains("num_hidden_layers")) return absl::OkStatus();
+  if (!config["decoder_sparse_step"].is_number_integer() || config["decoder_sparse_step"].get<int64_t>() < 1 ||
+      !config["num_hidden_layers"].is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/config.json: decoder_sparse_step and num_hidden_layers must be positive integers"));
+  }
+  const int64_t step = config["decoder_sparse_step"].get<int64_t>();
+  std::set<int64_t> dense;
+  if (config.contains("mlp_only_layers")) {
+    if (!config["mlp_only_layers"].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: mlp_only_layers must be a list of layers"));
+    }
+    for (const Json& l : config["mlp_only_layers"]) {
+      if (!l.is_number_integer()) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: mlp_only_layers must be a list of layers"));
+      }
+      dense.insert(l.get<int64_t>());
+    }
+  }
+  std::vector<int64_t> expected;
+  for (int64_t l = 0; l < config["num_hidden_layers"].get<int64_t>(); ++l) {
+    if (dense.count(l) == 0 && (l + 1) % step == 0) expected.push_back(l);
+  }
+  if (expected != moe_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, "/config.json: num_hidden_layers, decoder_sparse_step and mlp_only_layers make layers [",
+        absl::StrJoin(expected, ","), "] MoE, but the gate tensors are in layers [", absl::StrJoin(moe_layers, ","),
+        "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
@@ -174,11 +211,11 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   COLIBRI_RETURN_IF_ERROR(check("hidden_size", s.d_model));
   COLIBRI_RETURN_IF_ERROR(check("vocab_size", s.vocab_size));
   COLIBRI_RETURN_IF_ERROR(check(s.naming == Naming::kMixtral ? "num_local_experts" : "num_experts", s.n_experts));
-  if (s.model_type == "qwen2_moe") {
-    COLIBRI_RETURN_IF_ERROR(check("moe_intermediate_size", s.d_ff));
-  } else {
-    COLIBRI_RETURN_IF_ERROR(check("intermediate_size", s.d_ff));
-  }
+  // Families with dense layers too (Qwen2-MoE, Qwen3-MoE) give the experts'
+  // width as moe_intermediate_size; intermediate_size is then the dense MLPs'.
+  COLIBRI_RETURN_IF_ERROR(check(config.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size",
+                                s.d_ff));
+  COLIBRI_RETURN_IF_ERROR(CheckSparseLayers(config, dir, s.moe_layers));
   if (!config.contains("num_experts_per_tok") || !config["num_experts_per_tok"].is_number_integer()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: missing integer num_experts_per_tok"));
   }

@@ -5,9 +5,11 @@
 // model.safetensors or several shards listed in model.safetensors.index.json.
 // Reads the Mixtral naming (model.layers.N.block_sparse_moe.{gate,
 // experts.E.w1,w2,w3}.weight) and the Qwen-MoE/OLMoE naming
-// (model.layers.N.mlp.{gate, experts.E.gate_proj,up_proj,down_proj}.weight).
-// MoE layers are the layers that have a gate tensor; the shape is taken from
-// the tensors and checked against config.json. Shards are mapped, not read:
+// (model.layers.N.mlp.{gate, experts.E.gate_proj,up_proj,down_proj}.weight:
+// Qwen2-MoE, Qwen3-MoE, OLMoE). MoE layers are the layers that have a gate
+// tensor; the shape is taken from the tensors and checked against config.json
+// (moe_intermediate_size where present; the MoE layers that
+// decoder_sparse_step and mlp_only_layers describe). Shards are mapped, not read:
 // tensors are converted one at a time and released (see Release), so memory
 // stays near one tensor. Immutable after Open; thread-compatible.
 
@@ -25,7 +27,7 @@ namespace tools {
 enum class Naming { kMixtral, kQwenMoe };
 
 struct HfModelShape {
-  std::string model_type;  // config.json's, e.g. mixtral, qwen2_moe, olmoe
+  std::string model_type;  // config.json's, e.g. mixtral, qwen2_moe, qwen3_moe, olmoe
   Naming naming = Naming::kMixtral;
   int64_t d_model = 0;
   int64_t d_ff = 0;

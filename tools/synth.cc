@@ -120,6 +120,13 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
     const std::string layer = absl::StrCat("model.layers.", l, ".");
     const std::string block = layer + (mixtral ? "block_sparse_moe." : "mlp.");
     add(layer + "input_layernorm.weight", {o.d_model}, 0.0f, g);
+    if (l < o.dense_layers) {  // a dense MLP: not part of any MoE layer
+      const int64_t width = 2 * o.d_ff;
+      add(block + "gate_proj.weight", {width, o.d_model}, in_scale, g);
+      add(block + "up_proj.weight", {width, o.d_model}, in_scale, g);
+      add(block + "down_proj.weight", {o.d_model, width}, ff_scale, g);
+      continue;
+    }
     add(block + "gate.weight", {o.n_experts, o.d_model}, in_scale, g);
     for (int64_t e = 0; e < o.n_experts; ++e) {
       const std::string ex = absl::StrCat(block, "experts.", e, ".");
@@ -145,7 +152,7 @@ std::vector<TensorJob> CalibrationJobs(const SynthOptions& o) {
       StoreLe(static_cast<uint32_t>(token(first + k)), 4, out + 4 * k);
     }
   };
-  for (int64_t l = 0; l < o.n_layers; ++l) {
+  for (int64_t l = 0; l < o.n_layers - o.dense_layers; ++l) {
     jobs.push_back(MakeJob(absl::StrCat("hidden_states.", l), "F32", {o.calibration_records, o.d_model}, 4, 0));
     jobs.back().fill = [=, noise_hash = Fnv1a64(absl::StrCat("calib.", l))](uint64_t first, uint64_t count,
                                                                             uint8_t* out) {
@@ -240,11 +247,13 @@ Json ConfigJson(const SynthOptions& o) {
     c["architectures"] = Json::array({"OlmoeForCausalLM"});
     return c;
   }
-  c["architectures"] = Json::array({"Qwen2MoeForCausalLM"});
+  c["architectures"] = Json::array({o.naming == "qwen3_moe" ? "Qwen3MoeForCausalLM" : "Qwen2MoeForCausalLM"});
+  c["intermediate_size"] = 2 * o.d_ff;  // the dense layers' MLP width
   c["moe_intermediate_size"] = o.d_ff;
   c["decoder_sparse_step"] = 1;
   c["mlp_only_layers"] = Json::array();
-  c["shared_expert_intermediate_size"] = 0;
+  for (int64_t l = 0; l < o.dense_layers; ++l) c["mlp_only_layers"].push_back(l);
+  if (o.naming == "qwen2_moe") c["shared_expert_intermediate_size"] = 0;
   return c;
 }
 
@@ -293,8 +302,15 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text, std
 
 absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.out_dir.empty()) return absl::InvalidArgumentError("out_dir is empty");
-  if (o.naming != "mixtral" && o.naming != "qwen2_moe" && o.naming != "olmoe") {
-    return absl::InvalidArgumentError(absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe or olmoe"));
+  const bool qwen = o.naming == "qwen2_moe" || o.naming == "qwen3_moe";
+  if (o.naming != "mixtral" && o.naming != "olmoe" && !qwen) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe, qwen3_moe or olmoe"));
+  }
+  if (o.dense_layers != 0 && (!qwen || o.dense_layers < 0 || o.dense_layers >= o.n_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("dense_layers = ", o.dense_layers,
+                                                   ": expected 0, or for qwen2_moe/qwen3_moe a value in [0, n_layers = ",
+                                                   o.n_layers, ")"));
   }
   struct Range {
     const char* field;

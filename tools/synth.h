@@ -10,8 +10,10 @@
 //   mixtral:   model.layers.N.block_sparse_moe.gate.weight [n_experts, d_model]
 //              model.layers.N.block_sparse_moe.experts.E.{w1,w3}.weight [d_ff, d_model]
 //              model.layers.N.block_sparse_moe.experts.E.w2.weight [d_model, d_ff]
-//   qwen2_moe, olmoe: the same under model.layers.N.mlp.{gate, experts.E.gate_proj,
-//              experts.E.up_proj, experts.E.down_proj}.weight
+//   qwen2_moe, qwen3_moe, olmoe: the same under model.layers.N.mlp.{gate,
+//              experts.E.gate_proj, experts.E.up_proj, experts.E.down_proj}.weight;
+//              a dense layer (dense_layers) has model.layers.N.mlp.{gate_proj,
+//              up_proj}.weight [2 d_ff, d_model] and down_proj.weight [d_model, 2 d_ff]
 //
 // Values do not depend on the shard count or on how the writer chunks rows:
 // element i (row-major) of tensor NAME is SynthUniform(seed, NAME, i) times
@@ -46,15 +48,19 @@ struct SynthOptions {
   // unless `overwrite`.
   std::string out_dir;
   bool overwrite = false;
-  std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "olmoe"
+  std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe"
   int64_t d_model = 256;
-  int64_t d_ff = 512;
-  int64_t n_layers = 2;
+  int64_t d_ff = 512;  // each expert's (moe_intermediate_size for the Qwen namings)
+  int64_t n_layers = 2;  // decoder layers (num_hidden_layers), dense ones included
+  // qwen2_moe and qwen3_moe: the first `dense_layers` decoder layers are dense
+  // MLPs (listed in mlp_only_layers; mlp.{gate,up,down}_proj of width
+  // intermediate_size = 2 * d_ff), the rest MoE. REQUIRES < n_layers.
+  int64_t dense_layers = 0;
   int64_t n_experts = 8;
   int64_t top_k = 2;
   int64_t vocab_size = 1000;
   common::DType dtype = common::DType::kBF16;  // kF32 | kBF16 | kF16
-  // Written to config.json for qwen2_moe and olmoe. Mixtral always
+  // Written to config.json for qwen2_moe, qwen3_moe and olmoe. Mixtral always
   // renormalizes its top-k weights and has no such field: ignored there.
   bool norm_topk_prob = false;
   uint64_t seed = 1;
@@ -66,7 +72,8 @@ struct SynthOptions {
   // calibration_records > 0 (N below). A safetensors file with
   //   token_ids        I32 [N]: token r = ((SynthBits(seed + 1,
   //                    "calib.token_ids", r) >> 32) * vocab_size) >> 32
-  //   hidden_states.L  F32 [N, d_model] for L in [0, n_layers): element (r, j) =
+  //   hidden_states.L  F32 [N, d_model] for each MoE layer L in [0, n_layers -
+  //                    dense_layers) (the converter's numbering): element (r, j) =
   //                    embed[token r][j] (as stored, after dtype rounding) +
   //                    0.5f * SynthUniform(seed + 1, "calib.L", r * d_model + j) * sqrt(3)
   // simulating hidden states recorded at each MoE layer's input. Refused if
@@ -76,7 +83,8 @@ struct SynthOptions {
 };
 
 // OK, or INVALID_ARGUMENT naming the first bad field and its value: empty
-// out_dir, unknown naming, a dimension outside [1, its kSynthMax*], top_k
+// out_dir, unknown naming, dense_layers outside [0, n_layers) or set for a
+// naming without dense layers, a dimension outside [1, its kSynthMax*], top_k
 // outside [1, n_experts], a dtype other than f32/bf16/f16, shards outside
 // [1, n_layers + 1], calibration_records outside [0, kSynthMaxCalibrationRecords].
 absl::Status ValidateSynthOptions(const SynthOptions& options);

@@ -8,7 +8,8 @@
 # converter builds the table) and client (PyTorch's routes sent by the
 # client) — the output matches PyTorch within the weight type's tolerance,
 # the routes match, and the distributed output is byte-identical to the
-# local one. Exits 77 (skipped) only when torch or grpcio is missing.
+# local one. Checkpoints: Mixtral naming, and Qwen3-MoE with a dense first
+# layer. Exits 77 (skipped) only when torch or grpcio is missing.
 # Usage: router_torch_check.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -24,43 +25,60 @@ source "$src/scripts/process_lib.sh"
 proc_init
 tmp=$proc_logs
 
-"$build/tools/colibri-synth" --out "$tmp/ckpt" --naming mixtral --d_model 192 --d_ff 320 --layers 2 --experts 8 \
-  --top_k 2 --vocab 300 --dtype f32 --seed 9101 >/dev/null
-$torch_ref make-inputs --checkpoint "$tmp/ckpt" --tokens 11 --seed 777 --out "$tmp/in.safetensors" >/dev/null
-for layer in 0 1; do
-  $torch_ref forward --checkpoint "$tmp/ckpt" --inputs "$tmp/in.safetensors" --layer $layer --routing gate \
-    --out "$tmp/torch_gate_$layer.safetensors" >/dev/null
-  $torch_ref forward --checkpoint "$tmp/ckpt" --inputs "$tmp/in.safetensors" --layer $layer --routing embedding \
-    --out "$tmp/torch_lut_$layer.safetensors" >/dev/null
-done
-
-for spec in f32:1e-4 bf16:2e-2 int4:0.15; do
-  type=${spec%%:*} rtol=${spec##*:}
-  "$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/$type" --weight_type "$type" \
-    --progress=false >/dev/null
-  node=("$build/expert_node/colibri-expert" --model "$tmp/$type" --listen 127.0.0.1:0 --nomlock --threads 1)
-  proc_start "a_$type" "${node[@]}" --experts 0-4; a=$port
-  proc_start "b_$type" "${node[@]}" --experts 4-7; b=$port
-  proc_start "router_$type" "$build/router_node/colibri-router" --model "$tmp/$type" \
-    --experts_at "127.0.0.1:$a,127.0.0.1:$b" --listen 127.0.0.1:0
-  distributed=127.0.0.1:$port
-  proc_start "local_$type" "$build/router_node/colibri-router" --local "$tmp/$type" --threads 1 --listen 127.0.0.1:0
-  local=127.0.0.1:$port
-  for layer in 0 1; do
-    for routing in gate lut client; do
-      expected=$tmp/torch_${routing}_$layer.safetensors
-      [ "$routing" = client ] && expected=$tmp/torch_gate_$layer.safetensors
-      args=(forward --inputs "$tmp/in.safetensors" --layer $layer --routing $routing --routes "$tmp/torch_gate_$layer.safetensors")
-      $client --router "$distributed" "${args[@]}" --out "$tmp/distributed.safetensors" >/dev/null
-      $client --router "$local" "${args[@]}" --out "$tmp/local.safetensors" >/dev/null
-      echo "== $type, layer $layer, routing $routing (rtol $rtol): distributed router vs PyTorch"
-      $torch_ref compare --expected "$expected" --actual "$tmp/distributed.safetensors" --rtol "$rtol"
-      if ! cmp -s "$tmp/distributed.safetensors" "$tmp/local.safetensors"; then
-        echo "FAIL: distributed and local outputs differ"; exit 1
-      fi
-      echo "distributed output == local output, byte for byte"
+# check NAME "TYPE:RTOL ..." SYNTH_ARGS...: a checkpoint through every weight type, layer and routing mode.
+check() {
+  local name=$1 types=$2
+  shift 2
+  local ck=$tmp/$name
+  "$build/tools/colibri-synth" --out "$ck/ckpt" "$@" >/dev/null
+  $torch_ref make-inputs --checkpoint "$ck/ckpt" --tokens 11 --seed 777 --out "$ck/in.safetensors" >/dev/null
+  for spec in $types; do
+    local type=${spec%%:*} rtol=${spec##*:}
+    "$build/tools/colibri-convert" --checkpoint "$ck/ckpt" --out "$ck/$type" --weight_type "$type" \
+      --progress=false >/dev/null
+    # MoE layer L is decoder layer hf_layers[L] of the checkpoint (dense layers are skipped).
+    local hf_layers
+    hf_layers=($($py -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['hf_layers'])))" \
+      "$ck/$type/manifest.json"))
+    for layer in "${!hf_layers[@]}"; do
+      $torch_ref forward --checkpoint "$ck/ckpt" --inputs "$ck/in.safetensors" --layer "${hf_layers[$layer]}" \
+        --routing gate --out "$ck/torch_gate_$layer.safetensors" >/dev/null
+      $torch_ref forward --checkpoint "$ck/ckpt" --inputs "$ck/in.safetensors" --layer "${hf_layers[$layer]}" \
+        --routing embedding --out "$ck/torch_lut_$layer.safetensors" >/dev/null
     done
+    local node=("$build/expert_node/colibri-expert" --model "$ck/$type" --listen 127.0.0.1:0 --nomlock --threads 1)
+    proc_start "a_${name}_$type" "${node[@]}" --experts 0-4; local a=$port
+    proc_start "b_${name}_$type" "${node[@]}" --experts 4-7; local b=$port
+    proc_start "router_${name}_$type" "$build/router_node/colibri-router" --model "$ck/$type" \
+      --experts_at "127.0.0.1:$a,127.0.0.1:$b" --listen 127.0.0.1:0
+    local distributed=127.0.0.1:$port
+    proc_start "local_${name}_$type" "$build/router_node/colibri-router" --local "$ck/$type" --threads 1 \
+      --listen 127.0.0.1:0
+    local local_router=127.0.0.1:$port
+    for layer in "${!hf_layers[@]}"; do
+      for routing in gate lut client; do
+        local expected=$ck/torch_${routing}_$layer.safetensors
+        [ "$routing" = client ] && expected=$ck/torch_gate_$layer.safetensors
+        local args=(forward --inputs "$ck/in.safetensors" --layer "$layer" --routing $routing
+                    --routes "$ck/torch_gate_$layer.safetensors")
+        $client --router "$distributed" "${args[@]}" --out "$ck/distributed.safetensors" >/dev/null
+        $client --router "$local_router" "${args[@]}" --out "$ck/local.safetensors" >/dev/null
+        echo "== $name as $type, layer $layer (decoder layer ${hf_layers[$layer]}), routing $routing (rtol $rtol):" \
+          "distributed router vs PyTorch"
+        $torch_ref compare --expected "$expected" --actual "$ck/distributed.safetensors" --rtol "$rtol"
+        if ! cmp -s "$ck/distributed.safetensors" "$ck/local.safetensors"; then
+          echo "FAIL: distributed and local outputs differ"; exit 1
+        fi
+        echo "distributed output == local output, byte for byte"
+      done
+    done
+    proc_stop_all
   done
-  proc_stop_all
-done
+}
+
+check mixtral "f32:1e-4 bf16:2e-2 int4:0.15" --naming mixtral --d_model 192 --d_ff 320 --layers 2 --experts 8 \
+  --top_k 2 --vocab 300 --dtype f32 --seed 9101
+# Qwen3-MoE: experts of moe_intermediate_size, decoder layer 0 dense (skipped; MoE layers 0 and 1 are decoder 1 and 2).
+check qwen3 "f32:1e-5 bf16:2e-2" --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 \
+  --dense_layers 1 --experts 8 --top_k 2 --vocab 150 --dtype f32 --seed 9102
 echo "PASS"

@@ -17,23 +17,27 @@ trap 'rm -rf "$tmp"' EXIT
 check() {  # name synth-args... ; then weight types to test come from $types
   local name=$1; shift
   "$bin/colibri-synth" --out "$tmp/$name/ckpt" "$@" > /dev/null
-  local layers
-  layers=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$tmp/$name/ckpt/config.json")
   $torch_ref make-inputs --checkpoint "$tmp/$name/ckpt" --tokens 9 --seed 4242 --out "$tmp/$name/in.safetensors"
   for spec in $types; do
     local type=${spec%%:*} rtol=${spec##*:}
     "$bin/colibri-convert" --checkpoint "$tmp/$name/ckpt" --out "$tmp/$name/$type" --weight_type "$type" --progress=false > /dev/null
-    for ((layer = 0; layer < layers; layer++)); do
+    # MoE layer L of the model directory is decoder layer hf_layers[L] of the checkpoint (dense ones skipped).
+    local hf_layers
+    hf_layers=$(/usr/bin/python3 -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['hf_layers'])))" \
+      "$tmp/$name/$type/manifest.json")
+    local layer=0
+    for hf_layer in $hf_layers; do
       for routing in gate lut; do
         local torch_routing=$routing
         [ "$routing" = lut ] && torch_routing=embedding
-        $torch_ref forward --checkpoint "$tmp/$name/ckpt" --inputs "$tmp/$name/in.safetensors" --layer "$layer" \
+        $torch_ref forward --checkpoint "$tmp/$name/ckpt" --inputs "$tmp/$name/in.safetensors" --layer "$hf_layer" \
           --routing "$torch_routing" --out "$tmp/$name/torch.safetensors" > /dev/null
         "$bin/colibri-reference" --model "$tmp/$name/$type" --layer "$layer" --routing "$routing" \
           --inputs "$tmp/$name/in.safetensors" --output "$tmp/$name/colibri.safetensors" > /dev/null
-        echo "== $name stored as $type, layer $layer, routing $routing (rtol $rtol)"
+        echo "== $name stored as $type, layer $layer (decoder layer $hf_layer), routing $routing (rtol $rtol)"
         $torch_ref compare --expected "$tmp/$name/torch.safetensors" --actual "$tmp/$name/colibri.safetensors" --rtol "$rtol"
       done
+      layer=$((layer + 1))
     done
   done
 }
@@ -47,4 +51,8 @@ check olmoe_bf16 --naming olmoe --d_model 128 --d_ff 192 --layers 1 --experts 64
 types="bf16:1e-5"
 check qwen_bf16 --naming qwen2_moe --norm_topk_prob --d_model 96 --d_ff 160 --layers 1 --experts 16 --top_k 4 \
   --vocab 120 --dtype bf16 --seed 9003
+# Qwen3-MoE: moe_intermediate_size differs from intermediate_size, and decoder layer 0 is dense (mlp_only_layers).
+types="bf16:1e-5 int8:2e-2"
+check qwen3_bf16 --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 --dense_layers 1 \
+  --experts 16 --top_k 4 --vocab 150 --dtype bf16 --seed 9004
 echo "PASS"

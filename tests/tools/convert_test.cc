@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <tuple>
 
@@ -97,6 +98,47 @@ TEST_CASE("synth, convert and validate round trip for both namings and every wei
       CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
     }
   }
+}
+
+TEST_CASE("a Qwen3-MoE checkpoint converts its MoE layers and skips the dense ones") {
+  TempDir dir;
+  SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "qwen3_moe");
+  synth.n_layers = 3;
+  synth.dense_layers = 1;  // decoder layer 0 is a dense MLP of width 2 * d_ff
+  synth.norm_topk_prob = true;
+  std::ostringstream log;
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.out_dir = dir / "model";
+  o.weight_type = DType::kF32;
+  o.progress = false;
+  const absl::Status s = ConvertCheckpoint(o, log);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  CHECK(Validate(o.out_dir).ok());
+  auto model = common::ModelDir::Open(o.out_dir);
+  REQUIRE(model.ok());
+  const common::Manifest& m = (*model)->manifest();
+  CHECK(m.architecture == "qwen3_moe");
+  CHECK(m.n_layers == 2);
+  CHECK(m.hf_layers == std::vector<int64_t>{1, 2});
+  CHECK(m.d_ff == synth.d_ff);  // moe_intermediate_size, not intermediate_size
+  CHECK(m.norm_topk_prob);
+  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+
+  // config.json must agree with the tensors about which layers are MoE.
+  const std::string config_path = synth.out_dir + "/config.json";
+  std::ifstream in(config_path);
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::regex listed(R"("mlp_only_layers":\s*\[\s*0\s*\])");
+  REQUIRE(std::regex_search(config, listed));
+  std::ofstream(config_path) << std::regex_replace(config, listed, R"("mlp_only_layers": [])");
+  o.out_dir = dir / "model2";
+  const absl::Status refused = ConvertCheckpoint(o, log);
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(refused, "mlp_only_layers make layers [0,1,2] MoE, but the gate tensors are in layers [1,2]"));
 }
 
 TEST_CASE("converting over an existing model needs overwrite") {
