@@ -93,11 +93,78 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
   return absl::OkStatus();
 }
 
+// The model families whose MoE block the converter and the runtime reproduce
+// exactly: softmax over all experts, greedy top-k, optional renormalization,
+// SwiGLU experts, no shared expert in the answer (docs/MODEL_FORMAT.md).
+constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+
+// Refuses what the converter would otherwise turn into a model that computes
+// something else: a model_type outside the list (DeepSeek-V2/V3, Kimi-K2,
+// gpt-oss, Llama 4 route and activate differently), quantized weights, and
+// routing keys with values other than the supported families use.
+absl::Status CheckSupported(const Json& config, const std::string& dir) {
+  const std::string where = dir + "/config.json";
+  if (config.contains("model_type") && config["model_type"].is_string()) {  // a non-string one is ignored
+    const std::string type = config["model_type"].get<std::string>();
+    if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes), type) ==
+        std::end(kSupportedModelTypes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": model_type '", type, "' is not supported: Colibri converts ",
+          absl::StrJoin(kSupportedModelTypes, ", "),
+          " checkpoints (other families' routing, shared experts and activations are not implemented)"));
+    }
+  }
+  if (config.contains("quantization_config")) {
+    const Json& q = config["quantization_config"];
+    const std::string method =
+        q.is_object() && q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>()
+                                                                                    : "?";
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": quantization_config (quant_method '", method,
+        "'): quantized checkpoints are not supported; convert the weights to bf16 or f32 first"));
+  }
+  // Keys of other routing schemes: refused unless they hold the value that
+  // means "plain softmax top-k".
+  if (config.contains("scoring_func") && config["scoring_func"] != "softmax") {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": scoring_func ", config["scoring_func"].dump(),
+                                                   " is not supported (softmax only)"));
+  }
+  for (const char* key : {"n_group", "topk_group"}) {
+    if (config.contains(key) && config[key] != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", key, " = ", config[key].dump(), ": group-limited routing is not supported"));
+    }
+  }
+  if (config.contains("routed_scaling_factor") && config["routed_scaling_factor"] != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": routed_scaling_factor = ",
+                                                   config["routed_scaling_factor"].dump(), " is not supported (1 only)"));
+  }
+  return absl::OkStatus();
+}
+
+// Tensors of a layout the converter cannot read (block-quantized weights and
+// their scales, a routing bias), named in the error.
+absl::Status CheckTensorNames(const std::vector<std::unique_ptr<common::SafetensorsFile>>& files) {
+  for (const auto& file : files) {
+    for (const auto& t : file->tensors()) {
+      for (const char* suffix : {"_scale_inv", "_blocks", "_scales", ".e_score_correction_bias"}) {
+        if (absl::EndsWith(t.name, suffix)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor '", t.name, "' in ", file->path(),
+              ": quantized weights (FP8 block scales, MXFP4 blocks) and routing correction biases are not supported"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
   std::unique_ptr<HfCheckpoint> ckpt(new HfCheckpoint());
   COLIBRI_ASSIGN_OR_RETURN(Json config, ReadJson(dir + "/config.json"));
+  COLIBRI_RETURN_IF_ERROR(CheckSupported(config, dir));
 
   // Shards: the index's, else model.safetensors, else every *.safetensors.
   std::vector<std::string> shard_files;
@@ -140,6 +207,8 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
           absl::StrCat(index_path, " says '", name, "' is in ", file.get<std::string>(), " but it is not there"));
     }
   }
+
+  COLIBRI_RETURN_IF_ERROR(CheckTensorNames(ckpt->files_));
 
   // Naming and MoE layers, from the gate tensors present.
   HfModelShape& s = ckpt->shape_;

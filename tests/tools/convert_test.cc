@@ -285,6 +285,40 @@ absl::Status ConvertHand(const TempDir& dir) {
   return ConvertCheckpoint(o, log);
 }
 
+TEST_CASE("the converter refuses model families and features it does not reproduce, naming the key or tensor") {
+  const std::string base = R"("hidden_size":8,"intermediate_size":16,"num_local_experts":2,"num_experts_per_tok":1,)"
+                           R"("vocab_size":4)";
+  for (const auto& [config, message] :
+       {std::pair{R"({"model_type":"deepseek_v3",)" + base + "}", "model_type 'deepseek_v3' is not supported"},
+        std::pair{R"({"model_type":"gpt_oss",)" + base + "}", "model_type 'gpt_oss' is not supported"},
+        std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8"},)" + base + "}",
+                  "quantization_config (quant_method 'fp8')"},
+        std::pair{R"({"model_type":"qwen3_moe","scoring_func":"sigmoid",)" + base + "}",
+                  "scoring_func \"sigmoid\" is not supported"},
+        std::pair{R"({"model_type":"qwen3_moe","n_group":8,)" + base + "}", "n_group = 8"},
+        std::pair{R"({"model_type":"qwen3_moe","routed_scaling_factor":2.5,)" + base + "}",
+                  "routed_scaling_factor = 2.5"}}) {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    std::ofstream(dir / "ckpt/config.json", std::ios::trunc) << config;
+    const absl::Status s = ConvertHand(dir);
+    INFO(s.message());
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(s, message));
+    CHECK_FALSE(std::filesystem::exists(dir / "model/manifest.json"));
+  }
+  for (const char* tensor : {"model.layers.0.block_sparse_moe.experts.0.w1.weight_scale_inv",
+                             "model.layers.0.block_sparse_moe.experts.0.w1.weight_blocks",
+                             "model.layers.0.block_sparse_moe.gate.e_score_correction_bias"}) {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [&](auto* specs) { specs->push_back({tensor, "F32", {1, 1}}); });
+    const absl::Status s = ConvertHand(dir);
+    INFO(s.message());
+    CHECK(Contains(s, std::string("tensor '") + tensor + "'"));
+    CHECK_FALSE(std::filesystem::exists(dir / "model/manifest.json"));
+  }
+}
+
 TEST_CASE("the converter refuses bad checkpoints with a clear message") {
   {
     TempDir dir;
