@@ -35,7 +35,7 @@ std::string ManifestToJson(const Manifest& m) {
   }
   Json j = {
       {"format", "colibri-model"},
-      {"format_version", m.format_version},
+      {"format_version", m.n_shared_experts > 0 ? 2 : 1},
       {"architecture", m.architecture},
       {"d_model", m.d_model},
       {"d_ff", m.d_ff},
@@ -49,6 +49,9 @@ std::string ManifestToJson(const Manifest& m) {
       {"lut", {{"source", m.lut_source}, {"balance_loss_weight", m.balance_loss_weight}}},
       {"files", files},
   };
+  if (m.n_shared_experts > 0) {
+    j["shared_experts"] = {{"count", m.n_shared_experts}, {"d_ff", m.shared_d_ff}, {"gated", m.shared_gate}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -72,9 +75,9 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   }
   int64_t version = 0;
   if (auto s = integer("format_version", 0, INT32_MAX, &version); !s.ok()) return s;
-  if (version != kManifestFormatVersion) {
-    return bad(
-        absl::StrCat("unsupported format_version ", version, " (this build reads ", kManifestFormatVersion, ")"));
+  if (version < 1 || version > kManifestFormatVersion) {
+    return bad(absl::StrCat("unsupported format_version ", version, " (this build reads 1 to ",
+                            kManifestFormatVersion, ")"));
   }
   m.format_version = static_cast<int>(version);
   for (auto [key, lo, hi, out] :
@@ -101,6 +104,25 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
     for (const Json& v : j["hf_layers"]) {
       if (!v.is_number_integer()) return bad("'hf_layers' holds a non-integer");
       m.hf_layers.push_back(v.get<int64_t>());
+    }
+  }
+  if (j.contains("shared_experts")) {
+    const Json& shared = j["shared_experts"];
+    if (version < 2) return bad("'shared_experts' needs format_version 2");
+    if (!shared.is_object() || !shared.contains("count") || !shared["count"].is_number_integer() ||
+        !shared.contains("d_ff") || !shared["d_ff"].is_number_integer() || !shared.contains("gated") ||
+        !shared["gated"].is_boolean()) {
+      return bad("'shared_experts' needs integer count and d_ff and boolean gated");
+    }
+    m.n_shared_experts = shared["count"].get<int64_t>();
+    m.shared_d_ff = shared["d_ff"].get<int64_t>();
+    m.shared_gate = shared["gated"].get<bool>();
+    if (m.n_shared_experts < 1 || m.n_shared_experts > kMaxExperts - m.n_experts) {
+      return bad(absl::StrCat("'shared_experts.count' = ", m.n_shared_experts, " is outside [1, ",
+                              kMaxExperts - m.n_experts, "]"));
+    }
+    if (m.shared_d_ff < 1 || m.shared_d_ff > kMaxDim) {
+      return bad(absl::StrCat("'shared_experts.d_ff' = ", m.shared_d_ff, " is outside [1, ", kMaxDim, "]"));
     }
   }
   if (static_cast<int64_t>(m.hf_layers.size()) != m.n_layers) {
@@ -130,7 +152,7 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   }
   for (int64_t layer = 0; layer < m.n_layers; ++layer) {
     std::vector<std::string> required = {GateFilePath(layer), LutFilePath(layer)};
-    for (int64_t e = 0; e < m.n_experts; ++e) required.push_back(ExpertFilePath(layer, e));
+    for (int64_t e = 0; e < m.total_experts(); ++e) required.push_back(ExpertFilePath(layer, e));
     for (const std::string& p : required) {
       if (!seen.count(p)) return bad(absl::StrCat("required file '", p, "' is not listed"));
     }

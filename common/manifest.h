@@ -16,7 +16,10 @@
 namespace colibri {
 namespace common {
 
-inline constexpr int kManifestFormatVersion = 1;
+// The newest format this build reads and writes. Version 2 adds shared
+// experts; a model without them is written as version 1, which older builds
+// read too (a version-2 model is refused by them rather than misread).
+inline constexpr int kManifestFormatVersion = 2;
 
 // Limits of a model directory (they keep a hostile manifest from asking for
 // absurd allocations; the converter refuses checkpoints beyond them).
@@ -33,7 +36,7 @@ struct ManifestFile {
 };
 
 struct Manifest {
-  int format_version = kManifestFormatVersion;
+  int format_version = kManifestFormatVersion;  // as read; written: 1 without shared experts, else 2
   std::string architecture;  // config.json's model_type: mixtral, qwen2_moe, olmoe
   int64_t d_model = 0;
   int64_t d_ff = 0;
@@ -43,6 +46,15 @@ struct Manifest {
   bool norm_topk_prob = true;
   int64_t vocab_size = 0;
   DType weight_type = DType::kBF16;
+  // Shared experts: always on, for every token, after its routed experts.
+  // They are experts n_experts .. total_experts() - 1 of every layer (their
+  // files, shard specs and node calls work as for any expert), each
+  // shared_d_ff wide; with shared_gate, shared expert s is scaled by
+  // sigmoid(g_s · x) (section "shared_gate" [n_shared_experts][d_model] of the
+  // gate file: Qwen2-MoE), else by 1 (DeepSeek).
+  int64_t n_shared_experts = 0;
+  int64_t shared_d_ff = 0;
+  bool shared_gate = false;
   std::vector<int64_t> hf_layers;  // hf_layers[L] = checkpoint layer index of MoE layer L
   std::string lut_source;          // "embedding" or "calibration"
   double balance_loss_weight = 0.0;
@@ -50,6 +62,11 @@ struct Manifest {
 
   // nullptr if `path` is not listed.
   const ManifestFile* FindFile(const std::string& path) const;
+
+  // Routed plus shared experts per layer.
+  int64_t total_experts() const { return n_experts + n_shared_experts; }
+  // The intermediate size of expert `expert` (routed: d_ff, shared: shared_d_ff).
+  int64_t ExpertDff(int64_t expert) const { return expert < n_experts ? d_ff : shared_d_ff; }
 };
 
 // Relative paths of the files every model directory has.

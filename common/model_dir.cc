@@ -114,10 +114,11 @@ absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFile(const std::s
 absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t layer, int64_t expert,
                                                                     bool verify_checksum) const {
   const Manifest& m = manifest_;
-  if (layer < 0 || layer >= m.n_layers || expert < 0 || expert >= m.n_experts) {
+  if (layer < 0 || layer >= m.n_layers || expert < 0 || expert >= m.total_experts()) {
     return absl::InvalidArgumentError(absl::StrCat("no expert (layer ", layer, ", expert ", expert, ") in a model of ",
-                                                   m.n_layers, " layers x ", m.n_experts, " experts"));
+                                                   m.n_layers, " layers x ", m.total_experts(), " experts"));
   }
+  const int64_t d_ff = m.ExpertDff(expert);
   auto weights = std::make_unique<ExpertWeights>();
   weights->layer = layer;
   weights->expert = expert;
@@ -125,9 +126,9 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
   const MappedFile& file = *weights->file;
   COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout layout, ParseHeader(file.data(), file.size(), file.path()));
   COLIBRI_RETURN_IF_ERROR(CheckIdentity(layout, file.path(), FileKind::kExpert, layer, expert));
-  COLIBRI_ASSIGN_OR_RETURN(weights->w1, MatrixSection(file, layout, "w1", m.weight_type, m.d_ff, m.d_model));
-  COLIBRI_ASSIGN_OR_RETURN(weights->w3, MatrixSection(file, layout, "w3", m.weight_type, m.d_ff, m.d_model));
-  COLIBRI_ASSIGN_OR_RETURN(weights->w2, MatrixSection(file, layout, "w2", m.weight_type, m.d_model, m.d_ff));
+  COLIBRI_ASSIGN_OR_RETURN(weights->w1, MatrixSection(file, layout, "w1", m.weight_type, d_ff, m.d_model));
+  COLIBRI_ASSIGN_OR_RETURN(weights->w3, MatrixSection(file, layout, "w3", m.weight_type, d_ff, m.d_model));
+  COLIBRI_ASSIGN_OR_RETURN(weights->w2, MatrixSection(file, layout, "w2", m.weight_type, m.d_model, d_ff));
   return weights;
 }
 
@@ -169,6 +170,18 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
     if (!std::isfinite(routing->gate[i])) {
       return absl::InvalidArgumentError(
           absl::StrCat("bad weight file ", gate.path(), ": gate element ", i, " is not finite"));
+    }
+  }
+  if (m.shared_gate) {
+    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* sg, SectionData(gate, gate_layout, "shared_gate", DType::kF32,
+                                                            m.n_shared_experts, m.d_model,
+                                                            m.n_shared_experts * m.d_model * 4));
+    routing->shared_gate = reinterpret_cast<const float*>(sg);
+    for (int64_t i = 0; i < m.n_shared_experts * m.d_model; ++i) {
+      if (!std::isfinite(routing->shared_gate[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad weight file ", gate.path(), ": shared_gate element ", i, " is not finite"));
+      }
     }
   }
 

@@ -47,6 +47,7 @@ absl::Status CopyExpertToMemory(ExpertWeights* expert, const AnonymousMemory::Op
 struct LayerRouting {
   int64_t layer = 0;
   const float* gate = nullptr;         // f32 [n_experts][d_model]
+  const float* shared_gate = nullptr;  // f32 [n_shared_experts][d_model] if manifest.shared_gate, else null
   const int32_t* lut_ids = nullptr;    // [vocab_size][top_k], each < n_experts
   const float* lut_weights = nullptr;  // [vocab_size][top_k], finite
   std::unique_ptr<MappedFile> gate_file;
@@ -63,8 +64,8 @@ class ModelDir {
   // every file's checksum).
   const std::string& model_id() const { return model_id_; }
 
-  // REQUIRES for both loads: nothing; out-of-range layer/expert is
-  // INVALID_ARGUMENT.
+  // REQUIRES for both loads: nothing; out-of-range layer/expert (expert <
+  // total_experts(): shared experts load like routed ones) is INVALID_ARGUMENT.
   absl::StatusOr<std::unique_ptr<ExpertWeights>> LoadExpert(int64_t layer, int64_t expert, bool verify_checksum) const;
   absl::StatusOr<std::unique_ptr<LayerRouting>> LoadRouting(int64_t layer, bool verify_checksum) const;
 

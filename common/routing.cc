@@ -88,5 +88,26 @@ absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weigh
   return routes;
 }
 
+Routes AppendSharedExperts(const Routes& routes, int64_t n_experts, int64_t n_shared, const float* shared_gate,
+                           int64_t d_model, const float* x) {
+  const int64_t k = routes.top_k, tokens = routes.num_tokens(), width = k + n_shared;
+  Routes out;
+  out.top_k = width;
+  out.expert_ids.resize(tokens * width);
+  out.weights.resize(tokens * width);
+  std::vector<double> logit(n_shared);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::copy_n(routes.expert_ids.begin() + t * k, k, out.expert_ids.begin() + t * width);
+    std::copy_n(routes.weights.begin() + t * k, k, out.weights.begin() + t * width);
+    if (shared_gate != nullptr) GateLogits(shared_gate, n_shared, d_model, x + t * d_model, logit.data());
+    for (int64_t s = 0; s < n_shared; ++s) {
+      out.expert_ids[t * width + k + s] = static_cast<int32_t>(n_experts + s);
+      out.weights[t * width + k + s] =
+          shared_gate != nullptr ? static_cast<float>(1.0 / (1.0 + std::exp(-logit[s]))) : 1.0f;
+    }
+  }
+  return out;
+}
+
 }  // namespace common
 }  // namespace colibri

@@ -59,6 +59,14 @@ void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const flo
 Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k, bool normalize, const float* x,
                    int64_t num_tokens);
 
+// `routes` with every token's shared experts after its k routed ones: the
+// result has top_k = k + n_shared, and token t's entry k + s is expert
+// n_experts + s with weight sigmoid(shared_gate[s] · x[t]) (dot product and
+// sigmoid in double, rounded once) when `shared_gate` is non-null
+// ([n_shared][d_model]), else 1. x is [num_tokens][d_model]. Pure.
+Routes AppendSharedExperts(const Routes& routes, int64_t n_experts, int64_t n_shared, const float* shared_gate,
+                           int64_t d_model, const float* x);
+
 // LUT routing: rows of lut_ids/lut_weights ([vocab_size][top_k]).
 absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weights, int64_t vocab_size, int64_t top_k,
                                   absl::Span<const int32_t> token_ids);

@@ -49,9 +49,9 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
     if (!experts_seen.insert(work.expert).second) {
       return absl::InvalidArgumentError(absl::StrCat("experts[", w, "]: expert ", work.expert, " is listed twice"));
     }
-    if (work.expert < 0 || work.expert >= m.n_experts) {
+    if (work.expert < 0 || work.expert >= m.total_experts()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("experts[", w, "]: expert ", work.expert, " is outside [0, ", m.n_experts, ")"));
+          absl::StrCat("experts[", w, "]: expert ", work.expert, " is outside [0, ", m.total_experts(), ")"));
     }
     auto weights = set->Find(in.layer, work.expert);
     if (!weights.ok()) return weights.status();

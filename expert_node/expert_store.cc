@@ -91,7 +91,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
   set->version_ = version;
   COLIBRI_ASSIGN_OR_RETURN(set->model_, common::ModelDir::Open(model_dir));
   const common::Manifest& m = set->model_->manifest();
-  COLIBRI_ASSIGN_OR_RETURN(set->owned_, shard.Resolve(m.n_layers, m.n_experts));
+  COLIBRI_ASSIGN_OR_RETURN(set->owned_, shard.Resolve(m.n_layers, m.total_experts()));
   const bool copy = options_.hugepages || options_.numa_node >= 0;
   bool locked = options_.lock_memory;
   std::string copy_description;

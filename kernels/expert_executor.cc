@@ -114,8 +114,11 @@ uint8_t* Workspace::Reserve(size_t bytes) {
   return reinterpret_cast<uint8_t*>((p + kAlign - 1) / kAlign * kAlign);
 }
 
-void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
-                Workspace& workspace, const ExecutorOptions& options) {
+namespace {
+
+// RunExperts for tasks whose experts all have one shape and weight type.
+void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+                  Workspace& workspace, const ExecutorOptions& options) {
   if (tasks.empty()) return;
   const KernelTable& kernels = options.kernels != nullptr ? *options.kernels : SelectedKernels();
   const common::MatrixLayout& l1 = tasks[0].expert->w1.layout;  // [d_ff][d_model]
@@ -267,6 +270,37 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
       }
     }
   });
+}
+
+}  // namespace
+
+void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+                Workspace& workspace, const ExecutorOptions& options) {
+  // A layer's shared experts may be wider (or narrower) than its routed ones:
+  // each shape runs as its own pass, shapes in order of first appearance.
+  auto same_shape = [](const ExpertTask& a, const ExpertTask& b) {
+    return a.expert->w1.layout.rows == b.expert->w1.layout.rows &&
+           a.expert->w1.layout.dtype == b.expert->w1.layout.dtype;
+  };
+  bool uniform = true;
+  for (const ExpertTask& t : tasks) uniform = uniform && same_shape(t, tasks[0]);
+  if (uniform) {
+    RunSameShape(pool, tasks, x, d_model, dst, workspace, options);
+    return;
+  }
+  std::vector<bool> done(tasks.size(), false);
+  std::vector<ExpertTask> group;
+  for (size_t first = 0; first < tasks.size(); ++first) {
+    if (done[first]) continue;
+    group.clear();
+    for (size_t i = first; i < tasks.size(); ++i) {
+      if (!done[i] && same_shape(tasks[i], tasks[first])) {
+        group.push_back(tasks[i]);
+        done[i] = true;
+      }
+    }
+    RunSameShape(pool, group, x, d_model, dst, workspace, options);
+  }
 }
 
 }  // namespace kernels

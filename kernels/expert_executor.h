@@ -100,9 +100,11 @@ struct GroupedRoutes {
 GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
                             bool to_slots = false);
 
-// REQUIRES: every task's expert has the same shape (d_model x d_ff) and
-// weight type; rows < the number of rows of x, out_rows (or rows) < the
-// number of rows of dst (both [rows][d_model], f32).
+// Experts of different d_ff (a layer's shared experts) run as one pass per
+// shape, in order of first appearance; results accumulate into dst either way.
+// REQUIRES: every task's expert has the same d_model and weight type; rows <
+// the number of rows of x, out_rows (or rows) < the number of rows of dst
+// (both [rows][d_model], f32).
 void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
                 Workspace& workspace, const ExecutorOptions& options = {});
 

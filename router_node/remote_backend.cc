@@ -139,7 +139,8 @@ void RemoteBackend::Rebuild() {
     states.push_back({n->address, n->live, n->last_error, n->owned});
   }
   auto topo = std::make_shared<Topology>(*topology_);
-  topo->map = std::make_shared<const ShardMap>(options_.n_layers, options_.n_experts, std::move(states));
+  topo->map = std::make_shared<const ShardMap>(options_.n_layers, options_.n_experts + options_.n_shared_experts,
+                                               std::move(states));
   topology_ = std::move(topo);
 }
 

@@ -56,7 +56,8 @@ struct RemoteOptions {
   // The model the router serves: nodes with another model_id or shape are not used.
   std::string model_id;
   int64_t n_layers = 0;
-  int64_t n_experts = 0;
+  int64_t n_experts = 0;         // routed experts per layer
+  int64_t n_shared_experts = 0;  // shared experts: ids n_experts.. of every layer, placed like any expert
   int64_t d_model = 0;
   absl::Duration node_timeout = absl::Seconds(5);  // per node call attempt
   // > 0: when a node has not answered within this, send its work to another

@@ -122,14 +122,14 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const std::string& model_
                              r->model_->LoadRouting(layer, options.verify_checksums));
     r->routing_.push_back(std::move(routing));
   }
-  const int64_t pairs = m.n_layers * m.n_experts;
+  const int64_t pairs = m.n_layers * m.total_experts();  // shared experts counted too
   r->tokens_ = std::make_unique<std::atomic<int64_t>[]>(pairs);
   for (int64_t i = 0; i < pairs; ++i) r->tokens_[i].store(0, std::memory_order_relaxed);
   if (options.metrics != nullptr) {
     for (int64_t i = 0; i < pairs; ++i) {
       r->token_counters_.push_back(options.metrics->GetCounter(
           "colibri_router_expert_tokens_total", "Token rows routed to each (layer, expert).",
-          {{"layer", std::to_string(i / m.n_experts)}, {"expert", std::to_string(i % m.n_experts)}}));
+          {{"layer", std::to_string(i / m.total_experts())}, {"expert", std::to_string(i % m.total_experts())}}));
     }
   }
   return r;
@@ -137,12 +137,12 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const std::string& model_
 
 int64_t Router::tokens_routed(int64_t layer, int64_t expert) const {
   const common::Manifest& m = manifest();
-  if (layer < 0 || layer >= m.n_layers || expert < 0 || expert >= m.n_experts) return 0;
-  return tokens_[layer * m.n_experts + expert].load(std::memory_order_relaxed);
+  if (layer < 0 || layer >= m.n_layers || expert < 0 || expert >= m.total_experts()) return 0;
+  return tokens_[layer * m.total_experts() + expert].load(std::memory_order_relaxed);
 }
 
 void Router::CountRoutes(int32_t layer, const common::Routes& routes) {
-  const int64_t base = layer * manifest().n_experts;
+  const int64_t base = layer * manifest().total_experts();
   for (const int32_t e : routes.expert_ids) {
     tokens_[base + e].fetch_add(1, std::memory_order_relaxed);
     if (!token_counters_.empty()) token_counters_[base + e]->Add();
@@ -214,6 +214,15 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
   ForwardOutput out;
   out.output_dtype = in.output_dtype;
   COLIBRI_ASSIGN_OR_RETURN(out.routes, Route(in, x.data()));
+  // Every token's shared experts follow its routed ones (out.routes keeps
+  // the routed ones only: they are what a client sends and gets back).
+  common::Routes with_shared;
+  if (m.n_shared_experts > 0) {
+    with_shared = common::AppendSharedExperts(out.routes, m.n_experts, m.n_shared_experts,
+                                              routing_[in.layer]->shared_gate, m.d_model, x.data());
+  }
+  const common::Routes& routes = m.n_shared_experts > 0 ? with_shared : out.routes;
+  const int64_t width = routes.top_k;  // slots per token
   out.timings.route_nanos = NanosSince(start);
 
   // Plan: each (token, rank) is a slot; group slots by expert, ascending.
@@ -221,12 +230,12 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
   work.layer = in.layer;
   work.x = x.data();
   work.num_tokens = in.num_tokens;
-  work.num_slots = in.num_tokens * m.top_k;
+  work.num_slots = in.num_tokens * width;
   work.request_id = in.request_id;
   {
-    std::vector<int32_t> index(m.n_experts, -1);  // expert -> position in work.experts
+    std::vector<int32_t> index(m.total_experts(), -1);  // expert -> position in work.experts
     std::vector<int32_t> order;
-    for (const int32_t e : out.routes.expert_ids) {
+    for (const int32_t e : routes.expert_ids) {
       if (index[e] < 0) {
         index[e] = 0;
         order.push_back(e);
@@ -237,9 +246,9 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
     work.experts.resize(order.size());
     for (size_t i = 0; i < order.size(); ++i) work.experts[i].expert = order[i];
     for (int64_t s = 0; s < work.num_slots; ++s) {
-      ExpertWork& w = work.experts[index[out.routes.expert_ids[s]]];
-      w.rows.push_back(static_cast<int32_t>(s / m.top_k));
-      w.weights.push_back(out.routes.weights[s]);
+      ExpertWork& w = work.experts[index[routes.expert_ids[s]]];
+      w.rows.push_back(static_cast<int32_t>(s / width));
+      w.weights.push_back(routes.weights[s]);
       w.slots.push_back(static_cast<int32_t>(s));
     }
   }
@@ -251,20 +260,20 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
   }
   out.timings.dispatch_nanos = NanosSince(dispatch);
 
-  // Aggregate: each token's k slots in route order.
+  // Aggregate: each token's slots in route order, the shared experts last.
   const auto aggregate = std::chrono::steady_clock::now();
   std::vector<float> y(in.num_tokens * m.d_model);
   for (int64_t t = 0; t < in.num_tokens; ++t) {
     float* dst = y.data() + t * m.d_model;
-    const float* src = slots.data() + t * m.top_k * m.d_model;
+    const float* src = slots.data() + t * width * m.d_model;
     std::memcpy(dst, src, m.d_model * sizeof(float));
-    for (int64_t j = 1; j < m.top_k; ++j) {
+    for (int64_t j = 1; j < width; ++j) {
       const float* s = src + j * m.d_model;
       for (int64_t c = 0; c < m.d_model; ++c) dst[c] += s[c];
     }
   }
   FromF32(y, in.output_dtype, &out.output);
-  CountRoutes(in.layer, out.routes);
+  CountRoutes(in.layer, routes);
   requests_.fetch_add(1, std::memory_order_relaxed);
   out.timings.aggregate_nanos = NanosSince(aggregate);
   out.timings.total_nanos = NanosSince(start);

@@ -3,9 +3,11 @@
 
 // The router's core: one MoE layer for a batch of tokens.
 //
-//   validate → routes (lut | gate | client) → group rows by expert, each
-//   (token, rank j) a slot → backend computes every slot → aggregate:
-//   y[t] = Σ_j slot[t·k + j] in fp32, j = 0 first → output dtype.
+//   validate → routes (lut | gate | client) → the layer's shared experts
+//   appended to every token's routes (k' = k + n_shared slots per token) →
+//   group rows by expert, each (token, rank j) a slot → backend computes
+//   every slot → aggregate: y[t] = Σ_j slot[t·k' + j] in fp32, j = 0 first
+//   → output dtype.
 //
 // The sum order is fixed by the routes alone, so the output is the same bits
 // for any backend and any spread of experts over nodes (docs/ROUTER.md).
@@ -103,7 +105,8 @@ class Router {
   int64_t max_tokens() const { return options_.max_tokens; }
   ExpertBackend& backend() { return *backend_; }
 
-  // Token rows routed to (layer, expert) since start, and requests served.
+  // Token rows routed to (layer, expert) since start (a shared expert,
+  // expert >= n_experts, counts every token), and requests served.
   int64_t tokens_routed(int64_t layer, int64_t expert) const;
   int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
 

@@ -33,9 +33,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     r.model_id = model->model_id();
     r.n_layers = model->manifest().n_layers;
     r.n_experts = model->manifest().n_experts;
+    r.n_shared_experts = model->manifest().n_shared_experts;
     r.d_model = model->manifest().d_model;
     // A node's reply holds up to top_k rows per token.
-    r.max_message_bytes = options.router.max_tokens * r.d_model * 4 * model->manifest().top_k + (1 << 20);
+    r.max_message_bytes =
+        options.router.max_tokens * r.d_model * 4 * (model->manifest().top_k + r.n_shared_experts) + (1 << 20);
     r.metrics = &s->metrics_;
     r.log = log;
     COLIBRI_ASSIGN_OR_RETURN(s->remote_, RemoteBackend::Create(r));

@@ -260,6 +260,8 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
   response->set_d_ff(static_cast<int32_t>(m.d_ff));
   response->set_n_layers(static_cast<int32_t>(m.n_layers));
   response->set_n_experts(static_cast<int32_t>(m.n_experts));
+  response->set_n_shared_experts(static_cast<int32_t>(m.n_shared_experts));
+  response->set_shared_d_ff(static_cast<int32_t>(m.shared_d_ff));
   response->set_top_k(static_cast<int32_t>(m.top_k));
   response->set_norm_topk_prob(m.norm_topk_prob);
   response->set_vocab_size(static_cast<int32_t>(m.vocab_size));
@@ -305,7 +307,7 @@ grpc::ServerUnaryReactor* RouterService::GetClusterStatus(grpc::CallbackServerCo
   }
   bool serving = true;
   for (int64_t layer = 0; layer < m.n_layers; ++layer) {
-    for (int64_t expert = 0; expert < m.n_experts; ++expert) {
+    for (int64_t expert = 0; expert < m.total_experts(); ++expert) {  // shared experts last
       v1::ExpertLoad* e = response->add_experts();
       e->set_layer(static_cast<int32_t>(layer));
       e->set_expert(static_cast<int32_t>(expert));

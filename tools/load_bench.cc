@@ -211,9 +211,15 @@ absl::Status Check(Target& target, const std::string& model_dir, const Model& mo
     if (routes.weights.empty()) {
       return absl::InternalError("--check: the target returned no routes");
     }
+    const common::Manifest& manifest = dir->manifest();
+    if (manifest.n_shared_experts > 0) {  // the target added them too, after the routes it returned
+      COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::LayerRouting> table, dir->LoadRouting(layer, false));
+      routes = common::AppendSharedExperts(routes, manifest.n_experts, manifest.n_shared_experts, table->shared_gate,
+                                           manifest.d_model, x.data());
+    }
     std::vector<std::unique_ptr<common::ExpertWeights>> owned;
     std::vector<const common::ExpertWeights*> experts;
-    for (int64_t e = 0; e < model.n_experts; ++e) {
+    for (int64_t e = 0; e < manifest.total_experts(); ++e) {
       COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ExpertWeights> w, dir->LoadExpert(layer, e, false));
       experts.push_back(w.get());
       owned.push_back(std::move(w));

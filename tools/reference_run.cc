@@ -61,14 +61,14 @@ struct KernelCheck {
 absl::StatusOr<KernelCheck> CheckKernels(const common::ModelDir& model, int64_t layer, const ReferenceResult& r,
                                          const float* x, kernels::ThreadPool& pool) {
   const common::Manifest& m = model.manifest();
-  std::vector<std::unique_ptr<common::ExpertWeights>> owned(m.n_experts);
-  std::vector<const common::ExpertWeights*> experts(m.n_experts, nullptr);
-  for (int32_t e : r.routes.expert_ids) {
+  std::vector<std::unique_ptr<common::ExpertWeights>> owned(m.total_experts());
+  std::vector<const common::ExpertWeights*> experts(m.total_experts(), nullptr);
+  for (int32_t e : r.all_routes.expert_ids) {
     if (owned[e] != nullptr) continue;
     COLIBRI_ASSIGN_OR_RETURN(owned[e], model.LoadExpert(layer, e, /*verify_checksum=*/false));
     experts[e] = owned[e].get();
   }
-  const kernels::GroupedRoutes grouped = kernels::GroupByExpert(r.routes, experts);
+  const kernels::GroupedRoutes grouped = kernels::GroupByExpert(r.all_routes, experts);
   std::vector<float> y(r.output.size(), 0.f);
   kernels::Workspace workspace;
   const auto start = std::chrono::steady_clock::now();
@@ -106,12 +106,16 @@ absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, 
     r.routes = common::RouteByGate(routing->gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x,
                                    static_cast<int64_t>(token_ids.size()));
   }
+  r.all_routes = m.n_shared_experts > 0
+                     ? common::AppendSharedExperts(r.routes, m.n_experts, m.n_shared_experts, routing->shared_gate,
+                                                   m.d_model, x)
+                     : r.routes;
   r.route_seconds = Since(start);
 
   start = std::chrono::steady_clock::now();
-  std::vector<std::unique_ptr<common::ExpertWeights>> owned(m.n_experts);
-  std::vector<const common::ExpertWeights*> experts(m.n_experts, nullptr);
-  for (int32_t e : r.routes.expert_ids) {
+  std::vector<std::unique_ptr<common::ExpertWeights>> owned(m.total_experts());
+  std::vector<const common::ExpertWeights*> experts(m.total_experts(), nullptr);
+  for (int32_t e : r.all_routes.expert_ids) {
     if (owned[e] != nullptr) continue;
     COLIBRI_ASSIGN_OR_RETURN(owned[e], model.LoadExpert(layer, e, verify_checksums));
     experts[e] = owned[e].get();
@@ -120,7 +124,7 @@ absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, 
 
   start = std::chrono::steady_clock::now();
   r.output.resize(token_ids.size() * m.d_model);
-  kernels::ReferenceMoeLayer(experts, r.routes, x, m.d_model, r.output.data());
+  kernels::ReferenceMoeLayer(experts, r.all_routes, x, m.d_model, r.output.data());
   r.compute_seconds = Since(start);
   return r;
 }

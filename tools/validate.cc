@@ -202,12 +202,23 @@ const uint8_t* Section4(const OpenedFile& f, const std::string& name, DType dtyp
   return f.file->data() + s->offset;
 }
 
-// Check 4, gate: f32 [n_experts][d_model], every element finite.
+// Check 4, gate: f32 [n_experts][d_model] (and, with a shared-expert gate,
+// "shared_gate" f32 [n_shared_experts][d_model]), every element finite.
 void CheckGate(const common::Manifest& m, OpenedFile* f) {
+  Tally bad("gate weights not finite");
+  if (m.shared_gate) {
+    const uint8_t* shared = Section4(*f, "shared_gate", DType::kF32, m.n_shared_experts, m.d_model, &f->problems);
+    if (shared == nullptr) return;
+    const auto* g = reinterpret_cast<const float*>(shared);
+    for (int64_t i = 0; i < m.n_shared_experts * m.d_model; ++i) {
+      if (!std::isfinite(g[i])) {
+        bad.Add([&] { return absl::StrCat("shared expert ", i / m.d_model, " col ", i % m.d_model); });
+      }
+    }
+  }
   const uint8_t* bytes = Section4(*f, "gate", DType::kF32, m.n_experts, m.d_model, &f->problems);
   if (bytes == nullptr) return;
   const auto* gate = reinterpret_cast<const float*>(bytes);
-  Tally bad("gate weights not finite");
   for (int64_t i = 0; i < m.n_experts * m.d_model; ++i) {
     if (!std::isfinite(gate[i])) {
       bad.Add([&] { return absl::StrCat("expert ", i / m.d_model, " col ", i % m.d_model); });
@@ -329,7 +340,7 @@ ValidationReport ValidateModelDir(const std::string& dir, const ValidateOptions&
   for (int64_t layer = 0; layer < m.n_layers; ++layer) {
     check(common::GateFilePath(layer), {FileKind::kGate, layer, -1}, [&](OpenedFile* f) { CheckGate(m, f); });
     check(common::LutFilePath(layer), {FileKind::kLut, layer, -1}, [&](OpenedFile* f) { CheckLut(m, f); });
-    for (int64_t expert = 0; expert < m.n_experts; ++expert) {
+    for (int64_t expert = 0; expert < m.total_experts(); ++expert) {  // shared experts too
       check(common::ExpertFilePath(layer, expert), {FileKind::kExpert, layer, expert}, [&](OpenedFile* f) {
         f->file.reset();  // LoadExpert maps the file again, and would only repeat a size fault
         if (f->size_ok) CheckExpert(model, layer, expert, f);
