@@ -11,8 +11,11 @@ reference.  The math is HF's MixtralSparseMoeBlock forward:
     w /= sum(w)                             (Mixtral always; others if norm_topk_prob)
     y = sum_j w_j * W2[e_j] @ (silu(W1[e_j] @ x) * (W3[e_j] @ x))
 
-Only the routed experts are computed: Qwen2-MoE's shared expert (and its
-sigmoid gate) is NOT included.
+Qwen2-MoE's shared expert is added when the checkpoint has one, as HF's
+Qwen2MoeSparseMoeBlock does:
+
+    y += sigmoid(x @ g^T) * W2s @ (silu(W1s @ x) * (W3s @ x))
+    (g = mlp.shared_expert_gate.weight [1, d_model]; W*s = mlp.shared_expert.*)
 
 Subcommands:
   make-inputs  random token_ids (I32 [T]) and hidden_states (F32 [T, d_model])
@@ -262,6 +265,16 @@ def cmd_forward(args):
             xs = x[tok]
             h = torch.nn.functional.silu(xs @ w1.T) * (xs @ w3.T)
             y.index_add_(0, tok, (h @ w2.T) * weights[tok, slot, None])
+        shared = f"model.layers.{args.layer}.mlp.shared_expert"
+        if f"{shared}.gate_proj.weight" in ck.where:
+            s1 = torch.from_numpy(ck.load(f"{shared}.gate_proj.weight"))
+            s3 = torch.from_numpy(ck.load(f"{shared}.up_proj.weight", s1.shape))
+            s2 = torch.from_numpy(ck.load(f"{shared}.down_proj.weight", (s1.shape[1], s1.shape[0])))
+            out = (torch.nn.functional.silu(x @ s1.T) * (x @ s3.T)) @ s2.T
+            gate_name = f"model.layers.{args.layer}.mlp.shared_expert_gate.weight"
+            if gate_name in ck.where:
+                out = torch.sigmoid(x @ torch.from_numpy(ck.load(gate_name, (1, ck.d_model))).T) * out
+            y = y + out
     write_safetensors(args.out, {"output": y.numpy(), "expert_ids": experts.to(torch.int32).numpy(),
                                  "expert_weights": weights.numpy()},
                       {"model_type": ck.model_type, "layer": args.layer, "routing": args.routing})

@@ -31,6 +31,9 @@ ABSL_FLAG(int64_t, layers, 2, "Number of decoder layers (num_hidden_layers), --d
 ABSL_FLAG(int64_t, dense_layers, 0,
           "qwen2_moe/qwen3_moe: the first N decoder layers are dense MLPs (mlp_only_layers, width 2 * d_ff); "
           "the converter skips them.");
+ABSL_FLAG(int64_t, shared_d_ff, 0,
+          "qwen2_moe: give every MoE layer a shared expert of this width with its sigmoid gate "
+          "(shared_expert_intermediate_size); 0: none.");
 ABSL_FLAG(int64_t, experts, 8, "Experts per layer.");
 ABSL_FLAG(int64_t, top_k, 2, "Experts each token is routed to (num_experts_per_tok), 1..experts.");
 ABSL_FLAG(int64_t, vocab, 1000, "Vocabulary size: rows of model.embed_tokens.weight.");
@@ -88,6 +91,7 @@ int main(int argc, char* argv[]) {
   options.d_ff = absl::GetFlag(FLAGS_d_ff);
   options.n_layers = absl::GetFlag(FLAGS_layers);
   options.dense_layers = absl::GetFlag(FLAGS_dense_layers);
+  options.shared_d_ff = absl::GetFlag(FLAGS_shared_d_ff);
   options.n_experts = absl::GetFlag(FLAGS_experts);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.vocab_size = absl::GetFlag(FLAGS_vocab);

@@ -109,9 +109,10 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
     ExpertMatrix which;
     int64_t rows, cols;
   };
-  const Source sources[] = {{"w1", ExpertMatrix::kW1, s.d_ff, s.d_model},
-                            {"w3", ExpertMatrix::kW3, s.d_ff, s.d_model},
-                            {"w2", ExpertMatrix::kW2, s.d_model, s.d_ff}};
+  const int64_t d_ff = expert < s.n_experts ? s.d_ff : s.shared_d_ff;  // the shared expert's width may differ
+  const Source sources[] = {{"w1", ExpertMatrix::kW1, d_ff, s.d_model},
+                            {"w3", ExpertMatrix::kW3, d_ff, s.d_model},
+                            {"w2", ExpertMatrix::kW2, s.d_model, d_ff}};
   std::vector<common::Section> sections;
   for (const Source& src : sources) {
     const common::MatrixLayout l = common::ComputeMatrixLayout(type, src.rows, src.cols);
@@ -252,10 +253,6 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   }
   COLIBRI_ASSIGN_OR_RETURN(auto ckpt, HfCheckpoint::Open(o.checkpoint_dir));
   const HfModelShape& s = ckpt->shape();
-  if (ckpt->HasSharedExperts()) {
-    log << "WARNING: the checkpoint has shared-expert tensors (mlp.shared_expert*); they are not part of "
-           "Colibri's MoE layer and are not converted: the caller must run the shared expert itself\n";
-  }
   Calibration calibration;
   if (!o.calibration_path.empty()) {
     COLIBRI_ASSIGN_OR_RETURN(calibration, OpenCalibration(o.calibration_path));
@@ -265,9 +262,13 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o));
   log << absl::StrFormat(
       "converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
-      "d_ff %d, top-%d%s, vocab %d -> %s weights\n",
+      "d_ff %d, top-%d%s%s, vocab %d -> %s weights\n",
       o.checkpoint_dir, s.naming == Naming::kMixtral ? "Mixtral" : "Qwen-MoE/OLMoE", s.model_type, s.moe_layers.size(),
-      s.n_experts, s.d_model, s.d_ff, s.top_k, s.norm_topk_prob ? " renormalized" : "", s.vocab_size,
+      s.n_experts, s.d_model, s.d_ff, s.top_k, s.norm_topk_prob ? " renormalized" : "",
+      s.n_shared_experts > 0 ? absl::StrFormat(", a shared expert of d_ff %d%s (expert %d)", s.shared_d_ff,
+                                               s.shared_gate ? " with a sigmoid gate" : "", s.n_experts)
+                             : "",
+      s.vocab_size,
       common::DTypeName(o.weight_type));
 
   common::Manifest m;
@@ -276,6 +277,9 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   m.d_ff = s.d_ff;
   m.n_layers = static_cast<int64_t>(s.moe_layers.size());
   m.n_experts = s.n_experts;
+  m.n_shared_experts = s.n_shared_experts;
+  m.shared_d_ff = s.shared_d_ff;
+  m.shared_gate = s.shared_gate;
   m.top_k = s.top_k;
   m.norm_topk_prob = s.norm_topk_prob;
   m.vocab_size = s.vocab_size;
@@ -305,9 +309,23 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
       if (!std::isfinite(g))
         return absl::InvalidArgumentError(absl::StrCat("tensor '", gate_tensor->name, "' has a non-finite value"));
     }
-    COLIBRI_ASSIGN_OR_RETURN(
-        auto gate_file, WritePlainFile(o.out_dir, common::GateFilePath(layer), common::FileKind::kGate, layer,
-                                       {{"gate", DType::kF32, s.n_experts, s.d_model, gate.data(), gate.size() * 4}}));
+    std::vector<PlainSection> gate_sections = {
+        {"gate", DType::kF32, s.n_experts, s.d_model, gate.data(), gate.size() * 4}};
+    std::vector<float> shared_gate(s.shared_gate ? s.n_shared_experts * s.d_model : 0);
+    if (s.shared_gate) {
+      COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* tensor,
+                               ckpt->Matrix(HfCheckpoint::SharedGateName(hf), s.n_shared_experts, s.d_model));
+      HfCheckpoint::RowsToFloat(*tensor, 0, s.n_shared_experts, shared_gate.data());
+      for (float g : shared_gate) {
+        if (!std::isfinite(g)) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor->name, "' has a non-finite value"));
+        }
+      }
+      gate_sections.push_back(
+          {"shared_gate", DType::kF32, s.n_shared_experts, s.d_model, shared_gate.data(), shared_gate.size() * 4});
+    }
+    COLIBRI_ASSIGN_OR_RETURN(auto gate_file, WritePlainFile(o.out_dir, common::GateFilePath(layer),
+                                                            common::FileKind::kGate, layer, gate_sections));
     m.files.push_back(gate_file);
 
     LutInputs in;
@@ -353,14 +371,14 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     lr.lut.ids.clear();
     lr.lut.weights.clear();
 
-    for (int64_t e = 0; e < s.n_experts; ++e) {
+    for (int64_t e = 0; e < s.n_experts + s.n_shared_experts; ++e) {  // the shared expert last
       COLIBRI_ASSIGN_OR_RETURN(auto file, WriteExpertFile(*ckpt, o.out_dir, hf, layer, e, o.weight_type, &lr));
       m.files.push_back(file);
       rep.bytes += file.size;
       if (o.progress) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         log << absl::StrFormat("  layer %d/%d expert %d/%d: %s (%.1f MiB, %.0f MiB/s so far)\n", layer + 1, m.n_layers,
-                               e + 1, s.n_experts, file.path, file.size / 1048576.0,
+                               e + 1, s.n_experts + s.n_shared_experts, file.path, file.size / 1048576.0,
                                rep.bytes / 1048576.0 / std::max(secs, 1e-9));
       }
     }

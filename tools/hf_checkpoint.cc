@@ -285,6 +285,28 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   COLIBRI_RETURN_IF_ERROR(check(config.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size",
                                 s.d_ff));
   COLIBRI_RETURN_IF_ERROR(CheckSparseLayers(config, dir, s.moe_layers));
+
+  // Qwen2-MoE's shared expert, sized by its tensors; config.json must agree.
+  if (s.naming == Naming::kQwenMoe) {
+    const std::string shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
+    if (const common::SafetensorsFile* f = ckpt->FileOf(shared); f != nullptr) {
+      const common::SafetensorsTensor* t = f->Find(shared);
+      if (t->shape.size() != 2 || t->shape[1] != s.d_model || t->shape[0] < 1 || t->shape[0] > common::kMaxDim) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", shared, "' is not [d_ff, ", s.d_model, "]"));
+      }
+      s.n_shared_experts = 1;
+      s.shared_d_ff = t->shape[0];
+      s.shared_gate = ckpt->FileOf(SharedGateName(s.moe_layers[0])) != nullptr;
+    }
+    if (config.contains("shared_expert_intermediate_size") &&
+        config["shared_expert_intermediate_size"].is_number_integer() &&
+        config["shared_expert_intermediate_size"].get<int64_t>() != s.shared_d_ff) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, "/config.json: shared_expert_intermediate_size = ",
+          config["shared_expert_intermediate_size"].get<int64_t>(), " but the tensors say ", s.shared_d_ff,
+          s.shared_d_ff == 0 ? absl::StrCat(" (no '", shared, "')") : ""));
+    }
+  }
   if (!config.contains("num_experts_per_tok") || !config["num_experts_per_tok"].is_number_integer()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: missing integer num_experts_per_tok"));
   }
@@ -311,16 +333,12 @@ std::string HfCheckpoint::ExpertName(int64_t layer, int64_t expert, ExpertMatrix
   if (shape_.naming == Naming::kMixtral) {
     return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
   }
+  if (expert >= shape_.n_experts) return absl::StrCat("model.layers.", layer, ".mlp.shared_expert.", kQwen[i], ".weight");
   return absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".", kQwen[i], ".weight");
 }
 
-bool HfCheckpoint::HasSharedExperts() const {
-  for (const auto& file : files_) {
-    for (const auto& t : file->tensors()) {
-      if (absl::StrContains(t.name, ".mlp.shared_expert")) return true;
-    }
-  }
-  return false;
+std::string HfCheckpoint::SharedGateName(int64_t layer) {
+  return absl::StrCat("model.layers.", layer, ".mlp.shared_expert_gate.weight");
 }
 
 const common::SafetensorsFile* HfCheckpoint::FileOf(const std::string& name) const {

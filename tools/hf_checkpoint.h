@@ -32,6 +32,12 @@ struct HfModelShape {
   int64_t d_model = 0;
   int64_t d_ff = 0;
   int64_t n_experts = 0;
+  // Qwen2-MoE's shared expert (model.layers.N.mlp.shared_expert.*, width
+  // shared_expert_intermediate_size), gated by mlp.shared_expert_gate when
+  // that tensor exists: at most one per layer, expert index n_experts.
+  int64_t n_shared_experts = 0;
+  int64_t shared_d_ff = 0;
+  bool shared_gate = false;
   int64_t top_k = 0;
   bool norm_topk_prob = true;
   int64_t vocab_size = 0;
@@ -51,12 +57,10 @@ class HfCheckpoint {
   const HfModelShape& shape() const { return shape_; }
 
   std::string GateName(int64_t hf_layer) const;
+  // expert >= n_experts names the shared expert's tensors.
   std::string ExpertName(int64_t hf_layer, int64_t expert, ExpertMatrix which) const;
+  static std::string SharedGateName(int64_t hf_layer);
   static std::string EmbeddingName() { return "model.embed_tokens.weight"; }
-
-  // True if any tensor is a Qwen-MoE shared expert (`mlp.shared_expert...`),
-  // which Colibri does not convert (the caller runs it).
-  bool HasSharedExperts() const;
 
   // The tensor named `name`, checked to be F32, BF16 or F16 and of shape
   // [rows, cols]. INVALID_ARGUMENT naming the tensor and file otherwise

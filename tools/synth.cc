@@ -128,6 +128,13 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
       continue;
     }
     add(block + "gate.weight", {o.n_experts, o.d_model}, in_scale, g);
+    if (o.shared_d_ff > 0) {
+      const float shared_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.shared_d_ff)));
+      add(block + "shared_expert.gate_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
+      add(block + "shared_expert.up_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
+      add(block + "shared_expert.down_proj.weight", {o.d_model, o.shared_d_ff}, shared_scale, g);
+      add(block + "shared_expert_gate.weight", {1, o.d_model}, in_scale, g);
+    }
     for (int64_t e = 0; e < o.n_experts; ++e) {
       const std::string ex = absl::StrCat(block, "experts.", e, ".");
       add(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), {o.d_ff, o.d_model}, in_scale, g);
@@ -253,7 +260,7 @@ Json ConfigJson(const SynthOptions& o) {
   c["decoder_sparse_step"] = 1;
   c["mlp_only_layers"] = Json::array();
   for (int64_t l = 0; l < o.dense_layers; ++l) c["mlp_only_layers"].push_back(l);
-  if (o.naming == "qwen2_moe") c["shared_expert_intermediate_size"] = 0;
+  if (o.naming == "qwen2_moe") c["shared_expert_intermediate_size"] = o.shared_d_ff;
   return c;
 }
 
@@ -311,6 +318,11 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("dense_layers = ", o.dense_layers,
                                                    ": expected 0, or for qwen2_moe/qwen3_moe a value in [0, n_layers = ",
                                                    o.n_layers, ")"));
+  }
+  if (o.shared_d_ff != 0 && (o.naming != "qwen2_moe" || o.shared_d_ff < 0 || o.shared_d_ff > kSynthMaxDim)) {
+    return absl::InvalidArgumentError(absl::StrCat("shared_d_ff = ", o.shared_d_ff,
+                                                   ": expected 0, or for qwen2_moe a value in [1, ", kSynthMaxDim,
+                                                   "]"));
   }
   struct Range {
     const char* field;

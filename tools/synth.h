@@ -56,6 +56,10 @@ struct SynthOptions {
   // MLPs (listed in mlp_only_layers; mlp.{gate,up,down}_proj of width
   // intermediate_size = 2 * d_ff), the rest MoE. REQUIRES < n_layers.
   int64_t dense_layers = 0;
+  // qwen2_moe: > 0 gives every MoE layer a shared expert of this width
+  // (mlp.shared_expert.{gate,up,down}_proj, shared_expert_intermediate_size)
+  // and its sigmoid gate mlp.shared_expert_gate.weight [1, d_model].
+  int64_t shared_d_ff = 0;
   int64_t n_experts = 8;
   int64_t top_k = 2;
   int64_t vocab_size = 1000;
@@ -84,7 +88,8 @@ struct SynthOptions {
 
 // OK, or INVALID_ARGUMENT naming the first bad field and its value: empty
 // out_dir, unknown naming, dense_layers outside [0, n_layers) or set for a
-// naming without dense layers, a dimension outside [1, its kSynthMax*], top_k
+// naming without dense layers, shared_d_ff outside [0, kSynthMaxDim] or set
+// for a naming other than qwen2_moe, a dimension outside [1, its kSynthMax*], top_k
 // outside [1, n_experts], a dtype other than f32/bf16/f16, shards outside
 // [1, n_layers + 1], calibration_records outside [0, kSynthMaxCalibrationRecords].
 absl::Status ValidateSynthOptions(const SynthOptions& options);

@@ -8,8 +8,8 @@
 # converter builds the table) and client (PyTorch's routes sent by the
 # client) — the output matches PyTorch within the weight type's tolerance,
 # the routes match, and the distributed output is byte-identical to the
-# local one. Checkpoints: Mixtral naming, and Qwen3-MoE with a dense first
-# layer. Exits 77 (skipped) only when torch or grpcio is missing.
+# local one. Checkpoints: Mixtral naming, Qwen3-MoE with a dense first layer,
+# Qwen2-MoE with a gated shared expert. Exits 77 (skipped) only when torch or grpcio is missing.
 # Usage: router_torch_check.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -47,8 +47,8 @@ check() {
         --routing embedding --out "$ck/torch_lut_$layer.safetensors" >/dev/null
     done
     local node=("$build/expert_node/colibri-expert" --model "$ck/$type" --listen 127.0.0.1:0 --nomlock --threads 1)
-    proc_start "a_${name}_$type" "${node[@]}" --experts 0-4; local a=$port
-    proc_start "b_${name}_$type" "${node[@]}" --experts 4-7; local b=$port
+    proc_start "a_${name}_$type" "${node[@]}" --experts "$experts_a"; local a=$port
+    proc_start "b_${name}_$type" "${node[@]}" --experts "$experts_b"; local b=$port
     proc_start "router_${name}_$type" "$build/router_node/colibri-router" --model "$ck/$type" \
       --experts_at "127.0.0.1:$a,127.0.0.1:$b" --listen 127.0.0.1:0
     local distributed=127.0.0.1:$port
@@ -76,9 +76,15 @@ check() {
   done
 }
 
+# Node a serves experts 0-4, node b 4-7 (expert 4 on both) and, where there is one, the shared expert (8).
+experts_a=0-4 experts_b=4-7
 check mixtral "f32:1e-4 bf16:2e-2 int4:0.15" --naming mixtral --d_model 192 --d_ff 320 --layers 2 --experts 8 \
   --top_k 2 --vocab 300 --dtype f32 --seed 9101
 # Qwen3-MoE: experts of moe_intermediate_size, decoder layer 0 dense (skipped; MoE layers 0 and 1 are decoder 1 and 2).
 check qwen3 "f32:1e-5 bf16:2e-2" --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 \
   --dense_layers 1 --experts 8 --top_k 2 --vocab 150 --dtype f32 --seed 9102
+# Qwen2-MoE: a shared expert (expert 8, wider than the routed ones) with its sigmoid gate, on node b only.
+experts_a=0-4 experts_b=4-8
+check qwen2_shared "f32:1e-5 int8:2e-2" --naming qwen2_moe --d_model 96 --d_ff 80 --shared_d_ff 176 --layers 2 \
+  --experts 8 --top_k 2 --vocab 150 --dtype f32 --seed 9103
 echo "PASS"

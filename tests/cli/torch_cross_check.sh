@@ -51,6 +51,10 @@ check olmoe_bf16 --naming olmoe --d_model 128 --d_ff 192 --layers 1 --experts 64
 types="bf16:1e-5"
 check qwen_bf16 --naming qwen2_moe --norm_topk_prob --d_model 96 --d_ff 160 --layers 1 --experts 16 --top_k 4 \
   --vocab 120 --dtype bf16 --seed 9003
+# Qwen2-MoE with its shared expert (wider than the routed ones) and the shared expert's sigmoid gate.
+types="f32:1e-5 int8:2e-2"
+check qwen2_shared --naming qwen2_moe --d_model 96 --d_ff 80 --shared_d_ff 176 --layers 2 --experts 8 --top_k 2 \
+  --vocab 120 --dtype bf16 --seed 9005
 # Qwen3-MoE: moe_intermediate_size differs from intermediate_size, and decoder layer 0 is dense (mlp_only_layers).
 types="bf16:1e-5 int8:2e-2"
 check qwen3_bf16 --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 --dense_layers 1 \

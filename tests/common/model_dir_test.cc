@@ -148,6 +148,16 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
   WriteText(path, absl::StrReplaceAll(good, {{"\"source\": \"embedding\"", "\"source\": [1]"}}));
   CHECK(ModelDir::Open(dir / "model").ok());  // informational field of the wrong type: ignored
 
+  // Shared experts need format_version 2, a count that fits, and their files listed.
+  const std::string shared = "\"shared_experts\": {\"count\": 1, \"d_ff\": 32, \"gated\": false},\n  \"top_k\"";
+  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", shared}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "'shared_experts' needs format_version 2"));
+  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", shared}, {"\"format_version\": 1", "\"format_version\": 2"}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "required file 'layer_000/expert_004.bin' is not listed"));
+  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", absl::StrReplaceAll(shared, {{"\"count\": 1", "\"count\": 9999"}})},
+                                             {"\"format_version\": 1", "\"format_version\": 2"}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "'shared_experts.count' = 9999 is outside"));
+
   WriteText(path, good.substr(0, good.size() / 2));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "not a JSON object"));
 

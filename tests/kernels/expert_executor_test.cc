@@ -43,7 +43,7 @@ Layer LoadLayer(const std::string& dir) {
   auto model = common::ModelDir::Open(dir);
   REQUIRE(model.ok());
   l.model = std::move(model).value();
-  for (int64_t e = 0; e < l.model->manifest().n_experts; ++e) {
+  for (int64_t e = 0; e < l.model->manifest().total_experts(); ++e) {  // shared experts too
     auto w = l.model->LoadExpert(0, e, false);
     REQUIRE(w.ok());
     l.experts.push_back(std::move(w).value());
@@ -153,6 +153,47 @@ TEST_CASE("the executor accumulates into dst and leaves unrouted rows alone") {
   for (int i = 48; i < 96; ++i) changed |= dst[i] != 1.0f;
   CHECK(changed);
   RunExperts(**pool, {}, x.data(), 48, dst.data(), ws);  // no tasks: nothing to do
+}
+
+TEST_CASE("experts of different widths in one call (a shared expert) match the reference in slots and in rows") {
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "qwen2_moe");
+  synth.shared_d_ff = 176;  // routed experts are 80 wide
+  for (DType type : {DType::kF32, DType::kInt8}) {
+    INFO(common::DTypeName(type));
+    const std::string model_dir = dir / ("model_" + common::DTypeName(type));
+    colibri::testing::MakeModel(synth, model_dir, type);
+    const Layer layer = LoadLayer(model_dir);
+    const common::Manifest& m = layer.model->manifest();
+    REQUIRE(m.n_shared_experts == 1);
+    const int64_t tokens = 5;
+    std::vector<float> x(tokens * m.d_model);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i));
+    const common::Routes routed =
+        common::RouteByGate(layer.routing->gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x.data(), tokens);
+    const common::Routes routes = common::AppendSharedExperts(routed, m.n_experts, m.n_shared_experts,
+                                                              layer.routing->shared_gate, m.d_model, x.data());
+    REQUIRE(routes.top_k == m.top_k + 1);
+    std::vector<const common::ExpertWeights*> experts;
+    for (const auto& e : layer.experts) experts.push_back(e.get());
+    std::vector<float> expected(x.size());
+    ReferenceMoeLayer(experts, routes, x.data(), m.d_model, expected.data());
+    auto pool = ThreadPool::Create({2, -1, true});
+    REQUIRE(pool.ok());
+    Workspace ws;
+    const GroupedRoutes rows = GroupByExpert(routes, experts);
+    std::vector<float> y(x.size(), 0.f);
+    RunExperts(**pool, rows.tasks, x.data(), m.d_model, y.data(), ws);
+    CHECK(RelativeL2(y, expected) <= Tolerance(false));
+    const GroupedRoutes slots = GroupByExpert(routes, experts, /*to_slots=*/true);
+    std::vector<float> per_slot(tokens * routes.top_k * m.d_model, 0.f);
+    RunExperts(**pool, slots.tasks, x.data(), m.d_model, per_slot.data(), ws);
+    std::vector<float> summed(x.size(), 0.f);
+    for (int64_t s = 0; s < tokens * routes.top_k; ++s) {
+      for (int64_t c = 0; c < m.d_model; ++c) summed[s / routes.top_k * m.d_model + c] += per_slot[s * m.d_model + c];
+    }
+    CHECK(RelativeL2(summed, expected) <= Tolerance(false));
+  }
 }
 
 TEST_CASE("a thread pool runs every worker and its barrier orders phases") {

@@ -43,7 +43,7 @@ void CheckWeightsAgainstCheckpoint(const std::string& ckpt_dir, const std::strin
   REQUIRE(model.ok());
   const common::Manifest& m = (*model)->manifest();
   for (int64_t layer = 0; layer < m.n_layers; ++layer) {
-    for (int64_t e = 0; e < m.n_experts; ++e) {
+    for (int64_t e = 0; e < m.total_experts(); ++e) {  // shared experts too
       auto w = (*model)->LoadExpert(layer, e, true);
       REQUIRE(w.ok());
       const std::pair<ExpertMatrix, const common::MatrixView*> mats[] = {
@@ -139,6 +139,50 @@ TEST_CASE("a Qwen3-MoE checkpoint converts its MoE layers and skips the dense on
   const absl::Status refused = ConvertCheckpoint(o, log);
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK(Contains(refused, "mlp_only_layers make layers [0,1,2] MoE, but the gate tensors are in layers [1,2]"));
+}
+
+TEST_CASE("a Qwen2-MoE shared expert becomes expert n_experts with its sigmoid gate") {
+  TempDir dir;
+  SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "qwen2_moe");
+  synth.shared_d_ff = 176;  // wider than the routed experts (80), not a multiple of 64
+  std::ostringstream log;
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  for (DType type : {DType::kF32, DType::kInt4}) {
+    ConvertOptions o;
+    o.checkpoint_dir = synth.out_dir;
+    o.out_dir = dir / ("model_" + common::DTypeName(type));
+    o.weight_type = type;
+    o.progress = false;
+    const absl::Status s = ConvertCheckpoint(o, log);
+    INFO(s.message());
+    REQUIRE(s.ok());
+    const ValidationReport v = Validate(o.out_dir);
+    for (const auto& issue : v.issues) FAIL_CHECK(issue.path << ": " << issue.problem);
+    auto model = common::ModelDir::Open(o.out_dir);
+    REQUIRE(model.ok());
+    const common::Manifest& m = (*model)->manifest();
+    CHECK(m.format_version == 2);
+    CHECK(m.n_shared_experts == 1);
+    CHECK(m.shared_d_ff == 176);
+    CHECK(m.shared_gate);
+    auto routing = (*model)->LoadRouting(1, true);
+    REQUIRE(routing.ok());
+    REQUIRE((*routing)->shared_gate != nullptr);
+    CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  }
+  // config.json must agree with the tensors about the shared expert.
+  const std::string config_path = synth.out_dir + "/config.json";
+  std::ifstream in(config_path);
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::regex size(R"("shared_expert_intermediate_size":\s*176)");
+  REQUIRE(std::regex_search(config, size));
+  std::ofstream(config_path) << std::regex_replace(config, size, R"("shared_expert_intermediate_size": 64)");
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.out_dir = dir / "refused";
+  o.progress = false;
+  CHECK(Contains(ConvertCheckpoint(o, log), "shared_expert_intermediate_size = 64 but the tensors say 176"));
 }
 
 TEST_CASE("converting over an existing model needs overwrite") {
