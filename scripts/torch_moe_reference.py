@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent PyTorch reference for one Hugging Face sparse MoE block.
 
-Computes the sparse mixture-of-experts block of a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE
+Computes the sparse mixture-of-experts block of a Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE or DeepSeek-V2(-Lite)
 checkpoint with PyTorch (float32, weights upcast to float32), independently of
 the Colibri C++ code, to produce golden vectors and to cross-check the C++
 reference.  The math is HF's MixtralSparseMoeBlock forward:
@@ -11,11 +11,15 @@ reference.  The math is HF's MixtralSparseMoeBlock forward:
     w /= sum(w)                             (Mixtral always; others if norm_topk_prob)
     y = sum_j w_j * W2[e_j] @ (silu(W1[e_j] @ x) * (W3[e_j] @ x))
 
-Qwen2-MoE's shared expert is added when the checkpoint has one, as HF's
-Qwen2MoeSparseMoeBlock does:
+Shared experts are added when the checkpoint has them: Qwen2-MoE's, as HF's
+Qwen2MoeSparseMoeBlock does,
 
     y += sigmoid(x @ g^T) * W2s @ (silu(W1s @ x) * (W3s @ x))
     (g = mlp.shared_expert_gate.weight [1, d_model]; W*s = mlp.shared_expert.*)
+
+and DeepSeek-V2's mlp.shared_experts.* ungated (y += W2s @ (...)), as HF's
+DeepseekV2Moe does; DeepSeek-V2 weights are p * routed_scaling_factor, never
+renormalized (greedy top-k only).
 
 Subcommands:
   make-inputs  random token_ids (I32 [T]) and hidden_states (F32 [T, d_model])
@@ -163,8 +167,16 @@ class Checkpoint:
         self.d_model = self._cfg("hidden_size")
         self.vocab = self._cfg("vocab_size")
         self.top_k = self._cfg("num_experts_per_tok")
+        self.scale = 1.0
         if self.model_type == "mixtral":
             self.n_experts, self.norm = self._cfg("num_local_experts"), True
+        elif self.model_type == "deepseek_v2":
+            # HF's DeepseekV2Moe: softmax over all experts, greedy top-k, the
+            # weights times routed_scaling_factor and never renormalized.
+            if self.config.get("topk_method", "greedy") != "greedy":
+                raise RefError(f"{directory}/config.json: topk_method {self.config['topk_method']} not implemented here")
+            self.n_experts, self.norm = self._cfg("n_routed_experts"), False
+            self.scale = float(self.config.get("routed_scaling_factor", 1.0))
         else:
             self.n_experts = self._cfg("num_experts")
             self.norm = bool(self.config.get("norm_topk_prob", False))
@@ -252,6 +264,7 @@ def cmd_forward(args):
         weights = probs.gather(1, experts)
         if ck.norm:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * ck.scale
         y = torch.zeros_like(x)
         for e in range(E):  # HF-style loop over experts with index_add_
             tok, slot = torch.where(experts == e)
@@ -265,7 +278,9 @@ def cmd_forward(args):
             xs = x[tok]
             h = torch.nn.functional.silu(xs @ w1.T) * (xs @ w3.T)
             y.index_add_(0, tok, (h @ w2.T) * weights[tok, slot, None])
-        shared = f"model.layers.{args.layer}.mlp.shared_expert"
+        shared = f"model.layers.{args.layer}.mlp.shared_expert"  # Qwen2-MoE (gated below)
+        if f"{shared}s.gate_proj.weight" in ck.where:
+            shared += "s"  # DeepSeek's shared_experts: one MLP, ungated, added
         if f"{shared}.gate_proj.weight" in ck.where:
             s1 = torch.from_numpy(ck.load(f"{shared}.gate_proj.weight"))
             s3 = torch.from_numpy(ck.load(f"{shared}.up_proj.weight", s1.shape))

@@ -23,17 +23,20 @@ ABSL_FLAG(std::string, out, "",
           "missing. Refused if it already holds a config.json, unless --overwrite.");
 ABSL_FLAG(std::string, naming, "mixtral",
           "Tensor names and config.json layout to imitate: mixtral (block_sparse_moe, w1/w3/w2), "
-          "qwen2_moe, qwen3_moe or olmoe (mlp, gate_proj/up_proj/down_proj).");
+          "qwen2_moe, qwen3_moe, olmoe or deepseek_v2 (mlp, gate_proj/up_proj/down_proj; deepseek_v2 with "
+          "DeepSeek-V2-Lite's greedy softmax routing).");
 ABSL_FLAG(int64_t, d_model, 256, "Hidden size (hidden_size).");
 ABSL_FLAG(int64_t, d_ff, 512,
           "Expert intermediate size (intermediate_size; moe_intermediate_size for qwen2_moe/qwen3_moe).");
 ABSL_FLAG(int64_t, layers, 2, "Number of decoder layers (num_hidden_layers), --dense_layers included.");
 ABSL_FLAG(int64_t, dense_layers, 0,
-          "qwen2_moe/qwen3_moe: the first N decoder layers are dense MLPs (mlp_only_layers, width 2 * d_ff); "
+          "qwen2_moe/qwen3_moe/deepseek_v2: the first N decoder layers are dense MLPs (mlp_only_layers or "
+          "first_k_dense_replace, width 2 * d_ff); "
           "the converter skips them.");
 ABSL_FLAG(int64_t, shared_d_ff, 0,
           "qwen2_moe: give every MoE layer a shared expert of this width with its sigmoid gate "
-          "(shared_expert_intermediate_size); 0: none.");
+          "(shared_expert_intermediate_size); deepseek_v2: ungated shared experts, a multiple of d_ff "
+          "(n_shared_experts x d_ff); 0: none.");
 ABSL_FLAG(int64_t, experts, 8, "Experts per layer.");
 ABSL_FLAG(int64_t, top_k, 2, "Experts each token is routed to (num_experts_per_tok), 1..experts.");
 ABSL_FLAG(int64_t, vocab, 1000, "Vocabulary size: rows of model.embed_tokens.weight.");

@@ -263,7 +263,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   log << absl::StrFormat(
       "converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
       "d_ff %d, top-%d%s%s, vocab %d -> %s weights\n",
-      o.checkpoint_dir, s.naming == Naming::kMixtral ? "Mixtral" : "Qwen-MoE/OLMoE", s.model_type, s.moe_layers.size(),
+      o.checkpoint_dir, s.naming == Naming::kMixtral ? "Mixtral" : "mlp.experts", s.model_type, s.moe_layers.size(),
       s.n_experts, s.d_model, s.d_ff, s.top_k, s.norm_topk_prob ? " renormalized" : "",
       s.n_shared_experts > 0 ? absl::StrFormat(", a shared expert of d_ff %d%s (expert %d)", s.shared_d_ff,
                                                s.shared_gate ? " with a sigmoid gate" : "", s.n_experts)

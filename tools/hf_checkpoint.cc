@@ -56,18 +56,24 @@ int64_t LayerOf(const std::string& name, absl::string_view suffix) {
 constexpr absl::string_view kMixtralGate = ".block_sparse_moe.gate.weight";
 constexpr absl::string_view kQwenGate = ".mlp.gate.weight";
 
-// Qwen2-MoE / Qwen3-MoE say which decoder layers are MoE: layer l is when it
-// is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (their
-// modeling code). When config.json says so, it must match the layers that
+// The MoE layers config.json describes, when it does: Qwen2-MoE / Qwen3-MoE,
+// layer l when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step
+// == 0; DeepSeek, layer l when l >= first_k_dense_replace and l %
+// moe_layer_freq == 0 (their modeling code). They must be the layers that
 // have a gate tensor.
 absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const std::vector<int64_t>& moe_layers) {
-  if (!config.contains("decoder_sparse_step") || !config.contains("num_hidden_layers")) return absl::OkStatus();
-  if (!config["decoder_sparse_step"].is_number_integer() || config["decoder_sparse_step"].get<int64_t>() < 1 ||
-      !config["num_hidden_layers"].is_number_integer()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/config.json: decoder_sparse_step and num_hidden_layers must be positive integers"));
-  }
-  const int64_t step = config["decoder_sparse_step"].get<int64_t>();
+  const bool qwen = config.contains("decoder_sparse_step");
+  const bool deepseek = config.contains("first_k_dense_replace");
+  if ((!qwen && !deepseek) || !config.contains("num_hidden_layers")) return absl::OkStatus();
+  auto positive = [&](const char* key, int64_t fallback, int64_t minimum) -> absl::StatusOr<int64_t> {
+    if (!config.contains(key)) return fallback;
+    if (!config[key].is_number_integer() || config[key].get<int64_t>() < minimum) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/config.json: ", key, " must be an integer >= ", minimum));
+    }
+    return config[key].get<int64_t>();
+  };
+  COLIBRI_ASSIGN_OR_RETURN(const int64_t layers, positive("num_hidden_layers", 0, 1));
   std::set<int64_t> dense;
   if (config.contains("mlp_only_layers")) {
     if (!config["mlp_only_layers"].is_array()) {
@@ -81,22 +87,34 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
     }
   }
   std::vector<int64_t> expected;
-  for (int64_t l = 0; l < config["num_hidden_layers"].get<int64_t>(); ++l) {
-    if (dense.count(l) == 0 && (l + 1) % step == 0) expected.push_back(l);
+  std::string keys;
+  if (qwen) {
+    COLIBRI_ASSIGN_OR_RETURN(const int64_t step, positive("decoder_sparse_step", 1, 1));
+    for (int64_t l = 0; l < layers; ++l) {
+      if (dense.count(l) == 0 && (l + 1) % step == 0) expected.push_back(l);
+    }
+    keys = "num_hidden_layers, decoder_sparse_step and mlp_only_layers";
+  } else {
+    COLIBRI_ASSIGN_OR_RETURN(const int64_t first, positive("first_k_dense_replace", 0, 0));
+    COLIBRI_ASSIGN_OR_RETURN(const int64_t freq, positive("moe_layer_freq", 1, 1));
+    for (int64_t l = first; l < layers; ++l) {
+      if (l % freq == 0) expected.push_back(l);
+    }
+    keys = "num_hidden_layers, first_k_dense_replace and moe_layer_freq";
   }
   if (expected != moe_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, "/config.json: num_hidden_layers, decoder_sparse_step and mlp_only_layers make layers [",
-        absl::StrJoin(expected, ","), "] MoE, but the gate tensors are in layers [", absl::StrJoin(moe_layers, ","),
-        "]"));
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", keys, " make layers [",
+                                                   absl::StrJoin(expected, ","), "] MoE, but the gate tensors are in layers [",
+                                                   absl::StrJoin(moe_layers, ","), "]"));
   }
   return absl::OkStatus();
 }
 
 // The model families whose MoE block the converter and the runtime reproduce
 // exactly: softmax over all experts, greedy top-k, optional renormalization,
-// SwiGLU experts, no shared expert in the answer (docs/MODEL_FORMAT.md).
-constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+// SwiGLU experts, shared experts (docs/MODEL_FORMAT.md). deepseek_v2 only with
+// the greedy routing of DeepSeek-V2-Lite (checked below).
+constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"};
 
 // Refuses what the converter would otherwise turn into a model that computes
 // something else: a model_type outside the list (DeepSeek-V2/V3, Kimi-K2,
@@ -134,6 +152,17 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": ", key, " = ", config[key].dump(), ": group-limited routing is not supported"));
     }
+  }
+  if (config.contains("topk_method") && config["topk_method"] != "greedy") {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": topk_method ", config["topk_method"].dump(),
+                                                   " is not supported (greedy only)"));
+  }
+  // DeepSeek-V2's Hugging Face code never renormalizes; DeepSeek's own code
+  // does when norm_topk_prob is set: with the two disagreeing, refuse.
+  if (config.contains("model_type") && config["model_type"] == "deepseek_v2" && config.contains("norm_topk_prob") &&
+      config["norm_topk_prob"] == true) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": norm_topk_prob = true for deepseek_v2 is not supported (its implementations disagree on it)"));
   }
   if (config.contains("routed_scaling_factor") && config["routed_scaling_factor"] != 1.0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": routed_scaling_factor = ",
@@ -279,24 +308,41 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   };
   COLIBRI_RETURN_IF_ERROR(check("hidden_size", s.d_model));
   COLIBRI_RETURN_IF_ERROR(check("vocab_size", s.vocab_size));
-  COLIBRI_RETURN_IF_ERROR(check(s.naming == Naming::kMixtral ? "num_local_experts" : "num_experts", s.n_experts));
+  COLIBRI_RETURN_IF_ERROR(check(s.naming == Naming::kMixtral          ? "num_local_experts"
+                                : config.contains("n_routed_experts") ? "n_routed_experts"
+                                                                      : "num_experts",
+                                s.n_experts));
   // Families with dense layers too (Qwen2-MoE, Qwen3-MoE) give the experts'
   // width as moe_intermediate_size; intermediate_size is then the dense MLPs'.
   COLIBRI_RETURN_IF_ERROR(check(config.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size",
                                 s.d_ff));
   COLIBRI_RETURN_IF_ERROR(CheckSparseLayers(config, dir, s.moe_layers));
 
-  // Qwen2-MoE's shared expert, sized by its tensors; config.json must agree.
+  // The shared expert (Qwen2-MoE: mlp.shared_expert, gated; DeepSeek:
+  // mlp.shared_experts, one MLP for all of them), sized by its tensors;
+  // config.json must agree.
+  std::string shared;
   if (s.naming == Naming::kQwenMoe) {
-    const std::string shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
-    if (const common::SafetensorsFile* f = ckpt->FileOf(shared); f != nullptr) {
-      const common::SafetensorsTensor* t = f->Find(shared);
-      if (t->shape.size() != 2 || t->shape[1] != s.d_model || t->shape[0] < 1 || t->shape[0] > common::kMaxDim) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", shared, "' is not [d_ff, ", s.d_model, "]"));
+    for (const char* prefix : {"shared_expert", "shared_experts"}) {
+      s.shared_prefix = prefix;
+      shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
+      if (const common::SafetensorsFile* f = ckpt->FileOf(shared); f != nullptr) {
+        const common::SafetensorsTensor* t = f->Find(shared);
+        if (t->shape.size() != 2 || t->shape[1] != s.d_model || t->shape[0] < 1 || t->shape[0] > common::kMaxDim) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", shared, "' is not [d_ff, ", s.d_model, "]"));
+        }
+        s.n_shared_experts = 1;
+        s.shared_d_ff = t->shape[0];
+        s.shared_gate = ckpt->FileOf(SharedGateName(s.moe_layers[0])) != nullptr;
+        break;
       }
-      s.n_shared_experts = 1;
-      s.shared_d_ff = t->shape[0];
-      s.shared_gate = ckpt->FileOf(SharedGateName(s.moe_layers[0])) != nullptr;
+    }
+    if (config.contains("n_shared_experts") && config["n_shared_experts"].is_number_integer() &&
+        config["n_shared_experts"].get<int64_t>() * s.d_ff != s.shared_d_ff) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, "/config.json: n_shared_experts = ", config["n_shared_experts"].get<int64_t>(),
+          " experts of moe_intermediate_size ", s.d_ff, " but the shared expert tensors are ", s.shared_d_ff,
+          " wide", s.shared_d_ff == 0 ? absl::StrCat(" (no '", shared, "')") : ""));
     }
     if (config.contains("shared_expert_intermediate_size") &&
         config["shared_expert_intermediate_size"].is_number_integer() &&
@@ -333,7 +379,9 @@ std::string HfCheckpoint::ExpertName(int64_t layer, int64_t expert, ExpertMatrix
   if (shape_.naming == Naming::kMixtral) {
     return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
   }
-  if (expert >= shape_.n_experts) return absl::StrCat("model.layers.", layer, ".mlp.shared_expert.", kQwen[i], ".weight");
+  if (expert >= shape_.n_experts) {
+    return absl::StrCat("model.layers.", layer, ".mlp.", shape_.shared_prefix, ".", kQwen[i], ".weight");
+  }
   return absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".", kQwen[i], ".weight");
 }
 

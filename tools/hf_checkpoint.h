@@ -32,9 +32,12 @@ struct HfModelShape {
   int64_t d_model = 0;
   int64_t d_ff = 0;
   int64_t n_experts = 0;
-  // Qwen2-MoE's shared expert (model.layers.N.mlp.shared_expert.*, width
-  // shared_expert_intermediate_size), gated by mlp.shared_expert_gate when
-  // that tensor exists: at most one per layer, expert index n_experts.
+  // The shared expert, at most one per layer, expert index n_experts:
+  // Qwen2-MoE's model.layers.N.mlp.shared_expert.* (width
+  // shared_expert_intermediate_size), gated by mlp.shared_expert_gate, or
+  // DeepSeek's ungated mlp.shared_experts.* (width n_shared_experts x
+  // moe_intermediate_size, one MLP).
+  std::string shared_prefix = "shared_expert";  // the tensors' name under mlp.
   int64_t n_shared_experts = 0;
   int64_t shared_d_ff = 0;
   bool shared_gate = false;

@@ -128,12 +128,13 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
       continue;
     }
     add(block + "gate.weight", {o.n_experts, o.d_model}, in_scale, g);
-    if (o.shared_d_ff > 0) {
+    if (o.shared_d_ff > 0) {  // Qwen2-MoE: shared_expert with its gate; DeepSeek: shared_experts, ungated
       const float shared_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.shared_d_ff)));
-      add(block + "shared_expert.gate_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
-      add(block + "shared_expert.up_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
-      add(block + "shared_expert.down_proj.weight", {o.d_model, o.shared_d_ff}, shared_scale, g);
-      add(block + "shared_expert_gate.weight", {1, o.d_model}, in_scale, g);
+      const std::string shared = block + (o.naming == "deepseek_v2" ? "shared_experts." : "shared_expert.");
+      add(shared + "gate_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
+      add(shared + "up_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
+      add(shared + "down_proj.weight", {o.d_model, o.shared_d_ff}, shared_scale, g);
+      if (o.naming == "qwen2_moe") add(block + "shared_expert_gate.weight", {1, o.d_model}, in_scale, g);
     }
     for (int64_t e = 0; e < o.n_experts; ++e) {
       const std::string ex = absl::StrCat(block, "experts.", e, ".");
@@ -248,6 +249,22 @@ Json ConfigJson(const SynthOptions& o) {
     c["num_local_experts"] = o.n_experts;
     return c;
   }
+  if (o.naming == "deepseek_v2") {  // DeepSeek-V2-Lite's routing: softmax, greedy top-k, not renormalized
+    c["architectures"] = Json::array({"DeepseekV2ForCausalLM"});
+    c["intermediate_size"] = 2 * o.d_ff;  // the dense layers' MLP width
+    c["moe_intermediate_size"] = o.d_ff;
+    c["n_routed_experts"] = o.n_experts;
+    c["n_shared_experts"] = o.shared_d_ff / o.d_ff;
+    c["first_k_dense_replace"] = o.dense_layers;
+    c["moe_layer_freq"] = 1;
+    c["topk_method"] = "greedy";
+    c["n_group"] = 1;
+    c["topk_group"] = 1;
+    c["scoring_func"] = "softmax";
+    c["norm_topk_prob"] = false;
+    c["routed_scaling_factor"] = 1.0;
+    return c;
+  }
   c["num_experts"] = o.n_experts;
   c["norm_topk_prob"] = o.norm_topk_prob;
   if (o.naming == "olmoe") {
@@ -309,20 +326,23 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text, std
 
 absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.out_dir.empty()) return absl::InvalidArgumentError("out_dir is empty");
-  const bool qwen = o.naming == "qwen2_moe" || o.naming == "qwen3_moe";
-  if (o.naming != "mixtral" && o.naming != "olmoe" && !qwen) {
+  const bool deepseek = o.naming == "deepseek_v2";
+  const bool with_dense = o.naming == "qwen2_moe" || o.naming == "qwen3_moe" || deepseek;
+  if (o.naming != "mixtral" && o.naming != "olmoe" && !with_dense) {
     return absl::InvalidArgumentError(
-        absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe, qwen3_moe or olmoe"));
+        absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe, qwen3_moe, olmoe or deepseek_v2"));
   }
-  if (o.dense_layers != 0 && (!qwen || o.dense_layers < 0 || o.dense_layers >= o.n_layers)) {
-    return absl::InvalidArgumentError(absl::StrCat("dense_layers = ", o.dense_layers,
-                                                   ": expected 0, or for qwen2_moe/qwen3_moe a value in [0, n_layers = ",
-                                                   o.n_layers, ")"));
+  if (o.dense_layers != 0 && (!with_dense || o.dense_layers < 0 || o.dense_layers >= o.n_layers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_layers = ", o.dense_layers,
+                     ": expected 0, or for qwen2_moe/qwen3_moe/deepseek_v2 a value in [0, n_layers = ", o.n_layers,
+                     ")"));
   }
-  if (o.shared_d_ff != 0 && (o.naming != "qwen2_moe" || o.shared_d_ff < 0 || o.shared_d_ff > kSynthMaxDim)) {
-    return absl::InvalidArgumentError(absl::StrCat("shared_d_ff = ", o.shared_d_ff,
-                                                   ": expected 0, or for qwen2_moe a value in [1, ", kSynthMaxDim,
-                                                   "]"));
+  const bool shared_ok = o.naming == "qwen2_moe" || (deepseek && o.d_ff > 0 && o.shared_d_ff % o.d_ff == 0);
+  if (o.shared_d_ff != 0 && (!shared_ok || o.shared_d_ff < 0 || o.shared_d_ff > kSynthMaxDim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared_d_ff = ", o.shared_d_ff, ": expected 0, or for qwen2_moe a value in [1, ", kSynthMaxDim,
+        "], for deepseek_v2 a multiple of d_ff (n_shared_experts x moe_intermediate_size)"));
   }
   struct Range {
     const char* field;

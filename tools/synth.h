@@ -10,7 +10,7 @@
 //   mixtral:   model.layers.N.block_sparse_moe.gate.weight [n_experts, d_model]
 //              model.layers.N.block_sparse_moe.experts.E.{w1,w3}.weight [d_ff, d_model]
 //              model.layers.N.block_sparse_moe.experts.E.w2.weight [d_model, d_ff]
-//   qwen2_moe, qwen3_moe, olmoe: the same under model.layers.N.mlp.{gate,
+//   qwen2_moe, qwen3_moe, olmoe, deepseek_v2: the same under model.layers.N.mlp.{gate,
 //              experts.E.gate_proj, experts.E.up_proj, experts.E.down_proj}.weight;
 //              a dense layer (dense_layers) has model.layers.N.mlp.{gate_proj,
 //              up_proj}.weight [2 d_ff, d_model] and down_proj.weight [d_model, 2 d_ff]
@@ -48,17 +48,20 @@ struct SynthOptions {
   // unless `overwrite`.
   std::string out_dir;
   bool overwrite = false;
-  std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe"
+  std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "deepseek_v2"
   int64_t d_model = 256;
   int64_t d_ff = 512;  // each expert's (moe_intermediate_size for the Qwen namings)
   int64_t n_layers = 2;  // decoder layers (num_hidden_layers), dense ones included
-  // qwen2_moe and qwen3_moe: the first `dense_layers` decoder layers are dense
-  // MLPs (listed in mlp_only_layers; mlp.{gate,up,down}_proj of width
-  // intermediate_size = 2 * d_ff), the rest MoE. REQUIRES < n_layers.
+  // qwen2_moe, qwen3_moe, deepseek_v2: the first `dense_layers` decoder
+  // layers are dense MLPs (mlp_only_layers, or first_k_dense_replace;
+  // mlp.{gate,up,down}_proj of width intermediate_size = 2 * d_ff), the rest
+  // MoE. REQUIRES < n_layers.
   int64_t dense_layers = 0;
   // qwen2_moe: > 0 gives every MoE layer a shared expert of this width
   // (mlp.shared_expert.{gate,up,down}_proj, shared_expert_intermediate_size)
   // and its sigmoid gate mlp.shared_expert_gate.weight [1, d_model].
+  // deepseek_v2: a multiple of d_ff, written as mlp.shared_experts.* (ungated)
+  // with n_shared_experts = shared_d_ff / d_ff.
   int64_t shared_d_ff = 0;
   int64_t n_experts = 8;
   int64_t top_k = 2;

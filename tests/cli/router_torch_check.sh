@@ -9,7 +9,7 @@
 # client) — the output matches PyTorch within the weight type's tolerance,
 # the routes match, and the distributed output is byte-identical to the
 # local one. Checkpoints: Mixtral naming, Qwen3-MoE with a dense first layer,
-# Qwen2-MoE with a gated shared expert. Exits 77 (skipped) only when torch or grpcio is missing.
+# Qwen2-MoE with a gated shared expert, DeepSeek-V2-Lite-shaped. Exits 77 (skipped) only when torch or grpcio is missing.
 # Usage: router_torch_check.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -87,4 +87,8 @@ check qwen3 "f32:1e-5 bf16:2e-2" --naming qwen3_moe --norm_topk_prob --d_model 1
 experts_a=0-4 experts_b=4-8
 check qwen2_shared "f32:1e-5 int8:2e-2" --naming qwen2_moe --d_model 96 --d_ff 80 --shared_d_ff 176 --layers 2 \
   --experts 8 --top_k 2 --vocab 150 --dtype f32 --seed 9103
+# DeepSeek-V2-Lite-shaped: dense decoder layer 0, ungated shared experts (expert 12) on node b only.
+experts_a=0-6 experts_b=6-12
+check deepseek_v2 "f32:1e-5" --naming deepseek_v2 --d_model 96 --d_ff 80 --shared_d_ff 160 --layers 3 \
+  --dense_layers 1 --experts 12 --top_k 3 --vocab 150 --dtype f32 --seed 9104
 echo "PASS"

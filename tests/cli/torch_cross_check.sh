@@ -55,6 +55,11 @@ check qwen_bf16 --naming qwen2_moe --norm_topk_prob --d_model 96 --d_ff 160 --la
 types="f32:1e-5 int8:2e-2"
 check qwen2_shared --naming qwen2_moe --d_model 96 --d_ff 80 --shared_d_ff 176 --layers 2 --experts 8 --top_k 2 \
   --vocab 120 --dtype bf16 --seed 9005
+# DeepSeek-V2-Lite-shaped: greedy softmax routing, not renormalized, two shared experts (one MLP, ungated),
+# decoder layer 0 dense (first_k_dense_replace).
+types="f32:1e-5 int4:0.15"
+check deepseek_v2 --naming deepseek_v2 --d_model 96 --d_ff 80 --shared_d_ff 160 --layers 3 --dense_layers 1 \
+  --experts 12 --top_k 3 --vocab 120 --dtype bf16 --seed 9006
 # Qwen3-MoE: moe_intermediate_size differs from intermediate_size, and decoder layer 0 is dense (mlp_only_layers).
 types="bf16:1e-5 int8:2e-2"
 check qwen3_bf16 --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 --dense_layers 1 \

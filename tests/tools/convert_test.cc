@@ -141,6 +141,52 @@ TEST_CASE("a Qwen3-MoE checkpoint converts its MoE layers and skips the dense on
   CHECK(Contains(refused, "mlp_only_layers make layers [0,1,2] MoE, but the gate tensors are in layers [1,2]"));
 }
 
+TEST_CASE("a DeepSeek-V2-Lite-shaped checkpoint converts with its ungated shared experts and dense first layer") {
+  TempDir dir;
+  SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "deepseek_v2");
+  synth.n_layers = 3;
+  synth.dense_layers = 1;
+  synth.shared_d_ff = 2 * synth.d_ff;  // n_shared_experts = 2, one MLP
+  std::ostringstream log;
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.out_dir = dir / "model";
+  o.weight_type = DType::kBF16;
+  o.progress = false;
+  const absl::Status s = ConvertCheckpoint(o, log);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  CHECK(Validate(o.out_dir).ok());
+  auto model = common::ModelDir::Open(o.out_dir);
+  REQUIRE(model.ok());
+  const common::Manifest& m = (*model)->manifest();
+  CHECK(m.architecture == "deepseek_v2");
+  CHECK(m.hf_layers == std::vector<int64_t>{1, 2});
+  CHECK_FALSE(m.norm_topk_prob);
+  CHECK(m.n_shared_experts == 1);
+  CHECK(m.shared_d_ff == 2 * synth.d_ff);
+  CHECK_FALSE(m.shared_gate);
+  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+
+  const std::string config_path = synth.out_dir + "/config.json";
+  std::ifstream in(config_path);
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  for (const auto& [from, to, message] :
+       {std::tuple{R"("first_k_dense_replace":\s*1)", R"("first_k_dense_replace": 0)",
+                   "first_k_dense_replace and moe_layer_freq make layers [0,1,2] MoE"},
+        std::tuple{R"("n_shared_experts":\s*2)", R"("n_shared_experts": 3)",
+                   "n_shared_experts = 3 experts of moe_intermediate_size"}}) {
+    INFO(message);
+    const std::regex key(from);
+    REQUIRE(std::regex_search(config, key));
+    std::ofstream(config_path) << std::regex_replace(config, key, to);
+    o.out_dir = dir / "refused";
+    CHECK(Contains(ConvertCheckpoint(o, log), message));
+  }
+}
+
 TEST_CASE("a Qwen2-MoE shared expert becomes expert n_experts with its sigmoid gate") {
   TempDir dir;
   SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "qwen2_moe");
@@ -341,7 +387,11 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
                   "scoring_func \"sigmoid\" is not supported"},
         std::pair{R"({"model_type":"qwen3_moe","n_group":8,)" + base + "}", "n_group = 8"},
         std::pair{R"({"model_type":"qwen3_moe","routed_scaling_factor":2.5,)" + base + "}",
-                  "routed_scaling_factor = 2.5"}}) {
+                  "routed_scaling_factor = 2.5"},
+        std::pair{R"({"model_type":"deepseek_v2","topk_method":"group_limited_greedy",)" + base + "}",
+                  "topk_method \"group_limited_greedy\" is not supported"},
+        std::pair{R"({"model_type":"deepseek_v2","norm_topk_prob":true,)" + base + "}",
+                  "norm_topk_prob = true for deepseek_v2"}}) {
     TempDir dir;
     WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
     std::ofstream(dir / "ckpt/config.json", std::ios::trunc) << config;
