@@ -117,7 +117,7 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
 constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"};
 
 // Refuses what the converter would otherwise turn into a model that computes
-// something else: a model_type outside the list (DeepSeek-V2/V3, Kimi-K2,
+// something else: a model_type outside the list (DeepSeek-V3, Kimi-K2,
 // gpt-oss, Llama 4 route and activate differently), quantized weights, and
 // routing keys with values other than the supported families use.
 absl::Status CheckSupported(const Json& config, const std::string& dir) {
@@ -129,7 +129,7 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": model_type '", type, "' is not supported: Colibri converts ",
           absl::StrJoin(kSupportedModelTypes, ", "),
-          " checkpoints (other families' routing, shared experts and activations are not implemented)"));
+          " checkpoints (other families' routing and activations are not implemented)"));
     }
   }
   if (config.contains("quantization_config")) {
@@ -336,6 +336,10 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
         s.shared_gate = ckpt->FileOf(SharedGateName(s.moe_layers[0])) != nullptr;
         break;
       }
+    }
+    if (s.n_shared_experts == 0) {  // none: name what config.json would have promised
+      s.shared_prefix = config.contains("n_shared_experts") ? "shared_experts" : "shared_expert";
+      shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
     }
     if (config.contains("n_shared_experts") && config["n_shared_experts"].is_number_integer() &&
         config["n_shared_experts"].get<int64_t>() * s.d_ff != s.shared_d_ff) {
