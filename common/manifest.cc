@@ -1,5 +1,6 @@
 #include "common/manifest.h"
 
+#include <cmath>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -35,7 +36,7 @@ std::string ManifestToJson(const Manifest& m) {
   }
   Json j = {
       {"format", "colibri-model"},
-      {"format_version", m.n_shared_experts > 0 ? 2 : 1},
+      {"format_version", m.n_shared_experts > 0 || !m.routing.plain() ? 2 : 1},
       {"architecture", m.architecture},
       {"d_model", m.d_model},
       {"d_ff", m.d_ff},
@@ -51,6 +52,17 @@ std::string ManifestToJson(const Manifest& m) {
   };
   if (m.n_shared_experts > 0) {
     j["shared_experts"] = {{"count", m.n_shared_experts}, {"d_ff", m.shared_d_ff}, {"gated", m.shared_gate}};
+  }
+  if (!m.routing.plain()) {
+    const RoutingSpec& r = m.routing;
+    j["routing"] = {
+        {"scoring", r.scoring == RoutingSpec::Scoring::kSigmoid ? "sigmoid" : "softmax"},
+        {"n_group", r.n_group},
+        {"topk_group", r.topk_group},
+        {"group_score", r.group_score == RoutingSpec::GroupScore::kTopTwoSum ? "top2_sum" : "max"},
+        {"correction_bias", r.correction_bias},
+        {"scaling", r.scaling},
+    };
   }
   return j.dump(2) + "\n";
 }
@@ -124,6 +136,33 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
     if (m.shared_d_ff < 1 || m.shared_d_ff > kMaxDim) {
       return bad(absl::StrCat("'shared_experts.d_ff' = ", m.shared_d_ff, " is outside [1, ", kMaxDim, "]"));
     }
+  }
+  if (j.contains("routing")) {
+    const Json& r = j["routing"];
+    if (version < 2) return bad("'routing' needs format_version 2");
+    if (!r.is_object() || !r.contains("scoring") || !r["scoring"].is_string() || !r.contains("n_group") ||
+        !r["n_group"].is_number_integer() || !r.contains("topk_group") || !r["topk_group"].is_number_integer() ||
+        !r.contains("group_score") || !r["group_score"].is_string() || !r.contains("correction_bias") ||
+        !r["correction_bias"].is_boolean() || !r.contains("scaling") || !r["scaling"].is_number()) {
+      return bad("'routing' needs string scoring and group_score, integer n_group and topk_group, boolean "
+                 "correction_bias and number scaling");
+    }
+    RoutingSpec& spec = m.routing;
+    const std::string scoring = r["scoring"].get<std::string>(), group_score = r["group_score"].get<std::string>();
+    if (scoring != "softmax" && scoring != "sigmoid") return bad("'routing.scoring' must be softmax or sigmoid");
+    if (group_score != "max" && group_score != "top2_sum") return bad("'routing.group_score' must be max or top2_sum");
+    spec.scoring = scoring == "sigmoid" ? RoutingSpec::Scoring::kSigmoid : RoutingSpec::Scoring::kSoftmax;
+    spec.group_score = group_score == "top2_sum" ? RoutingSpec::GroupScore::kTopTwoSum : RoutingSpec::GroupScore::kMax;
+    spec.n_group = r["n_group"].get<int64_t>();
+    spec.topk_group = r["topk_group"].get<int64_t>();
+    spec.correction_bias = r["correction_bias"].get<bool>();
+    spec.scaling = r["scaling"].get<double>();
+    if (spec.n_group < 1 || m.n_experts % spec.n_group != 0 || spec.topk_group < 1 || spec.topk_group > spec.n_group ||
+        m.top_k > spec.topk_group * (m.n_experts / spec.n_group)) {
+      return bad(absl::StrCat("'routing': n_group ", spec.n_group, " and topk_group ", spec.topk_group,
+                              " must divide the ", m.n_experts, " experts and keep at least top_k ", m.top_k));
+    }
+    if (!std::isfinite(spec.scaling) || spec.scaling <= 0) return bad("'routing.scaling' must be finite and > 0");
   }
   if (static_cast<int64_t>(m.hf_layers.size()) != m.n_layers) {
     return bad(absl::StrCat("'hf_layers' has ", m.hf_layers.size(), " entries, n_layers is ", m.n_layers));

@@ -12,13 +12,15 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
+#include "common/routing.h"
 
 namespace colibri {
 namespace common {
 
 // The newest format this build reads and writes. Version 2 adds shared
-// experts; a model without them is written as version 1, which older builds
-// read too (a version-2 model is refused by them rather than misread).
+// experts and routing other than softmax top-k; a model without either is
+// written as version 1, which older builds read too (a version-2 model is
+// refused by them rather than misread).
 inline constexpr int kManifestFormatVersion = 2;
 
 // Limits of a model directory (they keep a hostile manifest from asking for
@@ -36,7 +38,7 @@ struct ManifestFile {
 };
 
 struct Manifest {
-  int format_version = kManifestFormatVersion;  // as read; written: 1 without shared experts, else 2
+  int format_version = kManifestFormatVersion;  // as read; written: 1 unless version 2 features are used
   std::string architecture;  // config.json's model_type: mixtral, qwen2_moe, olmoe
   int64_t d_model = 0;
   int64_t d_ff = 0;
@@ -44,6 +46,9 @@ struct Manifest {
   int64_t n_experts = 0;
   int64_t top_k = 0;
   bool norm_topk_prob = true;
+  // Scoring, groups, correction bias and scaling of the gate (version 2's
+  // "routing" object; the default is softmax top-k).
+  RoutingSpec routing;
   int64_t vocab_size = 0;
   DType weight_type = DType::kBF16;
   // Shared experts: always on, for every token, after its routed experts.

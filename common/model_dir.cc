@@ -172,6 +172,17 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
           absl::StrCat("bad weight file ", gate.path(), ": gate element ", i, " is not finite"));
     }
   }
+  if (m.routing.correction_bias) {
+    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* b,
+                             SectionData(gate, gate_layout, "bias", DType::kF32, 1, m.n_experts, m.n_experts * 4));
+    routing->bias = reinterpret_cast<const float*>(b);
+    for (int64_t e = 0; e < m.n_experts; ++e) {
+      if (!std::isfinite(routing->bias[e])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad weight file ", gate.path(), ": bias element ", e, " is not finite"));
+      }
+    }
+  }
   if (m.shared_gate) {
     COLIBRI_ASSIGN_OR_RETURN(const uint8_t* sg, SectionData(gate, gate_layout, "shared_gate", DType::kF32,
                                                             m.n_shared_experts, m.d_model,

@@ -48,6 +48,7 @@ struct LayerRouting {
   int64_t layer = 0;
   const float* gate = nullptr;         // f32 [n_experts][d_model]
   const float* shared_gate = nullptr;  // f32 [n_shared_experts][d_model] if manifest.shared_gate, else null
+  const float* bias = nullptr;         // f32 [n_experts] if manifest.routing.correction_bias, else null
   const int32_t* lut_ids = nullptr;    // [vocab_size][top_k], each < n_experts
   const float* lut_weights = nullptr;  // [vocab_size][top_k], finite
   std::unique_ptr<MappedFile> gate_file;

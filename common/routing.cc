@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,62 @@ absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weigh
     }
     routes.expert_ids.insert(routes.expert_ids.end(), lut_ids + id * top_k, lut_ids + (id + 1) * top_k);
     routes.weights.insert(routes.weights.end(), lut_weights + id * top_k, lut_weights + (id + 1) * top_k);
+  }
+  return routes;
+}
+
+void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,
+                 bool normalize, int32_t* ids, float* weights) {
+  const int64_t n = n_experts;
+  std::vector<double> score(n), choice(n);
+  if (spec.scoring == RoutingSpec::Scoring::kSigmoid) {
+    for (int64_t e = 0; e < n; ++e) score[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+  } else {
+    const double max_logit = *std::max_element(logits, logits + n);
+    double total = 0.0;
+    for (int64_t e = 0; e < n; ++e) total += std::exp(logits[e] - max_logit);
+    for (int64_t e = 0; e < n; ++e) score[e] = std::exp(logits[e] - max_logit) / total;
+  }
+  for (int64_t e = 0; e < n; ++e) choice[e] = score[e] + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
+  if (spec.n_group > 1) {
+    const int64_t size = n / spec.n_group;
+    std::vector<double> group(spec.n_group);
+    for (int64_t g = 0; g < spec.n_group; ++g) {
+      std::vector<double> members(choice.begin() + g * size, choice.begin() + (g + 1) * size);
+      std::sort(members.begin(), members.end(), std::greater<double>());
+      group[g] = spec.group_score == RoutingSpec::GroupScore::kTopTwoSum && size > 1 ? members[0] + members[1]
+                                                                                     : members[0];
+    }
+    std::vector<int64_t> order(spec.n_group);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return group[a] > group[b]; });
+    for (int64_t r = spec.topk_group; r < spec.n_group; ++r) {
+      std::fill(choice.begin() + order[r] * size, choice.begin() + (order[r] + 1) * size, 0.0);
+    }
+  }
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
+  double sum = 0.0;
+  for (int64_t j = 0; j < top_k; ++j) sum += score[order[j]];
+  for (int64_t j = 0; j < top_k; ++j) {
+    ids[j] = order[j];
+    weights[j] = static_cast<float>((normalize ? score[order[j]] / sum : score[order[j]]) * spec.scaling);
+  }
+}
+
+Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* bias, int64_t n_experts,
+                       int64_t d_model, int64_t top_k, bool normalize, const float* x, int64_t num_tokens) {
+  if (spec.plain()) return RouteByGate(gate, n_experts, d_model, top_k, normalize, x, num_tokens);
+  Routes routes;
+  routes.top_k = top_k;
+  routes.expert_ids.resize(num_tokens * top_k);
+  routes.weights.resize(num_tokens * top_k);
+  std::vector<double> logits(n_experts);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    GateLogits(gate, n_experts, d_model, x + t * d_model, logits.data());
+    RouteBySpec(spec, logits.data(), bias, n_experts, top_k, normalize, &routes.expert_ids[t * top_k],
+                &routes.weights[t * top_k]);
   }
   return routes;
 }

@@ -59,6 +59,43 @@ void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const flo
 Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k, bool normalize, const float* x,
                    int64_t num_tokens);
 
+// How a family's gate scores and picks experts beyond softmax top-k
+// (docs/MODEL_FAMILIES.md). The default — softmax over all experts, one
+// group, no bias, no scaling — is what RouteByGate computes.
+struct RoutingSpec {
+  enum class Scoring { kSoftmax, kSigmoid };
+  enum class GroupScore { kMax, kTopTwoSum };
+  Scoring scoring = Scoring::kSoftmax;
+  // Experts form n_group contiguous groups of n_experts / n_group; experts are
+  // chosen from the topk_group groups with the best group score only (the
+  // others' choice scores are set to 0, as the Hugging Face code does).
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  GroupScore group_score = GroupScore::kMax;
+  // The gate file holds a per-expert bias added to the scores for choosing
+  // only (DeepSeek-V3's e_score_correction_bias).
+  bool correction_bias = false;
+  // The k weights (renormalized first when the model says so) times this.
+  double scaling = 1.0;
+
+  bool plain() const {
+    return scoring == Scoring::kSoftmax && n_group == 1 && !correction_bias && scaling == 1.0;
+  }
+};
+
+// One token under `spec`: scores s from `logits` (softmax over all experts or
+// sigmoid of each), choice c = s + bias (bias may be null), groups masked, the
+// k best by c (ties toward the lower id, groups toward the lower index), in
+// descending c; weights s of those, divided by their sum when `normalize`,
+// times spec.scaling — in double, rounded once. REQUIRES: n_experts %
+// n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k <= n_experts.
+void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,
+                 bool normalize, int32_t* ids, float* weights);
+
+// Gate routing of T rows of x under `spec`: RouteByGate when spec.plain().
+Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* bias, int64_t n_experts,
+                       int64_t d_model, int64_t top_k, bool normalize, const float* x, int64_t num_tokens);
+
 // `routes` with every token's shared experts after its k routed ones: the
 // result has top_k = k + n_shared, and token t's entry k + s is expert
 // n_experts + s with weight sigmoid(shared_gate[s] · x[t]) (dot product and

@@ -166,7 +166,8 @@ absl::StatusOr<common::Routes> Router::Route(const ForwardInput& in, const float
                                                          " is not finite (gate routing needs finite values)"));
         }
       }
-      return common::RouteByGate(table.gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x, in.num_tokens);
+      return common::RouteByGateSpec(m.routing, table.gate, table.bias, m.n_experts, m.d_model, m.top_k,
+                                     m.norm_topk_prob, x, in.num_tokens);
     case common::RoutingMode::kClient: {
       COLIBRI_RETURN_IF_ERROR(CheckClientRoutes(in, m));
       common::Routes routes;

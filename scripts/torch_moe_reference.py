@@ -168,15 +168,26 @@ class Checkpoint:
         self.vocab = self._cfg("vocab_size")
         self.top_k = self._cfg("num_experts_per_tok")
         self.scale = 1.0
+        self.sigmoid, self.topk_method, self.n_group, self.topk_group = False, "greedy", 1, 1
         if self.model_type == "mixtral":
             self.n_experts, self.norm = self._cfg("num_local_experts"), True
-        elif self.model_type == "deepseek_v2":
-            # HF's DeepseekV2Moe: softmax over all experts, greedy top-k, the
-            # weights times routed_scaling_factor and never renormalized.
-            if self.config.get("topk_method", "greedy") != "greedy":
-                raise RefError(f"{directory}/config.json: topk_method {self.config['topk_method']} not implemented here")
-            self.n_experts, self.norm = self._cfg("n_routed_experts"), False
+        elif self.model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
+            # HF's DeepseekV2Moe: softmax over all experts, greedy or
+            # group-limited (group score = max) top-k, weights times
+            # routed_scaling_factor, never renormalized.  DeepseekV3TopkRouter:
+            # sigmoid scores, + e_score_correction_bias for choosing only, groups
+            # scored by the sum of their top two, the unbiased scores of the
+            # chosen renormalized (norm_topk_prob) then times the factor.
+            v3 = self.model_type != "deepseek_v2"
+            self.n_experts = self._cfg("n_routed_experts")
+            self.norm = v3 and bool(self.config.get("norm_topk_prob", False))
             self.scale = float(self.config.get("routed_scaling_factor", 1.0))
+            self.sigmoid = v3
+            self.topk_method = self.config.get("topk_method", "noaux_tc" if v3 else "greedy")
+            if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+                raise RefError(f"{directory}/config.json: topk_method {self.topk_method} not implemented here")
+            self.n_group = int(self.config.get("n_group", 1))
+            self.topk_group = int(self.config.get("topk_group", 1))
         else:
             self.n_experts = self._cfg("num_experts")
             self.norm = bool(self.config.get("norm_topk_prob", False))
@@ -258,9 +269,24 @@ def cmd_forward(args):
     else:
         route_src = x
     with torch.no_grad():
-        probs = torch.softmax(route_src @ gate.T, dim=-1, dtype=torch.float32)
-        # Stable ascending sort of -p: descending probability, ties -> lower expert id.
-        experts = torch.sort(-probs, dim=-1, stable=True).indices[:, :k]
+        logits = route_src @ gate.T
+        probs = logits.sigmoid() if ck.sigmoid else torch.softmax(logits, dim=-1, dtype=torch.float32)
+        choice = probs
+        bias_name = f"model.layers.{args.layer}.mlp.gate.e_score_correction_bias"
+        if ck.topk_method == "noaux_tc" and bias_name in ck.where:
+            choice = probs + torch.from_numpy(ck.load(bias_name, (E,)))
+        if ck.topk_method in ("group_limited_greedy", "noaux_tc") and ck.n_group > 1:
+            grouped = choice.view(T, ck.n_group, E // ck.n_group)
+            if ck.topk_method == "noaux_tc":
+                group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+            else:
+                group_scores = grouped.max(dim=-1).values
+            kept = torch.sort(-group_scores, dim=-1, stable=True).indices[:, :ck.topk_group]
+            mask = torch.zeros_like(group_scores).scatter_(1, kept, 1.0)
+            mask = mask.unsqueeze(-1).expand(T, ck.n_group, E // ck.n_group).reshape(T, E)
+            choice = choice.masked_fill(mask == 0, 0.0)  # as HF does: 0.0, not -inf
+        # Stable ascending sort of -choice: descending, ties -> lower expert id.
+        experts = torch.sort(-choice, dim=-1, stable=True).indices[:, :k]
         weights = probs.gather(1, experts)
         if ck.norm:
             weights = weights / weights.sum(dim=-1, keepdim=True)

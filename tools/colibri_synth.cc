@@ -23,8 +23,11 @@ ABSL_FLAG(std::string, out, "",
           "missing. Refused if it already holds a config.json, unless --overwrite.");
 ABSL_FLAG(std::string, naming, "mixtral",
           "Tensor names and config.json layout to imitate: mixtral (block_sparse_moe, w1/w3/w2), "
-          "qwen2_moe, qwen3_moe, olmoe or deepseek_v2 (mlp, gate_proj/up_proj/down_proj; deepseek_v2 with "
-          "DeepSeek-V2-Lite's greedy softmax routing).");
+          "qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or deepseek_v3 (mlp, gate_proj/up_proj/down_proj, with each "
+          "family's config keys and routing).");
+ABSL_FLAG(int64_t, n_group, 1, "deepseek_v2/v3: expert groups (n_group).");
+ABSL_FLAG(int64_t, topk_group, 1, "deepseek_v2/v3: groups experts are chosen from (topk_group).");
+ABSL_FLAG(double, routed_scaling_factor, 1.0, "deepseek_v2/v3: routed_scaling_factor.");
 ABSL_FLAG(int64_t, d_model, 256, "Hidden size (hidden_size).");
 ABSL_FLAG(int64_t, d_ff, 512,
           "Expert intermediate size (intermediate_size; moe_intermediate_size for qwen2_moe/qwen3_moe).");
@@ -95,6 +98,9 @@ int main(int argc, char* argv[]) {
   options.n_layers = absl::GetFlag(FLAGS_layers);
   options.dense_layers = absl::GetFlag(FLAGS_dense_layers);
   options.shared_d_ff = absl::GetFlag(FLAGS_shared_d_ff);
+  options.n_group = absl::GetFlag(FLAGS_n_group);
+  options.topk_group = absl::GetFlag(FLAGS_topk_group);
+  options.routed_scaling_factor = absl::GetFlag(FLAGS_routed_scaling_factor);
   options.n_experts = absl::GetFlag(FLAGS_experts);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.vocab_size = absl::GetFlag(FLAGS_vocab);

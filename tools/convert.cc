@@ -282,6 +282,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   m.shared_gate = s.shared_gate;
   m.top_k = s.top_k;
   m.norm_topk_prob = s.norm_topk_prob;
+  m.routing = s.routing;
   m.vocab_size = s.vocab_size;
   m.weight_type = o.weight_type;
   m.hf_layers = s.moe_layers;
@@ -311,6 +312,11 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     }
     std::vector<PlainSection> gate_sections = {
         {"gate", DType::kF32, s.n_experts, s.d_model, gate.data(), gate.size() * 4}};
+    std::vector<float> bias;
+    if (s.routing.correction_bias) {
+      COLIBRI_ASSIGN_OR_RETURN(bias, ckpt->Vector(HfCheckpoint::BiasName(hf), s.n_experts));
+      gate_sections.push_back({"bias", DType::kF32, 1, s.n_experts, bias.data(), bias.size() * 4});
+    }
     std::vector<float> shared_gate(s.shared_gate ? s.n_shared_experts * s.d_model : 0);
     if (s.shared_gate) {
       COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* tensor,
@@ -334,6 +340,8 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     in.d_model = s.d_model;
     in.top_k = s.top_k;
     in.normalize = s.norm_topk_prob;
+    in.spec = s.routing;
+    in.bias = bias.empty() ? nullptr : bias.data();
     in.vocab_size = s.vocab_size;
     in.embedding_rows = [&](int64_t first, int64_t n, float* out) {
       HfCheckpoint::RowsToFloat(*embedding, first, n, out);

@@ -1,6 +1,7 @@
 #include "tools/hf_checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -111,25 +112,30 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
 }
 
 // The model families whose MoE block the converter and the runtime reproduce
-// exactly: softmax over all experts, greedy top-k, optional renormalization,
-// SwiGLU experts, shared experts (docs/MODEL_FORMAT.md). deepseek_v2 only with
-// the greedy routing of DeepSeek-V2-Lite (checked below).
-constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"};
+// exactly (docs/MODEL_FAMILIES.md).
+constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe",   "qwen3_moe", "olmoe",
+                                                "deepseek_v2", "deepseek_v3", "kimi_k2"};
+
+bool IsDeepseekV3(const Json& config) {
+  return config.contains("model_type") && (config["model_type"] == "deepseek_v3" || config["model_type"] == "kimi_k2");
+}
 
 // Refuses what the converter would otherwise turn into a model that computes
-// something else: a model_type outside the list (DeepSeek-V3, Kimi-K2,
-// gpt-oss, Llama 4 route and activate differently), quantized weights, and
-// routing keys with values other than the supported families use.
+// something else: a model_type outside the list (gpt-oss, Llama 4 route and
+// activate differently), quantized weights, and routing keys a family's
+// modeling code does not give the meaning the runtime implements.
 absl::Status CheckSupported(const Json& config, const std::string& dir) {
   const std::string where = dir + "/config.json";
+  std::string type;
   if (config.contains("model_type") && config["model_type"].is_string()) {  // a non-string one is ignored
-    const std::string type = config["model_type"].get<std::string>();
+    type = config["model_type"].get<std::string>();
     if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes), type) ==
         std::end(kSupportedModelTypes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": model_type '", type, "' is not supported: Colibri converts ",
-          absl::StrJoin(kSupportedModelTypes, ", "),
-          " checkpoints (other families' routing and activations are not implemented)"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": model_type '", type,
+                                                     "' is not supported: Colibri converts ",
+                                                     absl::StrJoin(kSupportedModelTypes, ", "),
+                                                     " checkpoints (other families' routing and activations are not "
+                                                     "implemented; docs/MODEL_FAMILIES.md)"));
     }
   }
   if (config.contains("quantization_config")) {
@@ -141,43 +147,96 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
         where, ": quantization_config (quant_method '", method,
         "'): quantized checkpoints are not supported; convert the weights to bf16 or f32 first"));
   }
-  // Keys of other routing schemes: refused unless they hold the value that
-  // means "plain softmax top-k".
+  auto refuse = [&](const char* key, const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, " = ", config[key].dump(), ": ", why));
+  };
+  const bool deepseek_v2 = type == "deepseek_v2", deepseek_v3 = IsDeepseekV3(config);
+  if (deepseek_v3) {  // sigmoid scores, the correction bias, groups by the sum of their top two (noaux_tc)
+    if (config.contains("scoring_func") && config["scoring_func"] != "sigmoid") {
+      return refuse("scoring_func", "DeepSeek-V3's routing is sigmoid");
+    }
+    if (config.contains("topk_method") && config["topk_method"] != "noaux_tc") {
+      return refuse("topk_method", "DeepSeek-V3's routing is noaux_tc");
+    }
+    return absl::OkStatus();
+  }
   if (config.contains("scoring_func") && config["scoring_func"] != "softmax") {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": scoring_func ", config["scoring_func"].dump(),
-                                                   " is not supported (softmax only)"));
+    return refuse("scoring_func", "not supported for this model_type (softmax only)");
+  }
+  if (deepseek_v2) {
+    if (config.contains("topk_method") && config["topk_method"] != "greedy" &&
+        config["topk_method"] != "group_limited_greedy") {
+      return refuse("topk_method", "not supported (greedy or group_limited_greedy)");
+    }
+    // Hugging Face's DeepSeek-V2 code never renormalizes; DeepSeek's own
+    // code does when norm_topk_prob is set: with the two disagreeing, refuse.
+    if (config.contains("norm_topk_prob") && config["norm_topk_prob"] == true) {
+      return refuse("norm_topk_prob", "not supported for deepseek_v2 (its implementations disagree on it)");
+    }
+    return absl::OkStatus();
   }
   for (const char* key : {"n_group", "topk_group"}) {
-    if (config.contains(key) && config[key] != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", key, " = ", config[key].dump(), ": group-limited routing is not supported"));
-    }
+    if (config.contains(key) && config[key] != 1) return refuse(key, "group-limited routing is not supported");
   }
   if (config.contains("topk_method") && config["topk_method"] != "greedy") {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": topk_method ", config["topk_method"].dump(),
-                                                   " is not supported (greedy only)"));
-  }
-  // DeepSeek-V2's Hugging Face code never renormalizes; DeepSeek's own code
-  // does when norm_topk_prob is set: with the two disagreeing, refuse.
-  if (config.contains("model_type") && config["model_type"] == "deepseek_v2" && config.contains("norm_topk_prob") &&
-      config["norm_topk_prob"] == true) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": norm_topk_prob = true for deepseek_v2 is not supported (its implementations disagree on it)"));
+    return refuse("topk_method", "not supported (greedy only)");
   }
   if (config.contains("routed_scaling_factor") && config["routed_scaling_factor"] != 1.0) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": routed_scaling_factor = ",
-                                                   config["routed_scaling_factor"].dump(), " is not supported (1 only)"));
+    return refuse("routed_scaling_factor", "not supported for this model_type (1 only)");
   }
   return absl::OkStatus();
 }
 
+// The gate's routing for DeepSeek models, from config.json; the default
+// (softmax top-k) for the others.
+absl::StatusOr<common::RoutingSpec> RoutingOf(const Json& config, const std::string& dir, int64_t n_experts,
+                                              int64_t top_k) {
+  common::RoutingSpec spec;
+  const bool deepseek_v3 = IsDeepseekV3(config);
+  const bool deepseek_v2 = config.contains("model_type") && config["model_type"] == "deepseek_v2";
+  if (!deepseek_v2 && !deepseek_v3) return spec;
+  auto integer = [&](const char* key, int64_t fallback) -> absl::StatusOr<int64_t> {
+    if (!config.contains(key)) return fallback;
+    if (!config[key].is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " must be an integer"));
+    }
+    return config[key].get<int64_t>();
+  };
+  const bool grouped =
+      deepseek_v3 || (config.contains("topk_method") && config["topk_method"] == "group_limited_greedy");
+  if (grouped) {
+    COLIBRI_ASSIGN_OR_RETURN(spec.n_group, integer("n_group", 1));
+    COLIBRI_ASSIGN_OR_RETURN(spec.topk_group, integer("topk_group", 1));
+    if (spec.n_group < 1 || n_experts % spec.n_group != 0 || spec.topk_group < 1 || spec.topk_group > spec.n_group ||
+        top_k > spec.topk_group * (n_experts / spec.n_group)) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: n_group = ", spec.n_group,
+                                                     " and topk_group = ", spec.topk_group, " do not fit ", n_experts,
+                                                     " experts and num_experts_per_tok = ", top_k));
+    }
+  }
+  if (deepseek_v3) {
+    spec.scoring = common::RoutingSpec::Scoring::kSigmoid;
+    spec.group_score = common::RoutingSpec::GroupScore::kTopTwoSum;
+    spec.correction_bias = true;
+  }
+  if (config.contains("routed_scaling_factor")) {
+    if (!config["routed_scaling_factor"].is_number() || !(config["routed_scaling_factor"].get<double>() > 0) ||
+        !std::isfinite(config["routed_scaling_factor"].get<double>())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/config.json: routed_scaling_factor must be a positive number"));
+    }
+    spec.scaling = config["routed_scaling_factor"].get<double>();
+  }
+  return spec;
+}
+
 // Tensors of a layout the converter cannot read (block-quantized weights and
-// their scales, a routing bias), named in the error.
-absl::Status CheckTensorNames(const std::vector<std::unique_ptr<common::SafetensorsFile>>& files) {
+// their scales; a routing correction bias outside DeepSeek-V3), named in the error.
+absl::Status CheckTensorNames(const std::vector<std::unique_ptr<common::SafetensorsFile>>& files, bool bias_ok) {
   for (const auto& file : files) {
     for (const auto& t : file->tensors()) {
       for (const char* suffix : {"_scale_inv", "_blocks", "_scales", ".e_score_correction_bias"}) {
-        if (absl::EndsWith(t.name, suffix)) {
+        if (absl::EndsWith(t.name, suffix) && !(bias_ok && absl::EndsWith(t.name, ".e_score_correction_bias"))) {
           return absl::InvalidArgumentError(absl::StrCat(
               "tensor '", t.name, "' in ", file->path(),
               ": quantized weights (FP8 block scales, MXFP4 blocks) and routing correction biases are not supported"));
@@ -237,7 +296,7 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     }
   }
 
-  COLIBRI_RETURN_IF_ERROR(CheckTensorNames(ckpt->files_));
+  COLIBRI_RETURN_IF_ERROR(CheckTensorNames(ckpt->files_, IsDeepseekV3(config)));
 
   // Naming and MoE layers, from the gate tensors present.
   HfModelShape& s = ckpt->shape_;
@@ -365,6 +424,7 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat(dir, "/config.json: num_experts_per_tok = ", s.top_k, " is outside [1, ", s.n_experts, "]"));
   }
+  COLIBRI_ASSIGN_OR_RETURN(s.routing, RoutingOf(config, dir, s.n_experts, s.top_k));
   // Mixtral always renormalizes the top-k weights; Qwen-MoE and OLMoE say so.
   s.norm_topk_prob =
       s.naming == Naming::kMixtral || (config.contains("norm_topk_prob") && config["norm_topk_prob"].is_boolean() &&
@@ -415,6 +475,31 @@ absl::StatusOr<const common::SafetensorsTensor*> HfCheckpoint::Matrix(const std:
                                                    "]"));
   }
   return t;
+}
+
+absl::StatusOr<std::vector<float>> HfCheckpoint::Vector(const std::string& name, int64_t n) const {
+  const common::SafetensorsFile* file = FileOf(name);
+  if (file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
+  const common::SafetensorsTensor* t = file->Find(name);
+  if ((t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16") || t->shape != std::vector<int64_t>{n}) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " is ", t->dtype, " [",
+                                                   absl::StrJoin(t->shape, ", "), "], expected F32/BF16/F16 [", n,
+                                                   "]"));
+  }
+  common::SafetensorsTensor row = *t;
+  row.shape = {1, n};
+  std::vector<float> out(n);
+  RowsToFloat(row, 0, 1, out.data());
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(out[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has a non-finite value at [", i, "]"));
+    }
+  }
+  return out;
+}
+
+std::string HfCheckpoint::BiasName(int64_t layer) {
+  return absl::StrCat("model.layers.", layer, ".mlp.gate.e_score_correction_bias");
 }
 
 void HfCheckpoint::RowsToFloat(const common::SafetensorsTensor& t, int64_t first, int64_t n, float* out) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/routing.h"
 #include "common/safetensors.h"
 
 namespace colibri {
@@ -43,6 +44,7 @@ struct HfModelShape {
   bool shared_gate = false;
   int64_t top_k = 0;
   bool norm_topk_prob = true;
+  common::RoutingSpec routing;  // DeepSeek's scoring, groups, bias and scaling; else softmax top-k
   int64_t vocab_size = 0;
   std::vector<int64_t> moe_layers;  // checkpoint layer indices with a gate, ascending
 };
@@ -63,12 +65,18 @@ class HfCheckpoint {
   // expert >= n_experts names the shared expert's tensors.
   std::string ExpertName(int64_t hf_layer, int64_t expert, ExpertMatrix which) const;
   static std::string SharedGateName(int64_t hf_layer);
+  // DeepSeek-V3's per-expert correction bias of the gate, [n_experts].
+  static std::string BiasName(int64_t hf_layer);
   static std::string EmbeddingName() { return "model.embed_tokens.weight"; }
 
   // The tensor named `name`, checked to be F32, BF16 or F16 and of shape
   // [rows, cols]. INVALID_ARGUMENT naming the tensor and file otherwise
   // (missing tensor, wrong shape, unsupported dtype).
   absl::StatusOr<const common::SafetensorsTensor*> Matrix(const std::string& name, int64_t rows, int64_t cols) const;
+
+  // The 1-D tensor `name` of `n` F32/BF16/F16 values, as f32, every one
+  // finite; INVALID_ARGUMENT naming the tensor otherwise.
+  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) const;
 
   // Converts rows [first, first + n) of a matrix from Matrix() to f32.
   static void RowsToFloat(const common::SafetensorsTensor& tensor, int64_t first, int64_t n, float* out);

@@ -26,6 +26,37 @@ bool AllFinite(const double* v, int64_t n) {
   return true;
 }
 
+// The LUT of a model whose routing is not softmax top-k: every token id routed
+// as the gate routes its embedding row.
+absl::StatusOr<LutResult> BuildLutBySpec(const LutInputs& in) {
+  const int64_t n = in.n_experts, k = in.top_k, d = in.d_model, vocab = in.vocab_size;
+  if (!in.calibration_tokens.empty() || in.balance_loss_weight > 0.0) {
+    return absl::InvalidArgumentError(
+        "calibration and balancing are defined for softmax routing only; this model's gate routes otherwise");
+  }
+  LutResult out;
+  out.ids.resize(vocab * k);
+  out.weights.resize(vocab * k);
+  out.load_before.assign(n, 0);
+  std::vector<float> rows(kEmbeddingChunk * d);
+  std::vector<double> logits(n);
+  for (int64_t first = 0; first < vocab; first += kEmbeddingChunk) {
+    const int64_t count = std::min(kEmbeddingChunk, vocab - first);
+    in.embedding_rows(first, count, rows.data());
+    for (int64_t v = first; v < first + count; ++v) {
+      common::GateLogits(in.gate, n, d, &rows[(v - first) * d], logits.data());
+      if (!AllFinite(logits.data(), n)) {
+        return absl::InvalidArgumentError(absl::StrCat("embedding row ", v, " is not finite"));
+      }
+      common::RouteBySpec(in.spec, logits.data(), in.bias, n, k, in.normalize, &out.ids[v * k], &out.weights[v * k]);
+      for (int64_t j = 0; j < k; ++j) ++out.load_before[out.ids[v * k + j]];
+    }
+  }
+  out.load_after = out.load_before;
+  out.compared = out.agree_before = out.agree_after = vocab;  // these are the exact gate's routes
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<LutResult> BuildLut(const LutInputs& in) {
@@ -34,6 +65,7 @@ absl::StatusOr<LutResult> BuildLut(const LutInputs& in) {
     return absl::InvalidArgumentError(
         absl::StrCat("balance loss weight ", in.balance_loss_weight, " must be finite and >= 0"));
   }
+  if (!in.spec.plain()) return BuildLutBySpec(in);
   // logits[v * n + e]
   std::vector<double> logits(vocab * n);
   std::vector<double> prob_sum(vocab * n, 0.0);

@@ -19,7 +19,13 @@
 //
 // Agreement: the share of inputs whose LUT top-k set equals the exact gate's
 // top-k set for that input — the calibration records when given, otherwise
-// each token's embedding. Pure computation; thread-compatible.
+// each token's embedding.
+//
+// For routing other than softmax top-k (`spec` not plain: sigmoid scores,
+// groups, a correction bias, scaling), each token id is routed exactly as the
+// gate routes its embedding row (common::RouteBySpec); calibration and
+// balancing are defined for softmax scores only and are refused there.
+// Pure computation; thread-compatible.
 
 #include <cstdint>
 #include <functional>
@@ -28,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/routing.h"
 
 namespace colibri {
 namespace tools {
@@ -38,6 +45,8 @@ struct LutInputs {
   int64_t d_model = 0;
   int64_t top_k = 0;
   bool normalize = true;
+  common::RoutingSpec spec;      // default: softmax top-k
+  const float* bias = nullptr;   // [n_experts] when spec.correction_bias
   int64_t vocab_size = 0;
   // Writes rows [first, first + n) of the embedding as f32 into `out`.
   std::function<void(int64_t first, int64_t n, float* out)> embedding_rows;

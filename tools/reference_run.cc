@@ -103,8 +103,8 @@ absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, 
     COLIBRI_ASSIGN_OR_RETURN(
         r.routes, common::RouteByLut(routing->lut_ids, routing->lut_weights, m.vocab_size, m.top_k, token_ids));
   } else {
-    r.routes = common::RouteByGate(routing->gate, m.n_experts, m.d_model, m.top_k, m.norm_topk_prob, x,
-                                   static_cast<int64_t>(token_ids.size()));
+    r.routes = common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts, m.d_model, m.top_k,
+                                       m.norm_topk_prob, x, static_cast<int64_t>(token_ids.size()));
   }
   r.all_routes = m.n_shared_experts > 0
                      ? common::AppendSharedExperts(r.routes, m.n_experts, m.n_shared_experts, routing->shared_gate,

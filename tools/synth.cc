@@ -128,9 +128,14 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
       continue;
     }
     add(block + "gate.weight", {o.n_experts, o.d_model}, in_scale, g);
+    if (o.naming == "deepseek_v3") {  // the correction bias is stored in f32, whatever the weights' dtype
+      SynthOptions f32 = o;
+      f32.dtype = DType::kF32;
+      jobs.push_back(WeightJob(f32, block + "gate.e_score_correction_bias", {o.n_experts}, 0.1f, g));
+    }
     if (o.shared_d_ff > 0) {  // Qwen2-MoE: shared_expert with its gate; DeepSeek: shared_experts, ungated
       const float shared_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.shared_d_ff)));
-      const std::string shared = block + (o.naming == "deepseek_v2" ? "shared_experts." : "shared_expert.");
+      const std::string shared = block + (o.naming == "qwen2_moe" ? "shared_expert." : "shared_experts.");
       add(shared + "gate_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
       add(shared + "up_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
       add(shared + "down_proj.weight", {o.d_model, o.shared_d_ff}, shared_scale, g);
@@ -249,20 +254,23 @@ Json ConfigJson(const SynthOptions& o) {
     c["num_local_experts"] = o.n_experts;
     return c;
   }
-  if (o.naming == "deepseek_v2") {  // DeepSeek-V2-Lite's routing: softmax, greedy top-k, not renormalized
-    c["architectures"] = Json::array({"DeepseekV2ForCausalLM"});
+  if (o.naming == "deepseek_v2" || o.naming == "deepseek_v3") {
+    const bool v3 = o.naming == "deepseek_v3";
+    c["architectures"] = Json::array({v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"});
     c["intermediate_size"] = 2 * o.d_ff;  // the dense layers' MLP width
     c["moe_intermediate_size"] = o.d_ff;
     c["n_routed_experts"] = o.n_experts;
     c["n_shared_experts"] = o.shared_d_ff / o.d_ff;
     c["first_k_dense_replace"] = o.dense_layers;
     c["moe_layer_freq"] = 1;
-    c["topk_method"] = "greedy";
-    c["n_group"] = 1;
-    c["topk_group"] = 1;
-    c["scoring_func"] = "softmax";
-    c["norm_topk_prob"] = false;
-    c["routed_scaling_factor"] = 1.0;
+    // V2: softmax, greedy or group-limited (group score = max), never renormalized;
+    // V3: sigmoid, correction bias, groups by the sum of their top two (noaux_tc).
+    c["topk_method"] = v3 ? "noaux_tc" : o.n_group > 1 ? "group_limited_greedy" : "greedy";
+    c["n_group"] = o.n_group;
+    c["topk_group"] = o.topk_group;
+    c["scoring_func"] = v3 ? "sigmoid" : "softmax";
+    c["norm_topk_prob"] = v3 && o.norm_topk_prob;
+    c["routed_scaling_factor"] = o.routed_scaling_factor;
     return c;
   }
   c["num_experts"] = o.n_experts;
@@ -326,23 +334,36 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text, std
 
 absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.out_dir.empty()) return absl::InvalidArgumentError("out_dir is empty");
-  const bool deepseek = o.naming == "deepseek_v2";
+  const bool deepseek = o.naming == "deepseek_v2" || o.naming == "deepseek_v3";
   const bool with_dense = o.naming == "qwen2_moe" || o.naming == "qwen3_moe" || deepseek;
   if (o.naming != "mixtral" && o.naming != "olmoe" && !with_dense) {
     return absl::InvalidArgumentError(
-        absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe, qwen3_moe, olmoe or deepseek_v2"));
+        absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or "
+                     "deepseek_v3"));
   }
   if (o.dense_layers != 0 && (!with_dense || o.dense_layers < 0 || o.dense_layers >= o.n_layers)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dense_layers = ", o.dense_layers,
-                     ": expected 0, or for qwen2_moe/qwen3_moe/deepseek_v2 a value in [0, n_layers = ", o.n_layers,
+                     ": expected 0, or for qwen2_moe/qwen3_moe/deepseek_v2/v3 a value in [0, n_layers = ", o.n_layers,
                      ")"));
   }
   const bool shared_ok = o.naming == "qwen2_moe" || (deepseek && o.d_ff > 0 && o.shared_d_ff % o.d_ff == 0);
   if (o.shared_d_ff != 0 && (!shared_ok || o.shared_d_ff < 0 || o.shared_d_ff > kSynthMaxDim)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared_d_ff = ", o.shared_d_ff, ": expected 0, or for qwen2_moe a value in [1, ", kSynthMaxDim,
-        "], for deepseek_v2 a multiple of d_ff (n_shared_experts x moe_intermediate_size)"));
+        "], for deepseek_v2/v3 a multiple of d_ff (n_shared_experts x moe_intermediate_size)"));
+  }
+  const bool groups_ok = deepseek && o.n_group >= 1 && o.n_experts % o.n_group == 0 && o.topk_group >= 1 &&
+                         o.topk_group <= o.n_group && o.top_k <= o.topk_group * (o.n_experts / o.n_group);
+  if ((o.n_group != 1 || o.topk_group != 1) && !groups_ok) {
+    return absl::InvalidArgumentError(absl::StrCat("n_group = ", o.n_group, ", topk_group = ", o.topk_group,
+                                                   ": expected 1 and 1, or for deepseek_v2/v3 groups that divide the ",
+                                                   "experts and keep at least top_k"));
+  }
+  if (o.routed_scaling_factor != 1.0 && (!deepseek || !(o.routed_scaling_factor > 0) ||
+                                         !std::isfinite(o.routed_scaling_factor))) {
+    return absl::InvalidArgumentError(absl::StrCat("routed_scaling_factor = ", o.routed_scaling_factor,
+                                                   ": expected 1, or for deepseek_v2/v3 a positive number"));
   }
   struct Range {
     const char* field;

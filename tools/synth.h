@@ -48,7 +48,7 @@ struct SynthOptions {
   // unless `overwrite`.
   std::string out_dir;
   bool overwrite = false;
-  std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "deepseek_v2"
+  std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "deepseek_v2" | "deepseek_v3"
   int64_t d_model = 256;
   int64_t d_ff = 512;  // each expert's (moe_intermediate_size for the Qwen namings)
   int64_t n_layers = 2;  // decoder layers (num_hidden_layers), dense ones included
@@ -60,9 +60,16 @@ struct SynthOptions {
   // qwen2_moe: > 0 gives every MoE layer a shared expert of this width
   // (mlp.shared_expert.{gate,up,down}_proj, shared_expert_intermediate_size)
   // and its sigmoid gate mlp.shared_expert_gate.weight [1, d_model].
-  // deepseek_v2: a multiple of d_ff, written as mlp.shared_experts.* (ungated)
-  // with n_shared_experts = shared_d_ff / d_ff.
+  // deepseek_v2/v3: a multiple of d_ff, written as mlp.shared_experts.*
+  // (ungated) with n_shared_experts = shared_d_ff / d_ff.
   int64_t shared_d_ff = 0;
+  // deepseek_v2/v3 routing: experts in n_group groups, chosen from the best
+  // topk_group (V2 with n_group > 1: group_limited_greedy), weights times
+  // routed_scaling_factor. deepseek_v3 also writes mlp.gate.e_score_correction_bias
+  // (f32 [n_experts], SynthUniform * 0.1), sigmoid scoring and norm_topk_prob.
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
   int64_t n_experts = 8;
   int64_t top_k = 2;
   int64_t vocab_size = 1000;

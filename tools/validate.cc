@@ -206,6 +206,14 @@ const uint8_t* Section4(const OpenedFile& f, const std::string& name, DType dtyp
 // "shared_gate" f32 [n_shared_experts][d_model]), every element finite.
 void CheckGate(const common::Manifest& m, OpenedFile* f) {
   Tally bad("gate weights not finite");
+  if (m.routing.correction_bias) {
+    const uint8_t* b = Section4(*f, "bias", DType::kF32, 1, m.n_experts, &f->problems);
+    if (b == nullptr) return;
+    const auto* bias = reinterpret_cast<const float*>(b);
+    for (int64_t e = 0; e < m.n_experts; ++e) {
+      if (!std::isfinite(bias[e])) bad.Add([&] { return absl::StrCat("bias of expert ", e); });
+    }
+  }
   if (m.shared_gate) {
     const uint8_t* shared = Section4(*f, "shared_gate", DType::kF32, m.n_shared_experts, m.d_model, &f->problems);
     if (shared == nullptr) return;
@@ -228,7 +236,8 @@ void CheckGate(const common::Manifest& m, OpenedFile* f) {
 }
 
 // Check 4, LUT: per token, top_k distinct ids in [0, n_experts) and finite
-// weights >= 0 that sum to 1 when the manifest says they are normalized.
+// weights >= 0 that sum to 1 (times the routing's scaling) when the manifest
+// says they are normalized.
 void CheckLut(const common::Manifest& m, OpenedFile* f) {
   const int64_t k = m.top_k;
   const auto* ids = reinterpret_cast<const int32_t*>(Section4(*f, "ids", DType::kI32, m.vocab_size, k, &f->problems));
@@ -238,7 +247,7 @@ void CheckLut(const common::Manifest& m, OpenedFile* f) {
   Tally repeats("tokens routed twice to one expert");
   Tally non_finite("route weights not finite");
   Tally negative("route weights negative");
-  Tally sums("tokens whose weights do not sum to 1 (norm_topk_prob)");
+  Tally sums(absl::StrCat("tokens whose weights do not sum to ", m.routing.scaling, " (norm_topk_prob)"));
   for (int64_t t = 0; t < m.vocab_size; ++t) {
     bool repeated = false, finite = true;
     double sum = 0.0;
@@ -259,7 +268,8 @@ void CheckLut(const common::Manifest& m, OpenedFile* f) {
       }
       sum += w;
     }
-    if (weights != nullptr && m.norm_topk_prob && finite && std::fabs(sum - 1.0) > 1e-4) {
+    if (weights != nullptr && m.norm_topk_prob && finite &&
+        std::fabs(sum - m.routing.scaling) > 1e-4 * m.routing.scaling) {
       sums.Add([&] { return absl::StrFormat("token %d: sum %.6g", t, sum); });
     }
   }

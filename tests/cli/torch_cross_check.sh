@@ -60,6 +60,15 @@ check qwen2_shared --naming qwen2_moe --d_model 96 --d_ff 80 --shared_d_ff 176 -
 types="f32:1e-5 int4:0.15"
 check deepseek_v2 --naming deepseek_v2 --d_model 96 --d_ff 80 --shared_d_ff 160 --layers 3 --dense_layers 1 \
   --experts 12 --top_k 3 --vocab 120 --dtype bf16 --seed 9006
+# DeepSeek-V2 with group-limited greedy routing (group score = max) and a routed scaling factor.
+types="f32:1e-5"
+check deepseek_v2_groups --naming deepseek_v2 --d_model 96 --d_ff 64 --shared_d_ff 128 --layers 2 --dense_layers 1 \
+  --experts 16 --top_k 4 --n_group 4 --topk_group 2 --routed_scaling_factor 16 --vocab 120 --dtype bf16 --seed 9007
+# DeepSeek-V3-shaped: sigmoid scores, correction bias, groups by their top-two sum, renormalized and scaled.
+types="f32:1e-5 bf16:2e-2"
+check deepseek_v3 --naming deepseek_v3 --norm_topk_prob --d_model 96 --d_ff 64 --shared_d_ff 64 --layers 3 \
+  --dense_layers 1 --experts 16 --top_k 4 --n_group 4 --topk_group 2 --routed_scaling_factor 2.5 --vocab 120 \
+  --dtype bf16 --seed 9008
 # Qwen3-MoE: moe_intermediate_size differs from intermediate_size, and decoder layer 0 is dense (mlp_only_layers).
 types="bf16:1e-5 int8:2e-2"
 check qwen3_bf16 --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 --dense_layers 1 \

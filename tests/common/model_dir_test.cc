@@ -158,6 +158,14 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
                                              {"\"format_version\": 1", "\"format_version\": 2"}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "'shared_experts.count' = 9999 is outside"));
 
+  const std::string routing =
+      "\"routing\": {\"scoring\": \"sigmoid\", \"n_group\": 3, \"topk_group\": 1, \"group_score\": \"max\", "
+      "\"correction_bias\": false, \"scaling\": 2.0},\n  \"top_k\"";
+  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", routing}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "'routing' needs format_version 2"));
+  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", routing}, {"\"format_version\": 1", "\"format_version\": 2"}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "must divide the 4 experts"));
+
   WriteText(path, good.substr(0, good.size() / 2));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "not a JSON object"));
 

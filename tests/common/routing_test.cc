@@ -75,6 +75,59 @@ TEST_CASE("LUT routing copies rows and refuses an out-of-range token id naming i
   }
 }
 
+TEST_CASE("sigmoid routing chooses by the biased scores and weighs by the unbiased ones, scaled") {
+  // Scores s = sigmoid(l): 0.5, ~0.731, ~0.269, ~0.881. The bias lifts expert 2
+  // above expert 1 for choosing; the weights stay s, renormalized, times 2.5.
+  const double logits[4] = {0.0, 1.0, -1.0, 2.0};
+  const float bias[4] = {0.0f, 0.0f, 0.5f, 0.0f};
+  RoutingSpec spec;
+  spec.scoring = RoutingSpec::Scoring::kSigmoid;
+  spec.correction_bias = true;
+  spec.scaling = 2.5;
+  int32_t ids[2];
+  float weights[2];
+  RouteBySpec(spec, logits, bias, 4, 2, /*normalize=*/true, ids, weights);
+  CHECK(ids[0] == 3);
+  CHECK(ids[1] == 2);  // 0.269 + 0.5 > 0.731
+  const double s3 = 1 / (1 + std::exp(-2.0)), s2 = 1 / (1 + std::exp(1.0));
+  CHECK(weights[0] == static_cast<float>(s3 / (s3 + s2) * 2.5));
+  CHECK(weights[1] == static_cast<float>(s2 / (s3 + s2) * 2.5));
+}
+
+TEST_CASE("group-limited routing keeps the best groups by their top-two sum or their maximum") {
+  // Softmax scores ~ proportional to exp(l). Groups of 2: {0,1} {2,3} {4,5}.
+  // By maximum, group {4,5} (expert 4 alone is the largest) and {0,1} win;
+  // by top-two sum, {2,3} (two good experts) beats {4,5}.
+  const double logits[6] = {1.0, 0.9, 1.5, 1.5, 2.0, -5.0};
+  RoutingSpec spec;
+  spec.n_group = 3;
+  spec.topk_group = 1;
+  int32_t ids[2];
+  float weights[2];
+  RouteBySpec(spec, logits, nullptr, 6, 2, false, ids, weights);
+  CHECK(ids[0] == 4);
+  CHECK(ids[1] == 5);  // only group {4,5} is kept
+  spec.group_score = RoutingSpec::GroupScore::kTopTwoSum;
+  spec.topk_group = 1;
+  RouteBySpec(spec, logits, nullptr, 6, 2, false, ids, weights);
+  CHECK(ids[0] == 2);  // {2,3}: e^1.5 + e^1.5 > e^2 + e^-5
+  CHECK(ids[1] == 3);  // the tie between 2 and 3 goes to the lower id first
+  double total = 0;
+  for (double l : logits) total += std::exp(l);
+  CHECK(weights[0] == static_cast<float>(std::exp(1.5) / total));  // softmax over all experts, not renormalized
+}
+
+TEST_CASE("the default routing spec is plain softmax top-k and routes exactly as the gate") {
+  RoutingSpec spec;
+  CHECK(spec.plain());
+  const float gate[3 * 2] = {1, 0, 0, 1, 1, 1};
+  const float x[2 * 2] = {0.5f, -1.0f, 2.0f, 0.25f};
+  const Routes a = RouteByGate(gate, 3, 2, 2, true, x, 2);
+  const Routes b = RouteByGateSpec(spec, gate, nullptr, 3, 2, 2, true, x, 2);
+  CHECK(a.expert_ids == b.expert_ids);
+  CHECK(a.weights == b.weights);
+}
+
 }  // namespace
 }  // namespace common
 }  // namespace colibri

@@ -187,6 +187,51 @@ TEST_CASE("a DeepSeek-V2-Lite-shaped checkpoint converts with its ungated shared
   }
 }
 
+TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limited routing and correction bias") {
+  TempDir dir;
+  SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "deepseek_v3");
+  synth.n_layers = 3;
+  synth.dense_layers = 1;
+  synth.shared_d_ff = synth.d_ff;
+  synth.n_experts = 8;
+  synth.n_group = 4;
+  synth.topk_group = 2;
+  synth.routed_scaling_factor = 2.5;
+  synth.norm_topk_prob = true;
+  std::ostringstream log;
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.out_dir = dir / "model";
+  o.weight_type = DType::kF32;
+  o.progress = false;
+  const absl::Status s = ConvertCheckpoint(o, log);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  const ValidationReport v = Validate(o.out_dir);
+  for (const auto& issue : v.issues) FAIL_CHECK(issue.path << ": " << issue.problem);
+  auto model = common::ModelDir::Open(o.out_dir);
+  REQUIRE(model.ok());
+  const common::Manifest& m = (*model)->manifest();
+  CHECK(m.format_version == 2);
+  CHECK(m.routing.scoring == common::RoutingSpec::Scoring::kSigmoid);
+  CHECK(m.routing.group_score == common::RoutingSpec::GroupScore::kTopTwoSum);
+  CHECK(m.routing.n_group == 4);
+  CHECK(m.routing.topk_group == 2);
+  CHECK(m.routing.correction_bias);
+  CHECK(m.routing.scaling == 2.5);
+  CHECK(m.norm_topk_prob);
+  auto routing = (*model)->LoadRouting(0, true);
+  REQUIRE(routing.ok());
+  REQUIRE((*routing)->bias != nullptr);
+  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  // The LUT of a non-softmax gate is the exact routing of each embedding row:
+  // calibration and balancing are refused.
+  o.out_dir = dir / "balanced";
+  o.balance_loss_weight = 1.0;
+  CHECK(Contains(ConvertCheckpoint(o, log), "calibration and balancing are defined for softmax routing only"));
+}
+
 TEST_CASE("a Qwen2-MoE shared expert becomes expert n_experts with its sigmoid gate") {
   TempDir dir;
   SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "qwen2_moe");
@@ -379,19 +424,23 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
   const std::string base = R"("hidden_size":8,"intermediate_size":16,"num_local_experts":2,"num_experts_per_tok":1,)"
                            R"("vocab_size":4)";
   for (const auto& [config, message] :
-       {std::pair{R"({"model_type":"deepseek_v3",)" + base + "}", "model_type 'deepseek_v3' is not supported"},
+       {std::pair{R"({"model_type":"llama4",)" + base + "}", "model_type 'llama4' is not supported"},
+        std::pair{R"({"model_type":"deepseek_v3","scoring_func":"softmax",)" + base + "}",
+                  "scoring_func = \"softmax\": DeepSeek-V3's routing is sigmoid"},
         std::pair{R"({"model_type":"gpt_oss",)" + base + "}", "model_type 'gpt_oss' is not supported"},
         std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8"},)" + base + "}",
                   "quantization_config (quant_method 'fp8')"},
         std::pair{R"({"model_type":"qwen3_moe","scoring_func":"sigmoid",)" + base + "}",
-                  "scoring_func \"sigmoid\" is not supported"},
+                  "scoring_func = \"sigmoid\": not supported for this model_type"},
         std::pair{R"({"model_type":"qwen3_moe","n_group":8,)" + base + "}", "n_group = 8"},
         std::pair{R"({"model_type":"qwen3_moe","routed_scaling_factor":2.5,)" + base + "}",
                   "routed_scaling_factor = 2.5"},
-        std::pair{R"({"model_type":"deepseek_v2","topk_method":"group_limited_greedy",)" + base + "}",
-                  "topk_method \"group_limited_greedy\" is not supported"},
+        std::pair{R"({"model_type":"deepseek_v2","topk_method":"noaux_tc",)" + base + "}",
+                  "topk_method = \"noaux_tc\": not supported (greedy or group_limited_greedy)"},
+        std::pair{R"({"model_type":"qwen3_moe","topk_method":"group_limited_greedy",)" + base + "}",
+                  "topk_method = \"group_limited_greedy\": not supported (greedy only)"},
         std::pair{R"({"model_type":"deepseek_v2","norm_topk_prob":true,)" + base + "}",
-                  "norm_topk_prob = true for deepseek_v2"}}) {
+                  "norm_topk_prob = true: not supported for deepseek_v2"}}) {
     TempDir dir;
     WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
     std::ofstream(dir / "ckpt/config.json", std::ios::trunc) << config;
