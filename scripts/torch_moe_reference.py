@@ -47,7 +47,26 @@ except ImportError as _ex:  # same 'skipped' code as a missing torch
     print(f"torch not available: numpy failed to import ({_ex})", file=sys.stderr)
     sys.exit(77)
 
-DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "I32": "<i4", "I64": "<i8"}
+DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "I32": "<i4", "I64": "<i8", "F8_E4M3": "u1"}
+
+
+def _e4m3_table():
+    """float32 value of each FP8 e4m3fn byte (1 sign, 4 exponent bits biased by 7, 3 mantissa bits,
+    no infinities, S.1111.111 = NaN), from the format's definition."""
+    table = np.zeros(256, dtype=np.float32)
+    for code in range(256):
+        sign = -1.0 if code & 0x80 else 1.0
+        exponent, mantissa = (code >> 3) & 0xF, code & 0x7
+        if exponent == 15 and mantissa == 7:
+            table[code] = np.nan
+        elif exponent == 0:
+            table[code] = sign * mantissa * 2.0 ** -9
+        else:
+            table[code] = sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+    return table
+
+
+E4M3 = _e4m3_table()
 NP_TO_ST = {np.dtype("float32"): "F32", np.dtype("int32"): "I32", np.dtype("int64"): "I64"}
 
 
@@ -108,6 +127,8 @@ def to_f32(arr, st_dtype):
     """Convert (a slice of) a raw tensor to a fresh float32 array."""
     if st_dtype == "BF16":
         return (np.asarray(arr, dtype=np.uint32) << 16).view(np.float32)
+    if st_dtype == "F8_E4M3":
+        return E4M3[np.asarray(arr)]
     return np.array(arr, dtype=np.float32)
 
 
@@ -214,6 +235,13 @@ class Checkpoint:
         arr, dt = self.raw(name)
         if shape is not None and tuple(arr.shape) != tuple(shape):
             raise RefError(f"{self.directory}: tensor '{name}' has shape {list(arr.shape)}, expected {list(shape)}")
+        if dt == "F8_E4M3":  # DeepSeek-V3's block FP8: W = W8 * scale_inv of its 128 x 128 block
+            if rows is not None:
+                raise RefError(f"{self.directory}: row selection of FP8 tensor '{name}' is not supported")
+            scale_arr, scale_dt = self.raw(name + "_scale_inv")
+            scale = to_f32(scale_arr, scale_dt)
+            full = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:arr.shape[0], :arr.shape[1]]
+            return to_f32(arr, dt) * full
         return to_f32(arr if rows is None else arr[rows], dt)
 
     def gate_name(self, layer):

@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, naming, "mixtral",
 ABSL_FLAG(int64_t, n_group, 1, "deepseek_v2/v3: expert groups (n_group).");
 ABSL_FLAG(int64_t, topk_group, 1, "deepseek_v2/v3: groups experts are chosen from (topk_group).");
 ABSL_FLAG(double, routed_scaling_factor, 1.0, "deepseek_v2/v3: routed_scaling_factor.");
+ABSL_FLAG(bool, fp8, false,
+          "deepseek_v3: write the expert and MLP projections in DeepSeek-V3's block FP8 (F8_E4M3 + "
+          "weight_scale_inv per 128 x 128 block).");
 ABSL_FLAG(int64_t, d_model, 256, "Hidden size (hidden_size).");
 ABSL_FLAG(int64_t, d_ff, 512,
           "Expert intermediate size (intermediate_size; moe_intermediate_size for qwen2_moe/qwen3_moe).");
@@ -101,6 +104,7 @@ int main(int argc, char* argv[]) {
   options.n_group = absl::GetFlag(FLAGS_n_group);
   options.topk_group = absl::GetFlag(FLAGS_topk_group);
   options.routed_scaling_factor = absl::GetFlag(FLAGS_routed_scaling_factor);
+  options.fp8 = absl::GetFlag(FLAGS_fp8);
   options.n_experts = absl::GetFlag(FLAGS_experts);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.vocab_size = absl::GetFlag(FLAGS_vocab);

@@ -143,7 +143,7 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
     for (int64_t first = 0; first < l.padded_rows; first += chunk_rows) {
       const int64_t n = std::max<int64_t>(0, std::min(chunk_rows, src.rows - first));  // real rows
       const int64_t blocks = std::min(chunk_blocks, l.num_blocks() - first / common::kBlockRows);
-      HfCheckpoint::RowsToFloat(*tensor, first, n, rows.data());
+      HfCheckpoint::RowsToFloat(*tensor, first, n, rows.data(), ckpt.ScaleOf(*tensor));
       ckpt.ReleaseRows(*tensor, first, n);
       for (int64_t b = 0; b < blocks; ++b) {
         common::EncodeBlock(l, rows.data() + b * common::kBlockRows * src.cols, first / common::kBlockRows + b,
@@ -305,7 +305,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* gate_tensor,
                              ckpt->Matrix(ckpt->GateName(hf), s.n_experts, s.d_model));
     std::vector<float> gate(s.n_experts * s.d_model);
-    HfCheckpoint::RowsToFloat(*gate_tensor, 0, s.n_experts, gate.data());
+    HfCheckpoint::RowsToFloat(*gate_tensor, 0, s.n_experts, gate.data(), ckpt->ScaleOf(*gate_tensor));
     for (float g : gate) {
       if (!std::isfinite(g))
         return absl::InvalidArgumentError(absl::StrCat("tensor '", gate_tensor->name, "' has a non-finite value"));
@@ -321,7 +321,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     if (s.shared_gate) {
       COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* tensor,
                                ckpt->Matrix(HfCheckpoint::SharedGateName(hf), s.n_shared_experts, s.d_model));
-      HfCheckpoint::RowsToFloat(*tensor, 0, s.n_shared_experts, shared_gate.data());
+      HfCheckpoint::RowsToFloat(*tensor, 0, s.n_shared_experts, shared_gate.data(), ckpt->ScaleOf(*tensor));
       for (float g : shared_gate) {
         if (!std::isfinite(g)) {
           return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor->name, "' has a non-finite value"));
@@ -344,7 +344,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     in.bias = bias.empty() ? nullptr : bias.data();
     in.vocab_size = s.vocab_size;
     in.embedding_rows = [&](int64_t first, int64_t n, float* out) {
-      HfCheckpoint::RowsToFloat(*embedding, first, n, out);
+      HfCheckpoint::RowsToFloat(*embedding, first, n, out, ckpt->ScaleOf(*embedding));
       ckpt->ReleaseRows(*embedding, first, n);
     };
     in.balance_loss_weight = o.balance_loss_weight;

@@ -56,6 +56,7 @@ int64_t LayerOf(const std::string& name, absl::string_view suffix) {
 
 constexpr absl::string_view kMixtralGate = ".block_sparse_moe.gate.weight";
 constexpr absl::string_view kQwenGate = ".mlp.gate.weight";
+constexpr int64_t kFp8Block = 128;  // DeepSeek-V3's weight_block_size
 
 // The MoE layers config.json describes, when it does: Qwen2-MoE / Qwen3-MoE,
 // layer l when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step
@@ -116,6 +117,16 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
 constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe",   "qwen3_moe", "olmoe",
                                                 "deepseek_v2", "deepseek_v3", "kimi_k2"};
 
+// DeepSeek-V3's FP8 checkpoints: quant_method fp8, fmt e4m3, 128 x 128 blocks
+// (weights F8_E4M3 with f32 `_scale_inv` tensors).
+bool IsBlockFp8(const Json& config) {
+  if (!config.contains("quantization_config")) return false;
+  const Json& q = config["quantization_config"];
+  return q.is_object() && q.contains("quant_method") && q["quant_method"] == "fp8" &&
+         (!q.contains("fmt") || q["fmt"] == "e4m3") &&
+         (!q.contains("weight_block_size") || q["weight_block_size"] == Json::array({128, 128}));
+}
+
 bool IsDeepseekV3(const Json& config) {
   return config.contains("model_type") && (config["model_type"] == "deepseek_v3" || config["model_type"] == "kimi_k2");
 }
@@ -138,14 +149,14 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
                                                      "implemented; docs/MODEL_FAMILIES.md)"));
     }
   }
-  if (config.contains("quantization_config")) {
+  if (config.contains("quantization_config") && !IsBlockFp8(config)) {
     const Json& q = config["quantization_config"];
     const std::string method =
         q.is_object() && q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>()
                                                                                     : "?";
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": quantization_config (quant_method '", method,
-        "'): quantized checkpoints are not supported; convert the weights to bf16 or f32 first"));
+        "') is not supported: Colibri reads f32/bf16/f16 and DeepSeek's block FP8 (fp8, e4m3, 128 x 128 blocks)"));
   }
   auto refuse = [&](const char* key, const char* why) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, " = ", config[key].dump(), ": ", why));
@@ -232,11 +243,14 @@ absl::StatusOr<common::RoutingSpec> RoutingOf(const Json& config, const std::str
 
 // Tensors of a layout the converter cannot read (block-quantized weights and
 // their scales; a routing correction bias outside DeepSeek-V3), named in the error.
-absl::Status CheckTensorNames(const std::vector<std::unique_ptr<common::SafetensorsFile>>& files, bool bias_ok) {
+absl::Status CheckTensorNames(const std::vector<std::unique_ptr<common::SafetensorsFile>>& files, bool bias_ok,
+                              bool block_fp8) {
   for (const auto& file : files) {
     for (const auto& t : file->tensors()) {
       for (const char* suffix : {"_scale_inv", "_blocks", "_scales", ".e_score_correction_bias"}) {
-        if (absl::EndsWith(t.name, suffix) && !(bias_ok && absl::EndsWith(t.name, ".e_score_correction_bias"))) {
+        const bool allowed = (bias_ok && absl::EndsWith(t.name, ".e_score_correction_bias")) ||
+                             (block_fp8 && absl::EndsWith(t.name, ".weight_scale_inv"));
+        if (absl::EndsWith(t.name, suffix) && !allowed) {
           return absl::InvalidArgumentError(absl::StrCat(
               "tensor '", t.name, "' in ", file->path(),
               ": quantized weights (FP8 block scales, MXFP4 blocks) and routing correction biases are not supported"));
@@ -296,7 +310,7 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     }
   }
 
-  COLIBRI_RETURN_IF_ERROR(CheckTensorNames(ckpt->files_, IsDeepseekV3(config)));
+  COLIBRI_RETURN_IF_ERROR(CheckTensorNames(ckpt->files_, IsDeepseekV3(config), IsBlockFp8(config)));
 
   // Naming and MoE layers, from the gate tensors present.
   HfModelShape& s = ckpt->shape_;
@@ -465,16 +479,37 @@ absl::StatusOr<const common::SafetensorsTensor*> HfCheckpoint::Matrix(const std:
   const common::SafetensorsFile* file = FileOf(name);
   if (file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
   const common::SafetensorsTensor* t = file->Find(name);
-  if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' in ", file->path(), " has dtype ", t->dtype, "; supported: F32, BF16, F16"));
+  if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16" && t->dtype != "F8_E4M3") {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " has dtype ", t->dtype,
+                                                   "; supported: F32, BF16, F16, F8_E4M3 with block scales"));
   }
   if (t->shape != std::vector<int64_t>{rows, cols}) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " has shape [",
                                                    absl::StrJoin(t->shape, ", "), "], expected [", rows, ", ", cols,
                                                    "]"));
   }
+  if (t->dtype == "F8_E4M3") {  // DeepSeek-V3's FP8: one f32 scale per 128 x 128 block
+    const std::string scale_name = name + "_scale_inv";
+    const common::SafetensorsFile* scale_file = FileOf(scale_name);
+    if (scale_file == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' is F8_E4M3 but its block scales '", scale_name, "' are missing"));
+    }
+    const common::SafetensorsTensor* scale = scale_file->Find(scale_name);
+    const std::vector<int64_t> blocks = {(rows + kFp8Block - 1) / kFp8Block, (cols + kFp8Block - 1) / kFp8Block};
+    if ((scale->dtype != "F32" && scale->dtype != "BF16") || scale->shape != blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", scale_name, "' is ", scale->dtype, " [",
+                                                     absl::StrJoin(scale->shape, ", "), "], expected F32 [",
+                                                     absl::StrJoin(blocks, ", "), "] (one scale per 128 x 128 block)"));
+    }
+  }
   return t;
+}
+
+const common::SafetensorsTensor* HfCheckpoint::ScaleOf(const common::SafetensorsTensor& tensor) const {
+  if (tensor.dtype != "F8_E4M3") return nullptr;
+  const common::SafetensorsFile* file = FileOf(tensor.name + "_scale_inv");
+  return file == nullptr ? nullptr : file->Find(tensor.name + "_scale_inv");
 }
 
 absl::StatusOr<std::vector<float>> HfCheckpoint::Vector(const std::string& name, int64_t n) const {
@@ -502,9 +537,25 @@ std::string HfCheckpoint::BiasName(int64_t layer) {
   return absl::StrCat("model.layers.", layer, ".mlp.gate.e_score_correction_bias");
 }
 
-void HfCheckpoint::RowsToFloat(const common::SafetensorsTensor& t, int64_t first, int64_t n, float* out) {
+void HfCheckpoint::RowsToFloat(const common::SafetensorsTensor& t, int64_t first, int64_t n, float* out,
+                               const common::SafetensorsTensor* scale_inv) {
   const int64_t cols = t.shape[1];
   const int64_t count = n * cols;
+  if (t.dtype == "F8_E4M3") {  // W[i][j] = e4m3(W8[i][j]) · scale_inv[i / 128][j / 128], in f32 (exact)
+    const int64_t block_cols = scale_inv->shape[1];
+    std::vector<float> scales(block_cols);
+    int64_t scale_row = -1;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t row = first + r;
+      if (row / kFp8Block != scale_row) {
+        scale_row = row / kFp8Block;
+        RowsToFloat(*scale_inv, scale_row, 1, scales.data());
+      }
+      const uint8_t* src = t.data + row * cols;
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = common::Fp8E4m3ToFloat(src[c]) * scales[c / kFp8Block];
+    }
+    return;
+  }
   const uint8_t* src = t.data + first * cols * (t.dtype == "F32" ? 4 : 2);
   if (t.dtype == "F32") {
     std::memcpy(out, src, count * sizeof(float));

@@ -69,17 +69,24 @@ class HfCheckpoint {
   static std::string BiasName(int64_t hf_layer);
   static std::string EmbeddingName() { return "model.embed_tokens.weight"; }
 
-  // The tensor named `name`, checked to be F32, BF16 or F16 and of shape
-  // [rows, cols]. INVALID_ARGUMENT naming the tensor and file otherwise
-  // (missing tensor, wrong shape, unsupported dtype).
+  // The tensor named `name`, checked to be F32, BF16, F16 — or F8_E4M3 with
+  // its block scales `<name>_scale_inv` (f32 [ceil(rows/128), ceil(cols/128)]:
+  // DeepSeek-V3's FP8) — and of shape [rows, cols]. INVALID_ARGUMENT naming
+  // the tensor and file otherwise (missing tensor or scales, wrong shape,
+  // unsupported dtype).
   absl::StatusOr<const common::SafetensorsTensor*> Matrix(const std::string& name, int64_t rows, int64_t cols) const;
 
   // The 1-D tensor `name` of `n` F32/BF16/F16 values, as f32, every one
   // finite; INVALID_ARGUMENT naming the tensor otherwise.
   absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) const;
 
-  // Converts rows [first, first + n) of a matrix from Matrix() to f32.
-  static void RowsToFloat(const common::SafetensorsTensor& tensor, int64_t first, int64_t n, float* out);
+  // The block scales of an F8_E4M3 matrix from Matrix(); null for other dtypes.
+  const common::SafetensorsTensor* ScaleOf(const common::SafetensorsTensor& tensor) const;
+
+  // Converts rows [first, first + n) of a matrix from Matrix() to f32; an
+  // F8_E4M3 matrix needs its `scale_inv` (ScaleOf) and is dequantized exactly.
+  static void RowsToFloat(const common::SafetensorsTensor& tensor, int64_t first, int64_t n, float* out,
+                          const common::SafetensorsTensor* scale_inv = nullptr);
 
   // Drops rows [first, first + n) of a matrix from Matrix() from this
   // process's memory (they are read again from the page cache if touched).

@@ -106,6 +106,39 @@ TensorJob WeightJob(const SynthOptions& o, std::string name, std::vector<int64_t
   return job;
 }
 
+// A projection weight in DeepSeek-V3's block FP8: `name` F8_E4M3 [rows, cols]
+// and `name`_scale_inv F32 [ceil(rows/128), ceil(cols/128)]. Block (i, j)'s
+// scale is scale / 448 times 1, 1.25, 1.5 or 1.75 (seeded), so every value
+// SynthUniform · scale fits e4m3; element = e4m3(value / block scale), rounded
+// to nearest even. The dequantized weight is e4m3 · scale_inv, exactly.
+void AddFp8Jobs(const SynthOptions& o, const std::string& name, int64_t rows, int64_t cols, float scale, int64_t group,
+                std::vector<TensorJob>* jobs) {
+  constexpr int64_t kBlock = 128;
+  const int64_t block_cols = (cols + kBlock - 1) / kBlock;
+  const std::string scale_name = name + "_scale_inv";
+  auto block_scale = [seed = o.seed, hash = Fnv1a64(scale_name), scale, block_cols](int64_t bi, int64_t bj) {
+    return scale / 448.0f * (1.0f + static_cast<float>(Mix(seed, hash, bi * block_cols + bj) >> 62) * 0.25f);
+  };
+  TensorJob weight = MakeJob(name, "F8_E4M3", {rows, cols}, 1, group);
+  weight.fill = [seed = o.seed, hash = Fnv1a64(name), scale, cols, block_scale](uint64_t first, uint64_t count,
+                                                                                  uint8_t* out) {
+    for (uint64_t k = 0; k < count; ++k) {
+      const int64_t i = static_cast<int64_t>((first + k) / cols), j = static_cast<int64_t>((first + k) % cols);
+      const float v = ToUniform(Mix(seed, hash, first + k)) * scale;
+      out[k] = common::FloatToFp8E4m3(v / block_scale(i / kBlock, j / kBlock));
+    }
+  };
+  jobs->push_back(std::move(weight));
+  TensorJob scales = MakeJob(scale_name, "F32", {(rows + kBlock - 1) / kBlock, block_cols}, 4, group);
+  scales.fill = [block_scale, block_cols](uint64_t first, uint64_t count, uint8_t* out) {
+    for (uint64_t k = 0; k < count; ++k) {
+      const int64_t bi = static_cast<int64_t>((first + k) / block_cols), bj = static_cast<int64_t>((first + k) % block_cols);
+      StoreLe(common::FloatBits(block_scale(bi, bj)), 4, out + 4 * k);
+    }
+  };
+  jobs->push_back(std::move(scales));
+}
+
 std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
   const float in_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.d_model)));
   const float ff_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.d_ff)));
@@ -113,6 +146,14 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
   std::vector<TensorJob> jobs;
   auto add = [&](std::string name, std::vector<int64_t> shape, float scale, int64_t group) {
     jobs.push_back(WeightJob(o, std::move(name), std::move(shape), scale, group));
+  };
+  // Expert, shared expert and dense MLP projections: FP8 with block scales when o.fp8.
+  auto add_projection = [&](std::string name, std::vector<int64_t> shape, float scale, int64_t group) {
+    if (o.fp8) {
+      AddFp8Jobs(o, name, shape[0], shape[1], scale, group, &jobs);
+    } else {
+      add(std::move(name), std::move(shape), scale, group);
+    }
   };
   add(kEmbedName, {o.vocab_size, o.d_model}, kSqrt3, 0);
   add("model.norm.weight", {o.d_model}, 0.0f, 0);
@@ -122,9 +163,9 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
     add(layer + "input_layernorm.weight", {o.d_model}, 0.0f, g);
     if (l < o.dense_layers) {  // a dense MLP: not part of any MoE layer
       const int64_t width = 2 * o.d_ff;
-      add(block + "gate_proj.weight", {width, o.d_model}, in_scale, g);
-      add(block + "up_proj.weight", {width, o.d_model}, in_scale, g);
-      add(block + "down_proj.weight", {o.d_model, width}, ff_scale, g);
+      add_projection(block + "gate_proj.weight", {width, o.d_model}, in_scale, g);
+      add_projection(block + "up_proj.weight", {width, o.d_model}, in_scale, g);
+      add_projection(block + "down_proj.weight", {o.d_model, width}, ff_scale, g);
       continue;
     }
     add(block + "gate.weight", {o.n_experts, o.d_model}, in_scale, g);
@@ -136,16 +177,16 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
     if (o.shared_d_ff > 0) {  // Qwen2-MoE: shared_expert with its gate; DeepSeek: shared_experts, ungated
       const float shared_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.shared_d_ff)));
       const std::string shared = block + (o.naming == "qwen2_moe" ? "shared_expert." : "shared_experts.");
-      add(shared + "gate_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
-      add(shared + "up_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
-      add(shared + "down_proj.weight", {o.d_model, o.shared_d_ff}, shared_scale, g);
+      add_projection(shared + "gate_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
+      add_projection(shared + "up_proj.weight", {o.shared_d_ff, o.d_model}, in_scale, g);
+      add_projection(shared + "down_proj.weight", {o.d_model, o.shared_d_ff}, shared_scale, g);
       if (o.naming == "qwen2_moe") add(block + "shared_expert_gate.weight", {1, o.d_model}, in_scale, g);
     }
     for (int64_t e = 0; e < o.n_experts; ++e) {
       const std::string ex = absl::StrCat(block, "experts.", e, ".");
-      add(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), {o.d_ff, o.d_model}, in_scale, g);
-      add(ex + (mixtral ? "w3.weight" : "up_proj.weight"), {o.d_ff, o.d_model}, in_scale, g);
-      add(ex + (mixtral ? "w2.weight" : "down_proj.weight"), {o.d_model, o.d_ff}, ff_scale, g);
+      add_projection(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), {o.d_ff, o.d_model}, in_scale, g);
+      add_projection(ex + (mixtral ? "w3.weight" : "up_proj.weight"), {o.d_ff, o.d_model}, in_scale, g);
+      add_projection(ex + (mixtral ? "w2.weight" : "down_proj.weight"), {o.d_model, o.d_ff}, ff_scale, g);
     }
   }
   return jobs;
@@ -271,6 +312,10 @@ Json ConfigJson(const SynthOptions& o) {
     c["scoring_func"] = v3 ? "sigmoid" : "softmax";
     c["norm_topk_prob"] = v3 && o.norm_topk_prob;
     c["routed_scaling_factor"] = o.routed_scaling_factor;
+    if (o.fp8) {
+      c["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                                  {"weight_block_size", Json::array({128, 128})}};
+    }
     return c;
   }
   c["num_experts"] = o.n_experts;
@@ -359,6 +404,9 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("n_group = ", o.n_group, ", topk_group = ", o.topk_group,
                                                    ": expected 1 and 1, or for deepseek_v2/v3 groups that divide the ",
                                                    "experts and keep at least top_k"));
+  }
+  if (o.fp8 && o.naming != "deepseek_v3") {
+    return absl::InvalidArgumentError("fp8: block FP8 weights are written for deepseek_v3 only");
   }
   if (o.routed_scaling_factor != 1.0 && (!deepseek || !(o.routed_scaling_factor > 0) ||
                                          !std::isfinite(o.routed_scaling_factor))) {

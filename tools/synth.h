@@ -70,6 +70,10 @@ struct SynthOptions {
   int64_t n_group = 1;
   int64_t topk_group = 1;
   double routed_scaling_factor = 1.0;
+  // deepseek_v3: the expert, shared expert and dense MLP projections in
+  // DeepSeek-V3's block FP8 (F8_E4M3 and f32 `_scale_inv` per 128 x 128 block,
+  // quantization_config fp8); the gate, bias and embedding stay in `dtype`.
+  bool fp8 = false;
   int64_t n_experts = 8;
   int64_t top_k = 2;
   int64_t vocab_size = 1000;

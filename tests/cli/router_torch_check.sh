@@ -91,9 +91,9 @@ check qwen2_shared "f32:1e-5 int8:2e-2" --naming qwen2_moe --d_model 96 --d_ff 8
 experts_a=0-6 experts_b=6-12
 check deepseek_v2 "f32:1e-5" --naming deepseek_v2 --d_model 96 --d_ff 80 --shared_d_ff 160 --layers 3 \
   --dense_layers 1 --experts 12 --top_k 3 --vocab 150 --dtype f32 --seed 9104
-# DeepSeek-V3-shaped: sigmoid, correction bias, 4 groups keep 2, scaling 2.5; shared expert 16 on node b.
+# DeepSeek-V3-shaped in block FP8: sigmoid, correction bias, 4 groups keep 2, scaling 2.5; shared expert 16 on node b.
 experts_a=0-8 experts_b=8-16
-check deepseek_v3 "f32:1e-5" --naming deepseek_v3 --norm_topk_prob --d_model 96 --d_ff 64 --shared_d_ff 64 \
+check deepseek_v3 "f32:1e-5" --naming deepseek_v3 --fp8 --norm_topk_prob --d_model 96 --d_ff 64 --shared_d_ff 64 \
   --layers 3 --dense_layers 1 --experts 16 --top_k 4 --n_group 4 --topk_group 2 --routed_scaling_factor 2.5 \
   --vocab 150 --dtype f32 --seed 9105
 echo "PASS"

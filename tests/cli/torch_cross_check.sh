@@ -69,6 +69,11 @@ types="f32:1e-5 bf16:2e-2"
 check deepseek_v3 --naming deepseek_v3 --norm_topk_prob --d_model 96 --d_ff 64 --shared_d_ff 64 --layers 3 \
   --dense_layers 1 --experts 16 --top_k 4 --n_group 4 --topk_group 2 --routed_scaling_factor 2.5 --vocab 120 \
   --dtype bf16 --seed 9008
+# The same in DeepSeek-V3's block FP8 (d_model 160: a ragged second 128-column block), dequantized exactly.
+types="f32:1e-5 int8:2e-2"
+check deepseek_v3_fp8 --naming deepseek_v3 --fp8 --norm_topk_prob --d_model 160 --d_ff 96 --shared_d_ff 96 \
+  --layers 2 --dense_layers 1 --experts 16 --top_k 4 --n_group 4 --topk_group 2 --routed_scaling_factor 2.5 \
+  --vocab 120 --dtype bf16 --seed 9009
 # Qwen3-MoE: moe_intermediate_size differs from intermediate_size, and decoder layer 0 is dense (mlp_only_layers).
 types="bf16:1e-5 int8:2e-2"
 check qwen3_bf16 --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 --dense_layers 1 \

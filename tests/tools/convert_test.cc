@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -53,7 +54,7 @@ void CheckWeightsAgainstCheckpoint(const std::string& ckpt_dir, const std::strin
         auto src = (*ckpt)->Matrix((*ckpt)->ExpertName(m.hf_layers[layer], e, which), rows, cols);
         REQUIRE(src.ok());
         std::vector<float> expected(rows * cols), row(cols);
-        HfCheckpoint::RowsToFloat(**src, 0, rows, expected.data());
+        HfCheckpoint::RowsToFloat(**src, 0, rows, expected.data(), (*ckpt)->ScaleOf(**src));
         for (int64_t r = 0; r < rows; ++r) {
           common::DecodeRow(*view, r, row.data());
           float amax = 0;
@@ -225,6 +226,34 @@ TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limit
   REQUIRE(routing.ok());
   REQUIRE((*routing)->bias != nullptr);
   CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  // The same checkpoint in DeepSeek-V3's block FP8 dequantizes exactly.
+  synth.fp8 = true;
+  synth.out_dir = dir / "ckpt_fp8";
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  o.checkpoint_dir = synth.out_dir;
+  o.out_dir = dir / "model_fp8";
+  const absl::Status fp8 = ConvertCheckpoint(o, log);
+  INFO(fp8.message());
+  REQUIRE(fp8.ok());
+  CHECK(Validate(o.out_dir).ok());
+  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  {
+    auto ckpt = HfCheckpoint::Open(synth.out_dir);
+    REQUIRE(ckpt.ok());
+    const std::string name = (*ckpt)->ExpertName(1, 3, ExpertMatrix::kW2);
+    auto w2 = (*ckpt)->Matrix(name, synth.d_model, synth.d_ff);
+    REQUIRE(w2.ok());
+    REQUIRE((*ckpt)->ScaleOf(**w2) != nullptr);
+    std::vector<float> rows(synth.d_model * synth.d_ff);
+    HfCheckpoint::RowsToFloat(**w2, 0, synth.d_model, rows.data(), (*ckpt)->ScaleOf(**w2));
+    // Element [0][0] by hand: its byte times block (0, 0)'s scale.
+    const common::SafetensorsTensor* scale = (*ckpt)->ScaleOf(**w2);
+    float s00 = 0;
+    std::memcpy(&s00, scale->data, 4);
+    CHECK(rows[0] == common::Fp8E4m3ToFloat((*w2)->data[0]) * s00);
+  }
+  o.checkpoint_dir = dir / "ckpt";
+
   // The LUT of a non-softmax gate is the exact routing of each embedding row:
   // calibration and balancing are refused.
   o.out_dir = dir / "balanced";
@@ -428,8 +457,11 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
         std::pair{R"({"model_type":"deepseek_v3","scoring_func":"softmax",)" + base + "}",
                   "scoring_func = \"softmax\": DeepSeek-V3's routing is sigmoid"},
         std::pair{R"({"model_type":"gpt_oss",)" + base + "}", "model_type 'gpt_oss' is not supported"},
-        std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8"},)" + base + "}",
-                  "quantization_config (quant_method 'fp8')"},
+        std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"mxfp4"},)" + base + "}",
+                  "quantization_config (quant_method 'mxfp4') is not supported"},
+        std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8","weight_block_size":[64,64]},)" +
+                      base + "}",
+                  "quantization_config (quant_method 'fp8') is not supported"},
         std::pair{R"({"model_type":"qwen3_moe","scoring_func":"sigmoid",)" + base + "}",
                   "scoring_func = \"sigmoid\": not supported for this model_type"},
         std::pair{R"({"model_type":"qwen3_moe","n_group":8,)" + base + "}", "n_group = 8"},
@@ -489,6 +521,12 @@ TEST_CASE("the converter refuses bad checkpoints with a clear message") {
     WriteHandCheckpoint(dir / "ckpt", [](auto* specs) { (*specs)[2].dtype = "I32"; });  // expert 0 w1
     const absl::Status s = ConvertHand(dir);
     CHECK(Contains(s, "dtype I32"));
+  }
+  {
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto* specs) { (*specs)[2].dtype = "F8_E4M3"; });  // FP8 without scales
+    const absl::Status s = ConvertHand(dir);
+    CHECK(Contains(s, "'model.layers.0.block_sparse_moe.experts.0.w1.weight' is F8_E4M3 but its block scales"));
   }
   {
     TempDir dir;
