@@ -92,7 +92,7 @@ inline uint8_t FloatToFp8E4m3(float f) {
   }
   int e = 0;
   const float fraction = std::frexp(a, &e);  // a = fraction · 2^e, fraction in [0.5, 1)
-  int exponent = e + 6;                       // a = (1 + m/8) · 2^(exponent - 7)
+  int exponent = e + 6;                      // a = (1 + m/8) · 2^(exponent - 7)
   int mantissa = static_cast<int>(std::nearbyint((fraction * 2.0f - 1.0f) * 8.0f));
   if (mantissa == 8) {
     mantissa = 0;

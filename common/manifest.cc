@@ -88,8 +88,8 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   int64_t version = 0;
   if (auto s = integer("format_version", 0, INT32_MAX, &version); !s.ok()) return s;
   if (version < 1 || version > kManifestFormatVersion) {
-    return bad(absl::StrCat("unsupported format_version ", version, " (this build reads 1 to ",
-                            kManifestFormatVersion, ")"));
+    return bad(
+        absl::StrCat("unsupported format_version ", version, " (this build reads 1 to ", kManifestFormatVersion, ")"));
   }
   m.format_version = static_cast<int>(version);
   for (auto [key, lo, hi, out] :
@@ -144,8 +144,9 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
         !r["n_group"].is_number_integer() || !r.contains("topk_group") || !r["topk_group"].is_number_integer() ||
         !r.contains("group_score") || !r["group_score"].is_string() || !r.contains("correction_bias") ||
         !r["correction_bias"].is_boolean() || !r.contains("scaling") || !r["scaling"].is_number()) {
-      return bad("'routing' needs string scoring and group_score, integer n_group and topk_group, boolean "
-                 "correction_bias and number scaling");
+      return bad(
+          "'routing' needs string scoring and group_score, integer n_group and topk_group, boolean "
+          "correction_bias and number scaling");
     }
     RoutingSpec& spec = m.routing;
     const std::string scoring = r["scoring"].get<std::string>(), group_score = r["group_score"].get<std::string>();

@@ -39,7 +39,7 @@ struct ManifestFile {
 
 struct Manifest {
   int format_version = kManifestFormatVersion;  // as read; written: 1 unless version 2 features are used
-  std::string architecture;  // config.json's model_type: mixtral, qwen2_moe, olmoe
+  std::string architecture;                     // config.json's model_type: mixtral, qwen2_moe, olmoe
   int64_t d_model = 0;
   int64_t d_ff = 0;
   int64_t n_layers = 0;  // MoE layers, numbered 0..n_layers-1

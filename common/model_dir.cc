@@ -184,9 +184,9 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
     }
   }
   if (m.shared_gate) {
-    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* sg, SectionData(gate, gate_layout, "shared_gate", DType::kF32,
-                                                            m.n_shared_experts, m.d_model,
-                                                            m.n_shared_experts * m.d_model * 4));
+    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* sg,
+                             SectionData(gate, gate_layout, "shared_gate", DType::kF32, m.n_shared_experts, m.d_model,
+                                         m.n_shared_experts * m.d_model * 4));
     routing->shared_gate = reinterpret_cast<const float*>(sg);
     for (int64_t i = 0; i < m.n_shared_experts * m.d_model; ++i) {
       if (!std::isfinite(routing->shared_gate[i])) {

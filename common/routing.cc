@@ -59,16 +59,7 @@ void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const flo
 
 Routes RouteByGate(const float* gate, int64_t n_experts, int64_t d_model, int64_t top_k, bool normalize, const float* x,
                    int64_t num_tokens) {
-  Routes routes;
-  routes.top_k = top_k;
-  routes.expert_ids.resize(num_tokens * top_k);
-  routes.weights.resize(num_tokens * top_k);
-  std::vector<double> logits(n_experts);
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    GateLogits(gate, n_experts, d_model, x + t * d_model, logits.data());
-    TopKSoftmax(logits.data(), n_experts, top_k, normalize, &routes.expert_ids[t * top_k], &routes.weights[t * top_k]);
-  }
-  return routes;
+  return RouteByGateSpec(RoutingSpec{}, gate, nullptr, n_experts, d_model, top_k, normalize, x, num_tokens);
 }
 
 absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weights, int64_t vocab_size, int64_t top_k,
@@ -108,8 +99,8 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
     for (int64_t g = 0; g < spec.n_group; ++g) {
       std::vector<double> members(choice.begin() + g * size, choice.begin() + (g + 1) * size);
       std::sort(members.begin(), members.end(), std::greater<double>());
-      group[g] = spec.group_score == RoutingSpec::GroupScore::kTopTwoSum && size > 1 ? members[0] + members[1]
-                                                                                     : members[0];
+      group[g] =
+          spec.group_score == RoutingSpec::GroupScore::kTopTwoSum && size > 1 ? members[0] + members[1] : members[0];
     }
     std::vector<int64_t> order(spec.n_group);
     std::iota(order.begin(), order.end(), 0);
@@ -131,7 +122,6 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
 
 Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* bias, int64_t n_experts,
                        int64_t d_model, int64_t top_k, bool normalize, const float* x, int64_t num_tokens) {
-  if (spec.plain()) return RouteByGate(gate, n_experts, d_model, top_k, normalize, x, num_tokens);
   Routes routes;
   routes.top_k = top_k;
   routes.expert_ids.resize(num_tokens * top_k);
@@ -139,8 +129,13 @@ Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* 
   std::vector<double> logits(n_experts);
   for (int64_t t = 0; t < num_tokens; ++t) {
     GateLogits(gate, n_experts, d_model, x + t * d_model, logits.data());
-    RouteBySpec(spec, logits.data(), bias, n_experts, top_k, normalize, &routes.expert_ids[t * top_k],
-                &routes.weights[t * top_k]);
+    int32_t* ids = &routes.expert_ids[t * top_k];
+    float* weights = &routes.weights[t * top_k];
+    if (spec.plain()) {  // the softmax top-k every other path is checked against, unchanged
+      TopKSoftmax(logits.data(), n_experts, top_k, normalize, ids, weights);
+    } else {
+      RouteBySpec(spec, logits.data(), bias, n_experts, top_k, normalize, ids, weights);
+    }
   }
   return routes;
 }

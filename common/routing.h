@@ -78,9 +78,7 @@ struct RoutingSpec {
   // The k weights (renormalized first when the model says so) times this.
   double scaling = 1.0;
 
-  bool plain() const {
-    return scoring == Scoring::kSoftmax && n_group == 1 && !correction_bias && scaling == 1.0;
-  }
+  bool plain() const { return scoring == Scoring::kSoftmax && n_group == 1 && !correction_bias && scaling == 1.0; }
 };
 
 // One token under `spec`: scores s from `logits` (softmax over all experts or

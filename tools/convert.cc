@@ -268,8 +268,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
       s.n_shared_experts > 0 ? absl::StrFormat(", a shared expert of d_ff %d%s (expert %d)", s.shared_d_ff,
                                                s.shared_gate ? " with a sigmoid gate" : "", s.n_experts)
                              : "",
-      s.vocab_size,
-      common::DTypeName(o.weight_type));
+      s.vocab_size, common::DTypeName(o.weight_type));
 
   common::Manifest m;
   m.architecture = s.model_type;

@@ -70,8 +70,7 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
   auto positive = [&](const char* key, int64_t fallback, int64_t minimum) -> absl::StatusOr<int64_t> {
     if (!config.contains(key)) return fallback;
     if (!config[key].is_number_integer() || config[key].get<int64_t>() < minimum) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dir, "/config.json: ", key, " must be an integer >= ", minimum));
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " must be an integer >= ", minimum));
     }
     return config[key].get<int64_t>();
   };
@@ -105,16 +104,16 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
     keys = "num_hidden_layers, first_k_dense_replace and moe_layer_freq";
   }
   if (expected != moe_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", keys, " make layers [",
-                                                   absl::StrJoin(expected, ","), "] MoE, but the gate tensors are in layers [",
-                                                   absl::StrJoin(moe_layers, ","), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/config.json: ", keys, " make layers [", absl::StrJoin(expected, ","),
+                     "] MoE, but the gate tensors are in layers [", absl::StrJoin(moe_layers, ","), "]"));
   }
   return absl::OkStatus();
 }
 
 // The model families whose MoE block the converter and the runtime reproduce
 // exactly (docs/MODEL_FAMILIES.md).
-constexpr const char* kSupportedModelTypes[] = {"mixtral", "qwen2_moe",   "qwen3_moe", "olmoe",
+constexpr const char* kSupportedModelTypes[] = {"mixtral",     "qwen2_moe",   "qwen3_moe", "olmoe",
                                                 "deepseek_v2", "deepseek_v3", "kimi_k2"};
 
 // DeepSeek-V3's FP8 checkpoints: quant_method fp8, fmt e4m3, 128 x 128 blocks
@@ -151,9 +150,9 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
   }
   if (config.contains("quantization_config") && !IsBlockFp8(config)) {
     const Json& q = config["quantization_config"];
-    const std::string method =
-        q.is_object() && q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>()
-                                                                                    : "?";
+    const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+                                   ? q["quant_method"].get<std::string>()
+                                   : "?";
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": quantization_config (quant_method '", method,
         "') is not supported: Colibri reads f32/bf16/f16 and DeepSeek's block FP8 (fp8, e4m3, 128 x 128 blocks)"));
@@ -387,8 +386,8 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
                                 s.n_experts));
   // Families with dense layers too (Qwen2-MoE, Qwen3-MoE) give the experts'
   // width as moe_intermediate_size; intermediate_size is then the dense MLPs'.
-  COLIBRI_RETURN_IF_ERROR(check(config.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size",
-                                s.d_ff));
+  COLIBRI_RETURN_IF_ERROR(
+      check(config.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size", s.d_ff));
   COLIBRI_RETURN_IF_ERROR(CheckSparseLayers(config, dir, s.moe_layers));
 
   // The shared expert (Qwen2-MoE: mlp.shared_expert, gated; DeepSeek:
@@ -416,18 +415,18 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     }
     if (config.contains("n_shared_experts") && config["n_shared_experts"].is_number_integer() &&
         config["n_shared_experts"].get<int64_t>() * s.d_ff != s.shared_d_ff) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir, "/config.json: n_shared_experts = ", config["n_shared_experts"].get<int64_t>(),
-          " experts of moe_intermediate_size ", s.d_ff, " but the shared expert tensors are ", s.shared_d_ff,
-          " wide", s.shared_d_ff == 0 ? absl::StrCat(" (no '", shared, "')") : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/config.json: n_shared_experts = ", config["n_shared_experts"].get<int64_t>(),
+                       " experts of moe_intermediate_size ", s.d_ff, " but the shared expert tensors are ",
+                       s.shared_d_ff, " wide", s.shared_d_ff == 0 ? absl::StrCat(" (no '", shared, "')") : ""));
     }
     if (config.contains("shared_expert_intermediate_size") &&
         config["shared_expert_intermediate_size"].is_number_integer() &&
         config["shared_expert_intermediate_size"].get<int64_t>() != s.shared_d_ff) {
       return absl::InvalidArgumentError(absl::StrCat(
-          dir, "/config.json: shared_expert_intermediate_size = ",
-          config["shared_expert_intermediate_size"].get<int64_t>(), " but the tensors say ", s.shared_d_ff,
-          s.shared_d_ff == 0 ? absl::StrCat(" (no '", shared, "')") : ""));
+          dir,
+          "/config.json: shared_expert_intermediate_size = ", config["shared_expert_intermediate_size"].get<int64_t>(),
+          " but the tensors say ", s.shared_d_ff, s.shared_d_ff == 0 ? absl::StrCat(" (no '", shared, "')") : ""));
     }
   }
   if (!config.contains("num_experts_per_tok") || !config["num_experts_per_tok"].is_number_integer()) {

@@ -117,9 +117,8 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
       report("expert", tokens, t, ExpertBytes(*experts[0]), flops_per_row * tokens);
     }
     // The full layer with the gate's real top-k routes, one task per routed expert.
-    const common::Routes routes =
-        common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts, m.d_model, m.top_k,
-                                m.norm_topk_prob, x.data(), tokens);
+    const common::Routes routes = common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts,
+                                                          m.d_model, m.top_k, m.norm_topk_prob, x.data(), tokens);
     std::vector<const common::ExpertWeights*> all;
     for (const auto& e : experts) all.push_back(e.get());
     const kernels::GroupedRoutes grouped = kernels::GroupByExpert(routes, all);

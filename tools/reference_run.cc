@@ -106,10 +106,9 @@ absl::StatusOr<ReferenceResult> ReferenceForward(const common::ModelDir& model, 
     r.routes = common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts, m.d_model, m.top_k,
                                        m.norm_topk_prob, x, static_cast<int64_t>(token_ids.size()));
   }
-  r.all_routes = m.n_shared_experts > 0
-                     ? common::AppendSharedExperts(r.routes, m.n_experts, m.n_shared_experts, routing->shared_gate,
-                                                   m.d_model, x)
-                     : r.routes;
+  r.all_routes = m.n_shared_experts > 0 ? common::AppendSharedExperts(r.routes, m.n_experts, m.n_shared_experts,
+                                                                      routing->shared_gate, m.d_model, x)
+                                        : r.routes;
   r.route_seconds = Since(start);
 
   start = std::chrono::steady_clock::now();

@@ -20,8 +20,8 @@ namespace colibri {
 namespace tools {
 
 struct ReferenceResult {
-  common::Routes routes;       // the routed experts (what the gate or LUT chose)
-  common::Routes all_routes;   // with the layer's shared experts appended (== routes without them)
+  common::Routes routes;      // the routed experts (what the gate or LUT chose)
+  common::Routes all_routes;  // with the layer's shared experts appended (== routes without them)
   std::vector<float> output;  // [T][d_model]
   double load_seconds = 0;    // routing tables + experts mapped (and verified)
   double route_seconds = 0;

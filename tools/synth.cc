@@ -121,7 +121,7 @@ void AddFp8Jobs(const SynthOptions& o, const std::string& name, int64_t rows, in
   };
   TensorJob weight = MakeJob(name, "F8_E4M3", {rows, cols}, 1, group);
   weight.fill = [seed = o.seed, hash = Fnv1a64(name), scale, cols, block_scale](uint64_t first, uint64_t count,
-                                                                                  uint8_t* out) {
+                                                                                uint8_t* out) {
     for (uint64_t k = 0; k < count; ++k) {
       const int64_t i = static_cast<int64_t>((first + k) / cols), j = static_cast<int64_t>((first + k) % cols);
       const float v = ToUniform(Mix(seed, hash, first + k)) * scale;
@@ -132,7 +132,8 @@ void AddFp8Jobs(const SynthOptions& o, const std::string& name, int64_t rows, in
   TensorJob scales = MakeJob(scale_name, "F32", {(rows + kBlock - 1) / kBlock, block_cols}, 4, group);
   scales.fill = [block_scale, block_cols](uint64_t first, uint64_t count, uint8_t* out) {
     for (uint64_t k = 0; k < count; ++k) {
-      const int64_t bi = static_cast<int64_t>((first + k) / block_cols), bj = static_cast<int64_t>((first + k) % block_cols);
+      const int64_t bi = static_cast<int64_t>((first + k) / block_cols),
+                    bj = static_cast<int64_t>((first + k) % block_cols);
       StoreLe(common::FloatBits(block_scale(bi, bj)), 4, out + 4 * k);
     }
   };
@@ -313,7 +314,9 @@ Json ConfigJson(const SynthOptions& o) {
     c["norm_topk_prob"] = v3 && o.norm_topk_prob;
     c["routed_scaling_factor"] = o.routed_scaling_factor;
     if (o.fp8) {
-      c["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+      c["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                  {"fmt", "e4m3"},
+                                  {"quant_method", "fp8"},
                                   {"weight_block_size", Json::array({128, 128})}};
     }
     return c;
@@ -382,21 +385,20 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   const bool deepseek = o.naming == "deepseek_v2" || o.naming == "deepseek_v3";
   const bool with_dense = o.naming == "qwen2_moe" || o.naming == "qwen3_moe" || deepseek;
   if (o.naming != "mixtral" && o.naming != "olmoe" && !with_dense) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("naming = '", o.naming, "': expected mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or "
-                     "deepseek_v3"));
+    return absl::InvalidArgumentError(absl::StrCat("naming = '", o.naming,
+                                                   "': expected mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or "
+                                                   "deepseek_v3"));
   }
   if (o.dense_layers != 0 && (!with_dense || o.dense_layers < 0 || o.dense_layers >= o.n_layers)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense_layers = ", o.dense_layers,
-                     ": expected 0, or for qwen2_moe/qwen3_moe/deepseek_v2/v3 a value in [0, n_layers = ", o.n_layers,
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense_layers = ", o.dense_layers,
+        ": expected 0, or for qwen2_moe/qwen3_moe/deepseek_v2/v3 a value in [0, n_layers = ", o.n_layers, ")"));
   }
   const bool shared_ok = o.naming == "qwen2_moe" || (deepseek && o.d_ff > 0 && o.shared_d_ff % o.d_ff == 0);
   if (o.shared_d_ff != 0 && (!shared_ok || o.shared_d_ff < 0 || o.shared_d_ff > kSynthMaxDim)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared_d_ff = ", o.shared_d_ff, ": expected 0, or for qwen2_moe a value in [1, ", kSynthMaxDim,
-        "], for deepseek_v2/v3 a multiple of d_ff (n_shared_experts x moe_intermediate_size)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared_d_ff = ", o.shared_d_ff, ": expected 0, or for qwen2_moe a value in [1, ", kSynthMaxDim,
+                     "], for deepseek_v2/v3 a multiple of d_ff (n_shared_experts x moe_intermediate_size)"));
   }
   const bool groups_ok = deepseek && o.n_group >= 1 && o.n_experts % o.n_group == 0 && o.topk_group >= 1 &&
                          o.topk_group <= o.n_group && o.top_k <= o.topk_group * (o.n_experts / o.n_group);
@@ -408,8 +410,8 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.fp8 && o.naming != "deepseek_v3") {
     return absl::InvalidArgumentError("fp8: block FP8 weights are written for deepseek_v3 only");
   }
-  if (o.routed_scaling_factor != 1.0 && (!deepseek || !(o.routed_scaling_factor > 0) ||
-                                         !std::isfinite(o.routed_scaling_factor))) {
+  if (o.routed_scaling_factor != 1.0 &&
+      (!deepseek || !(o.routed_scaling_factor > 0) || !std::isfinite(o.routed_scaling_factor))) {
     return absl::InvalidArgumentError(absl::StrCat("routed_scaling_factor = ", o.routed_scaling_factor,
                                                    ": expected 1, or for deepseek_v2/v3 a positive number"));
   }

@@ -50,7 +50,7 @@ struct SynthOptions {
   bool overwrite = false;
   std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "deepseek_v2" | "deepseek_v3"
   int64_t d_model = 256;
-  int64_t d_ff = 512;  // each expert's (moe_intermediate_size for the Qwen namings)
+  int64_t d_ff = 512;    // each expert's (moe_intermediate_size for the Qwen namings)
   int64_t n_layers = 2;  // decoder layers (num_hidden_layers), dense ones included
   // qwen2_moe, qwen3_moe, deepseek_v2: the first `dense_layers` decoder
   // layers are dense MLPs (mlp_only_layers, or first_k_dense_replace;

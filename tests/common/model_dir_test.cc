@@ -152,10 +152,12 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
   const std::string shared = "\"shared_experts\": {\"count\": 1, \"d_ff\": 32, \"gated\": false},\n  \"top_k\"";
   WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", shared}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "'shared_experts' needs format_version 2"));
-  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", shared}, {"\"format_version\": 1", "\"format_version\": 2"}}));
+  WriteText(path,
+            absl::StrReplaceAll(good, {{"\"top_k\"", shared}, {"\"format_version\": 1", "\"format_version\": 2"}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "required file 'layer_000/expert_004.bin' is not listed"));
-  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", absl::StrReplaceAll(shared, {{"\"count\": 1", "\"count\": 9999"}})},
-                                             {"\"format_version\": 1", "\"format_version\": 2"}}));
+  WriteText(path, absl::StrReplaceAll(
+                      good, {{"\"top_k\"", absl::StrReplaceAll(shared, {{"\"count\": 1", "\"count\": 9999"}})},
+                             {"\"format_version\": 1", "\"format_version\": 2"}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "'shared_experts.count' = 9999 is outside"));
 
   const std::string routing =
@@ -163,7 +165,8 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
       "\"correction_bias\": false, \"scaling\": 2.0},\n  \"top_k\"";
   WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", routing}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "'routing' needs format_version 2"));
-  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", routing}, {"\"format_version\": 1", "\"format_version\": 2"}}));
+  WriteText(path,
+            absl::StrReplaceAll(good, {{"\"top_k\"", routing}, {"\"format_version\": 1", "\"format_version\": 2"}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "must divide the 4 experts"));
 
   WriteText(path, good.substr(0, good.size() / 2));

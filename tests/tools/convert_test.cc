@@ -67,6 +67,27 @@ void CheckWeightsAgainstCheckpoint(const std::string& ckpt_dir, const std::strin
   }
 }
 
+// Writes `synth` (unless its config.json exists), converts it to `out_dir` as
+// `type`, checks that the validator finds nothing and opens the result;
+// REQUIREs that every step succeeds.
+std::unique_ptr<common::ModelDir> SynthConvertOpen(const SynthOptions& synth, const std::string& out_dir, DType type) {
+  std::ostringstream log;
+  if (!std::filesystem::exists(synth.out_dir + "/config.json")) REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.out_dir = out_dir;
+  o.weight_type = type;
+  o.progress = false;
+  const absl::Status s = ConvertCheckpoint(o, log);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  const ValidationReport v = Validate(out_dir);
+  for (const auto& issue : v.issues) FAIL_CHECK(issue.path << ": " << issue.problem);
+  auto model = common::ModelDir::Open(out_dir);
+  REQUIRE(model.ok());
+  return std::move(model).value();
+}
+
 TEST_CASE("synth, convert and validate round trip for both namings and every weight type") {
   for (const char* naming : {"mixtral", "olmoe", "qwen2_moe"}) {
     TempDir dir;
@@ -107,26 +128,14 @@ TEST_CASE("a Qwen3-MoE checkpoint converts its MoE layers and skips the dense on
   synth.n_layers = 3;
   synth.dense_layers = 1;  // decoder layer 0 is a dense MLP of width 2 * d_ff
   synth.norm_topk_prob = true;
-  std::ostringstream log;
-  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
-  ConvertOptions o;
-  o.checkpoint_dir = synth.out_dir;
-  o.out_dir = dir / "model";
-  o.weight_type = DType::kF32;
-  o.progress = false;
-  const absl::Status s = ConvertCheckpoint(o, log);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  CHECK(Validate(o.out_dir).ok());
-  auto model = common::ModelDir::Open(o.out_dir);
-  REQUIRE(model.ok());
-  const common::Manifest& m = (*model)->manifest();
+  const auto model = SynthConvertOpen(synth, dir / "model", DType::kF32);
+  const common::Manifest& m = model->manifest();
   CHECK(m.architecture == "qwen3_moe");
   CHECK(m.n_layers == 2);
   CHECK(m.hf_layers == std::vector<int64_t>{1, 2});
   CHECK(m.d_ff == synth.d_ff);  // moe_intermediate_size, not intermediate_size
   CHECK(m.norm_topk_prob);
-  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  CheckWeightsAgainstCheckpoint(synth.out_dir, dir / "model");
 
   // config.json must agree with the tensors about which layers are MoE.
   const std::string config_path = synth.out_dir + "/config.json";
@@ -136,7 +145,11 @@ TEST_CASE("a Qwen3-MoE checkpoint converts its MoE layers and skips the dense on
   const std::regex listed(R"("mlp_only_layers":\s*\[\s*0\s*\])");
   REQUIRE(std::regex_search(config, listed));
   std::ofstream(config_path) << std::regex_replace(config, listed, R"("mlp_only_layers": [])");
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
   o.out_dir = dir / "model2";
+  o.progress = false;
+  std::ostringstream log;
   const absl::Status refused = ConvertCheckpoint(o, log);
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK(Contains(refused, "mlp_only_layers make layers [0,1,2] MoE, but the gate tensors are in layers [1,2]"));
@@ -148,27 +161,19 @@ TEST_CASE("a DeepSeek-V2-Lite-shaped checkpoint converts with its ungated shared
   synth.n_layers = 3;
   synth.dense_layers = 1;
   synth.shared_d_ff = 2 * synth.d_ff;  // n_shared_experts = 2, one MLP
-  std::ostringstream log;
-  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
-  ConvertOptions o;
-  o.checkpoint_dir = synth.out_dir;
-  o.out_dir = dir / "model";
-  o.weight_type = DType::kBF16;
-  o.progress = false;
-  const absl::Status s = ConvertCheckpoint(o, log);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  CHECK(Validate(o.out_dir).ok());
-  auto model = common::ModelDir::Open(o.out_dir);
-  REQUIRE(model.ok());
-  const common::Manifest& m = (*model)->manifest();
+  const auto model = SynthConvertOpen(synth, dir / "model", DType::kBF16);
+  const common::Manifest& m = model->manifest();
   CHECK(m.architecture == "deepseek_v2");
   CHECK(m.hf_layers == std::vector<int64_t>{1, 2});
   CHECK_FALSE(m.norm_topk_prob);
   CHECK(m.n_shared_experts == 1);
   CHECK(m.shared_d_ff == 2 * synth.d_ff);
   CHECK_FALSE(m.shared_gate);
-  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  CheckWeightsAgainstCheckpoint(synth.out_dir, dir / "model");
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.progress = false;
+  std::ostringstream log;
 
   const std::string config_path = synth.out_dir + "/config.json";
   std::ifstream in(config_path);
@@ -199,21 +204,8 @@ TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limit
   synth.topk_group = 2;
   synth.routed_scaling_factor = 2.5;
   synth.norm_topk_prob = true;
-  std::ostringstream log;
-  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
-  ConvertOptions o;
-  o.checkpoint_dir = synth.out_dir;
-  o.out_dir = dir / "model";
-  o.weight_type = DType::kF32;
-  o.progress = false;
-  const absl::Status s = ConvertCheckpoint(o, log);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  const ValidationReport v = Validate(o.out_dir);
-  for (const auto& issue : v.issues) FAIL_CHECK(issue.path << ": " << issue.problem);
-  auto model = common::ModelDir::Open(o.out_dir);
-  REQUIRE(model.ok());
-  const common::Manifest& m = (*model)->manifest();
+  const auto model = SynthConvertOpen(synth, dir / "model", DType::kF32);
+  const common::Manifest& m = model->manifest();
   CHECK(m.format_version == 2);
   CHECK(m.routing.scoring == common::RoutingSpec::Scoring::kSigmoid);
   CHECK(m.routing.group_score == common::RoutingSpec::GroupScore::kTopTwoSum);
@@ -222,23 +214,18 @@ TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limit
   CHECK(m.routing.correction_bias);
   CHECK(m.routing.scaling == 2.5);
   CHECK(m.norm_topk_prob);
-  auto routing = (*model)->LoadRouting(0, true);
+  auto routing = model->LoadRouting(0, true);
   REQUIRE(routing.ok());
   REQUIRE((*routing)->bias != nullptr);
-  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  CheckWeightsAgainstCheckpoint(synth.out_dir, dir / "model");
   // The same checkpoint in DeepSeek-V3's block FP8 dequantizes exactly.
-  synth.fp8 = true;
-  synth.out_dir = dir / "ckpt_fp8";
-  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
-  o.checkpoint_dir = synth.out_dir;
-  o.out_dir = dir / "model_fp8";
-  const absl::Status fp8 = ConvertCheckpoint(o, log);
-  INFO(fp8.message());
-  REQUIRE(fp8.ok());
-  CHECK(Validate(o.out_dir).ok());
-  CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+  SynthOptions fp8 = synth;
+  fp8.fp8 = true;
+  fp8.out_dir = dir / "ckpt_fp8";
+  SynthConvertOpen(fp8, dir / "model_fp8", DType::kF32);
+  CheckWeightsAgainstCheckpoint(fp8.out_dir, dir / "model_fp8");
   {
-    auto ckpt = HfCheckpoint::Open(synth.out_dir);
+    auto ckpt = HfCheckpoint::Open(fp8.out_dir);
     REQUIRE(ckpt.ok());
     const std::string name = (*ckpt)->ExpertName(1, 3, ExpertMatrix::kW2);
     auto w2 = (*ckpt)->Matrix(name, synth.d_model, synth.d_ff);
@@ -252,10 +239,12 @@ TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limit
     std::memcpy(&s00, scale->data, 4);
     CHECK(rows[0] == common::Fp8E4m3ToFloat((*w2)->data[0]) * s00);
   }
-  o.checkpoint_dir = dir / "ckpt";
-
   // The LUT of a non-softmax gate is the exact routing of each embedding row:
   // calibration and balancing are refused.
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.progress = false;
+  std::ostringstream log;
   o.out_dir = dir / "balanced";
   o.balance_loss_weight = 1.0;
   CHECK(Contains(ConvertCheckpoint(o, log), "calibration and balancing are defined for softmax routing only"));
@@ -459,9 +448,10 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
         std::pair{R"({"model_type":"gpt_oss",)" + base + "}", "model_type 'gpt_oss' is not supported"},
         std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"mxfp4"},)" + base + "}",
                   "quantization_config (quant_method 'mxfp4') is not supported"},
-        std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8","weight_block_size":[64,64]},)" +
-                      base + "}",
-                  "quantization_config (quant_method 'fp8') is not supported"},
+        std::pair{
+            R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8","weight_block_size":[64,64]},)" +
+                base + "}",
+            "quantization_config (quant_method 'fp8') is not supported"},
         std::pair{R"({"model_type":"qwen3_moe","scoring_func":"sigmoid",)" + base + "}",
                   "scoring_func = \"sigmoid\": not supported for this model_type"},
         std::pair{R"({"model_type":"qwen3_moe","n_group":8,)" + base + "}", "n_group = 8"},
