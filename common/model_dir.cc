@@ -32,6 +32,22 @@ absl::StatusOr<const uint8_t*> SectionData(const MappedFile& file, const WeightF
   return file.data() + s->offset;
 }
 
+// Section `name` as f32 [rows][cols], every element finite (a gate file's
+// gate, bias and shared_gate).
+absl::StatusOr<const float*> FiniteF32Section(const MappedFile& file, const WeightFileLayout& layout,
+                                              const std::string& name, int64_t rows, int64_t cols) {
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* bytes,
+                           SectionData(file, layout, name, DType::kF32, rows, cols, rows * cols * 4));
+  const auto* values = reinterpret_cast<const float*>(bytes);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad weight file ", file.path(), ": ", name, " element ", i, " is not finite"));
+    }
+  }
+  return values;
+}
+
 absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFileLayout& layout,
                                          const std::string& name, DType dtype, int64_t rows, int64_t cols) {
   MatrixView view;
@@ -163,37 +179,13 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
   const MappedFile& gate = *routing->gate_file;
   COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout gate_layout, ParseHeader(gate.data(), gate.size(), gate.path()));
   COLIBRI_RETURN_IF_ERROR(CheckIdentity(gate_layout, gate.path(), FileKind::kGate, layer, -1));
-  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* g, SectionData(gate, gate_layout, "gate", DType::kF32, m.n_experts, m.d_model,
-                                                         m.n_experts * m.d_model * 4));
-  routing->gate = reinterpret_cast<const float*>(g);
-  for (int64_t i = 0; i < m.n_experts * m.d_model; ++i) {
-    if (!std::isfinite(routing->gate[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad weight file ", gate.path(), ": gate element ", i, " is not finite"));
-    }
-  }
+  COLIBRI_ASSIGN_OR_RETURN(routing->gate, FiniteF32Section(gate, gate_layout, "gate", m.n_experts, m.d_model));
   if (m.routing.correction_bias) {
-    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* b,
-                             SectionData(gate, gate_layout, "bias", DType::kF32, 1, m.n_experts, m.n_experts * 4));
-    routing->bias = reinterpret_cast<const float*>(b);
-    for (int64_t e = 0; e < m.n_experts; ++e) {
-      if (!std::isfinite(routing->bias[e])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bad weight file ", gate.path(), ": bias element ", e, " is not finite"));
-      }
-    }
+    COLIBRI_ASSIGN_OR_RETURN(routing->bias, FiniteF32Section(gate, gate_layout, "bias", 1, m.n_experts));
   }
   if (m.shared_gate) {
-    COLIBRI_ASSIGN_OR_RETURN(const uint8_t* sg,
-                             SectionData(gate, gate_layout, "shared_gate", DType::kF32, m.n_shared_experts, m.d_model,
-                                         m.n_shared_experts * m.d_model * 4));
-    routing->shared_gate = reinterpret_cast<const float*>(sg);
-    for (int64_t i = 0; i < m.n_shared_experts * m.d_model; ++i) {
-      if (!std::isfinite(routing->shared_gate[i])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bad weight file ", gate.path(), ": shared_gate element ", i, " is not finite"));
-      }
-    }
+    COLIBRI_ASSIGN_OR_RETURN(routing->shared_gate,
+                             FiniteF32Section(gate, gate_layout, "shared_gate", m.n_shared_experts, m.d_model));
   }
 
   COLIBRI_ASSIGN_OR_RETURN(routing->lut_file, MapListedFile(LutFilePath(layer), verify_checksum));

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -96,11 +96,17 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
   if (spec.n_group > 1) {
     const int64_t size = n / spec.n_group;
     std::vector<double> group(spec.n_group);
-    for (int64_t g = 0; g < spec.n_group; ++g) {
-      std::vector<double> members(choice.begin() + g * size, choice.begin() + (g + 1) * size);
-      std::sort(members.begin(), members.end(), std::greater<double>());
-      group[g] =
-          spec.group_score == RoutingSpec::GroupScore::kTopTwoSum && size > 1 ? members[0] + members[1] : members[0];
+    for (int64_t g = 0; g < spec.n_group; ++g) {  // the group's best and second-best choice
+      double best = -std::numeric_limits<double>::infinity(), second = best;
+      for (int64_t e = g * size; e < (g + 1) * size; ++e) {
+        if (choice[e] > best) {
+          second = best;
+          best = choice[e];
+        } else if (choice[e] > second) {
+          second = choice[e];
+        }
+      }
+      group[g] = spec.group_score == RoutingSpec::GroupScore::kTopTwoSum && size > 1 ? best + second : best;
     }
     std::vector<int64_t> order(spec.n_group);
     std::iota(order.begin(), order.end(), 0);
@@ -120,12 +126,22 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
   }
 }
 
-Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* bias, int64_t n_experts,
-                       int64_t d_model, int64_t top_k, bool normalize, const float* x, int64_t num_tokens) {
+namespace {
+
+// Routes of `tokens` tokens with `top_k` zeroed entries each.
+Routes SizedRoutes(int64_t tokens, int64_t top_k) {
   Routes routes;
   routes.top_k = top_k;
-  routes.expert_ids.resize(num_tokens * top_k);
-  routes.weights.resize(num_tokens * top_k);
+  routes.expert_ids.resize(tokens * top_k);
+  routes.weights.resize(tokens * top_k);
+  return routes;
+}
+
+}  // namespace
+
+Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* bias, int64_t n_experts,
+                       int64_t d_model, int64_t top_k, bool normalize, const float* x, int64_t num_tokens) {
+  Routes routes = SizedRoutes(num_tokens, top_k);
   std::vector<double> logits(n_experts);
   for (int64_t t = 0; t < num_tokens; ++t) {
     GateLogits(gate, n_experts, d_model, x + t * d_model, logits.data());
@@ -143,10 +159,7 @@ Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* 
 Routes AppendSharedExperts(const Routes& routes, int64_t n_experts, int64_t n_shared, const float* shared_gate,
                            int64_t d_model, const float* x) {
   const int64_t k = routes.top_k, tokens = routes.num_tokens(), width = k + n_shared;
-  Routes out;
-  out.top_k = width;
-  out.expert_ids.resize(tokens * width);
-  out.weights.resize(tokens * width);
+  Routes out = SizedRoutes(tokens, width);
   std::vector<double> logit(n_shared);
   for (int64_t t = 0; t < tokens; ++t) {
     std::copy_n(routes.expert_ids.begin() + t * k, k, out.expert_ids.begin() + t * width);

@@ -206,7 +206,8 @@ class Checkpoint:
             self.sigmoid = v3
             self.topk_method = self.config.get("topk_method", "noaux_tc" if v3 else "greedy")
             if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
-                raise RefError(f"{directory}/config.json: topk_method {self.topk_method} not implemented here")
+                raise RefError(f"{directory}/config.json: topk_method {self.topk_method} is not one of DeepSeek's "
+                               "(greedy, group_limited_greedy, noaux_tc)")
             self.n_group = int(self.config.get("n_group", 1))
             self.topk_group = int(self.config.get("topk_group", 1))
         else:

@@ -206,32 +206,25 @@ const uint8_t* Section4(const OpenedFile& f, const std::string& name, DType dtyp
 // "shared_gate" f32 [n_shared_experts][d_model]), every element finite.
 void CheckGate(const common::Manifest& m, OpenedFile* f) {
   Tally bad("gate weights not finite");
-  if (m.routing.correction_bias) {
-    const uint8_t* b = Section4(*f, "bias", DType::kF32, 1, m.n_experts, &f->problems);
-    if (b == nullptr) return;
-    const auto* bias = reinterpret_cast<const float*>(b);
-    for (int64_t e = 0; e < m.n_experts; ++e) {
-      if (!std::isfinite(bias[e])) bad.Add([&] { return absl::StrCat("bias of expert ", e); });
-    }
-  }
-  if (m.shared_gate) {
-    const uint8_t* shared = Section4(*f, "shared_gate", DType::kF32, m.n_shared_experts, m.d_model, &f->problems);
-    if (shared == nullptr) return;
-    const auto* g = reinterpret_cast<const float*>(shared);
-    for (int64_t i = 0; i < m.n_shared_experts * m.d_model; ++i) {
-      if (!std::isfinite(g[i])) {
-        bad.Add([&] { return absl::StrCat("shared expert ", i / m.d_model, " col ", i % m.d_model); });
+  // Counts the non-finite elements of f32 [rows][cols] section `name` in
+  // `bad` (row r named `row_name` r, or element i `row_name` i for one row);
+  // false if the section is unusable.
+  auto check = [&](const char* name, int64_t rows, int64_t cols, const char* row_name) {
+    const uint8_t* bytes = Section4(*f, name, DType::kF32, rows, cols, &f->problems);
+    if (bytes == nullptr) return false;
+    const auto* values = reinterpret_cast<const float*>(bytes);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      if (!std::isfinite(values[i])) {
+        bad.Add([&] {
+          return rows == 1 ? absl::StrCat(row_name, i) : absl::StrCat(row_name, i / cols, " col ", i % cols);
+        });
       }
     }
-  }
-  const uint8_t* bytes = Section4(*f, "gate", DType::kF32, m.n_experts, m.d_model, &f->problems);
-  if (bytes == nullptr) return;
-  const auto* gate = reinterpret_cast<const float*>(bytes);
-  for (int64_t i = 0; i < m.n_experts * m.d_model; ++i) {
-    if (!std::isfinite(gate[i])) {
-      bad.Add([&] { return absl::StrCat("expert ", i / m.d_model, " col ", i % m.d_model); });
-    }
-  }
+    return true;
+  };
+  if (m.routing.correction_bias && !check("bias", 1, m.n_experts, "bias of expert ")) return;
+  if (m.shared_gate && !check("shared_gate", m.n_shared_experts, m.d_model, "shared expert ")) return;
+  if (!check("gate", m.n_experts, m.d_model, "expert ")) return;
   bad.Flush(&f->problems);
 }
 

@@ -88,6 +88,22 @@ std::unique_ptr<common::ModelDir> SynthConvertOpen(const SynthOptions& synth, co
   return std::move(model).value();
 }
 
+// Converts `ckpt_dir` to `out_dir` after replacing `pattern` in its
+// config.json (the original text `config`, where it must occur) by
+// `replacement`; the conversion's status.
+absl::Status ConvertEditedConfig(const std::string& ckpt_dir, const std::string& config, const std::string& pattern,
+                                 const std::string& replacement, const std::string& out_dir) {
+  const std::regex key(pattern);
+  REQUIRE(std::regex_search(config, key));
+  std::ofstream(ckpt_dir + "/config.json") << std::regex_replace(config, key, replacement);
+  ConvertOptions o;
+  o.checkpoint_dir = ckpt_dir;
+  o.out_dir = out_dir;
+  o.progress = false;
+  std::ostringstream log;
+  return ConvertCheckpoint(o, log);
+}
+
 TEST_CASE("synth, convert and validate round trip for both namings and every weight type") {
   for (const char* naming : {"mixtral", "olmoe", "qwen2_moe"}) {
     TempDir dir;
@@ -138,19 +154,9 @@ TEST_CASE("a Qwen3-MoE checkpoint converts its MoE layers and skips the dense on
   CheckWeightsAgainstCheckpoint(synth.out_dir, dir / "model");
 
   // config.json must agree with the tensors about which layers are MoE.
-  const std::string config_path = synth.out_dir + "/config.json";
-  std::ifstream in(config_path);
-  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  const std::regex listed(R"("mlp_only_layers":\s*\[\s*0\s*\])");
-  REQUIRE(std::regex_search(config, listed));
-  std::ofstream(config_path) << std::regex_replace(config, listed, R"("mlp_only_layers": [])");
-  ConvertOptions o;
-  o.checkpoint_dir = synth.out_dir;
-  o.out_dir = dir / "model2";
-  o.progress = false;
-  std::ostringstream log;
-  const absl::Status refused = ConvertCheckpoint(o, log);
+  const absl::Status refused =
+      ConvertEditedConfig(synth.out_dir, colibri::testing::ReadFile(synth.out_dir + "/config.json"),
+                          R"("mlp_only_layers":\s*\[\s*0\s*\])", R"("mlp_only_layers": [])", dir / "model2");
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK(Contains(refused, "mlp_only_layers make layers [0,1,2] MoE, but the gate tensors are in layers [1,2]"));
 }
@@ -170,26 +176,15 @@ TEST_CASE("a DeepSeek-V2-Lite-shaped checkpoint converts with its ungated shared
   CHECK(m.shared_d_ff == 2 * synth.d_ff);
   CHECK_FALSE(m.shared_gate);
   CheckWeightsAgainstCheckpoint(synth.out_dir, dir / "model");
-  ConvertOptions o;
-  o.checkpoint_dir = synth.out_dir;
-  o.progress = false;
-  std::ostringstream log;
 
-  const std::string config_path = synth.out_dir + "/config.json";
-  std::ifstream in(config_path);
-  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
+  const std::string config = colibri::testing::ReadFile(synth.out_dir + "/config.json");
   for (const auto& [from, to, message] :
        {std::tuple{R"("first_k_dense_replace":\s*1)", R"("first_k_dense_replace": 0)",
                    "first_k_dense_replace and moe_layer_freq make layers [0,1,2] MoE"},
         std::tuple{R"("n_shared_experts":\s*2)", R"("n_shared_experts": 3)",
                    "n_shared_experts = 3 experts of moe_intermediate_size"}}) {
     INFO(message);
-    const std::regex key(from);
-    REQUIRE(std::regex_search(config, key));
-    std::ofstream(config_path) << std::regex_replace(config, key, to);
-    o.out_dir = dir / "refused";
-    CHECK(Contains(ConvertCheckpoint(o, log), message));
+    CHECK(Contains(ConvertEditedConfig(synth.out_dir, config, from, to, dir / "refused"), message));
   }
 }
 
@@ -254,44 +249,24 @@ TEST_CASE("a Qwen2-MoE shared expert becomes expert n_experts with its sigmoid g
   TempDir dir;
   SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "qwen2_moe");
   synth.shared_d_ff = 176;  // wider than the routed experts (80), not a multiple of 64
-  std::ostringstream log;
-  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
   for (DType type : {DType::kF32, DType::kInt4}) {
-    ConvertOptions o;
-    o.checkpoint_dir = synth.out_dir;
-    o.out_dir = dir / ("model_" + common::DTypeName(type));
-    o.weight_type = type;
-    o.progress = false;
-    const absl::Status s = ConvertCheckpoint(o, log);
-    INFO(s.message());
-    REQUIRE(s.ok());
-    const ValidationReport v = Validate(o.out_dir);
-    for (const auto& issue : v.issues) FAIL_CHECK(issue.path << ": " << issue.problem);
-    auto model = common::ModelDir::Open(o.out_dir);
-    REQUIRE(model.ok());
-    const common::Manifest& m = (*model)->manifest();
+    const std::string out_dir = dir / ("model_" + common::DTypeName(type));
+    const auto model = SynthConvertOpen(synth, out_dir, type);
+    const common::Manifest& m = model->manifest();
     CHECK(m.format_version == 2);
     CHECK(m.n_shared_experts == 1);
     CHECK(m.shared_d_ff == 176);
     CHECK(m.shared_gate);
-    auto routing = (*model)->LoadRouting(1, true);
+    auto routing = model->LoadRouting(1, true);
     REQUIRE(routing.ok());
     REQUIRE((*routing)->shared_gate != nullptr);
-    CheckWeightsAgainstCheckpoint(synth.out_dir, o.out_dir);
+    CheckWeightsAgainstCheckpoint(synth.out_dir, out_dir);
   }
   // config.json must agree with the tensors about the shared expert.
-  const std::string config_path = synth.out_dir + "/config.json";
-  std::ifstream in(config_path);
-  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  const std::regex size(R"("shared_expert_intermediate_size":\s*176)");
-  REQUIRE(std::regex_search(config, size));
-  std::ofstream(config_path) << std::regex_replace(config, size, R"("shared_expert_intermediate_size": 64)");
-  ConvertOptions o;
-  o.checkpoint_dir = synth.out_dir;
-  o.out_dir = dir / "refused";
-  o.progress = false;
-  CHECK(Contains(ConvertCheckpoint(o, log), "shared_expert_intermediate_size = 64 but the tensors say 176"));
+  CHECK(Contains(ConvertEditedConfig(synth.out_dir, colibri::testing::ReadFile(synth.out_dir + "/config.json"),
+                                     R"("shared_expert_intermediate_size":\s*176)",
+                                     R"("shared_expert_intermediate_size": 64)", dir / "refused"),
+                 "shared_expert_intermediate_size = 64 but the tensors say 176"));
 }
 
 TEST_CASE("converting over an existing model needs overwrite") {
