@@ -36,7 +36,8 @@ std::string ManifestToJson(const Manifest& m) {
   }
   Json j = {
       {"format", "colibri-model"},
-      {"format_version", m.n_shared_experts > 0 || !m.routing.plain() ? 2 : 1},
+      {"format_version",
+       m.n_shared_experts > 0 || !m.routing.plain() || !m.activation.plain() || m.expert_biases ? 2 : 1},
       {"architecture", m.architecture},
       {"d_model", m.d_model},
       {"d_ff", m.d_ff},
@@ -61,7 +62,17 @@ std::string ManifestToJson(const Manifest& m) {
         {"topk_group", r.topk_group},
         {"group_score", r.group_score == RoutingSpec::GroupScore::kTopTwoSum ? "top2_sum" : "max"},
         {"correction_bias", r.correction_bias},
+        {"logit_bias", r.logit_bias},
         {"scaling", r.scaling},
+        {"weight_at", r.weight_at_input ? "input" : "output"},
+    };
+  }
+  if (!m.activation.plain() || m.expert_biases) {
+    const Activation& a = m.activation;
+    j["experts"] = {
+        {"activation",
+         {{"alpha", a.alpha}, {"limit", std::isinf(a.limit) ? Json(nullptr) : Json(a.limit)}, {"up_offset", a.up_offset}}},
+        {"biases", m.expert_biases},
     };
   }
   return j.dump(2) + "\n";
@@ -158,12 +169,46 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
     spec.topk_group = r["topk_group"].get<int64_t>();
     spec.correction_bias = r["correction_bias"].get<bool>();
     spec.scaling = r["scaling"].get<double>();
+    // Keys added within version 2, optional: models written before them have neither.
+    if (r.contains("logit_bias")) {
+      if (!r["logit_bias"].is_boolean()) return bad("'routing.logit_bias' must be a boolean");
+      spec.logit_bias = r["logit_bias"].get<bool>();
+    }
+    if (r.contains("weight_at")) {
+      if (r["weight_at"] != "input" && r["weight_at"] != "output") {
+        return bad("'routing.weight_at' must be input or output");
+      }
+      spec.weight_at_input = r["weight_at"] == "input";
+    }
+    if (spec.correction_bias && spec.logit_bias) {
+      return bad("'routing': correction_bias and logit_bias cannot both be set (one bias section)");
+    }
     if (spec.n_group < 1 || m.n_experts % spec.n_group != 0 || spec.topk_group < 1 || spec.topk_group > spec.n_group ||
         m.top_k > spec.topk_group * (m.n_experts / spec.n_group)) {
       return bad(absl::StrCat("'routing': n_group ", spec.n_group, " and topk_group ", spec.topk_group,
                               " must divide the ", m.n_experts, " experts and keep at least top_k ", m.top_k));
     }
     if (!std::isfinite(spec.scaling) || spec.scaling <= 0) return bad("'routing.scaling' must be finite and > 0");
+  }
+  if (j.contains("experts")) {
+    const Json& e = j["experts"];
+    if (version < 2) return bad("'experts' needs format_version 2");
+    if (!e.is_object() || !e.contains("activation") || !e["activation"].is_object() || !e.contains("biases") ||
+        !e["biases"].is_boolean()) {
+      return bad("'experts' needs object activation and boolean biases");
+    }
+    const Json& a = e["activation"];
+    if (!a.contains("alpha") || !a["alpha"].is_number() || !a.contains("limit") ||
+        !(a["limit"].is_number() || a["limit"].is_null()) || !a.contains("up_offset") || !a["up_offset"].is_number()) {
+      return bad("'experts.activation' needs number alpha and up_offset and number-or-null limit");
+    }
+    m.activation.alpha = a["alpha"].get<double>();
+    if (!a["limit"].is_null()) m.activation.limit = a["limit"].get<double>();
+    m.activation.up_offset = a["up_offset"].get<double>();
+    m.expert_biases = e["biases"].get<bool>();
+    if (!std::isfinite(m.activation.alpha) || !std::isfinite(m.activation.up_offset) || !(m.activation.limit > 0)) {
+      return bad("'experts.activation': alpha and up_offset must be finite, limit > 0 or null");
+    }
   }
   if (static_cast<int64_t>(m.hf_layers.size()) != m.n_layers) {
     return bad(absl::StrCat("'hf_layers' has ", m.hf_layers.size(), " entries, n_layers is ", m.n_layers));

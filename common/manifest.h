@@ -6,6 +6,7 @@
 // (docs/MODEL_FORMAT.md). Plain data; ParseManifest validates every field.
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,10 @@ namespace colibri {
 namespace common {
 
 // The newest format this build reads and writes. Version 2 adds shared
-// experts and routing other than softmax top-k; a model without either is
-// written as version 1, which older builds read too (a version-2 model is
-// refused by them rather than misread).
+// experts, routing other than softmax top-k, expert biases and activations
+// other than SwiGLU; a model with none of them is written as version 1, which
+// older builds read too (a version-2 model is refused by them rather than
+// misread).
 inline constexpr int kManifestFormatVersion = 2;
 
 // Limits of a model directory (they keep a hostile manifest from asking for
@@ -35,6 +37,22 @@ struct ManifestFile {
   std::string path;  // relative to the model directory
   uint64_t size = 0;
   std::string checksum;  // "xxh3_128:<hex>"
+};
+
+// The experts' gated activation, from a = W1·x (+ b1) and b = W3·x (+ b3):
+//   g = min(a, limit),  u = clamp(b, -limit, limit)
+//   h = g · sigmoid(alpha · g) · (u + up_offset)
+// SwiGLU (silu(a) · b) is alpha 1, no limit, up_offset 0; gpt-oss's clamped
+// SwiGLU is alpha 1.702, limit 7, up_offset 1.
+struct Activation {
+  double alpha = 1.0;
+  double limit = std::numeric_limits<double>::infinity();
+  double up_offset = 0.0;
+
+  bool plain() const { return alpha == 1.0 && limit == std::numeric_limits<double>::infinity() && up_offset == 0.0; }
+  bool operator==(const Activation& o) const {
+    return alpha == o.alpha && limit == o.limit && up_offset == o.up_offset;
+  }
 };
 
 struct Manifest {
@@ -60,6 +78,10 @@ struct Manifest {
   int64_t n_shared_experts = 0;
   int64_t shared_d_ff = 0;
   bool shared_gate = false;
+  // Every expert's activation, and whether every expert file holds biases
+  // b1, b3 [d_ff] and b2 [d_model] (gpt-oss): FFN(x) = W2·h + b2.
+  Activation activation;
+  bool expert_biases = false;
   std::vector<int64_t> hf_layers;  // hf_layers[L] = checkpoint layer index of MoE layer L
   std::string lut_source;          // "embedding" or "calibration"
   double balance_loss_weight = 0.0;

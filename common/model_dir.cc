@@ -33,7 +33,7 @@ absl::StatusOr<const uint8_t*> SectionData(const MappedFile& file, const WeightF
 }
 
 // Section `name` as f32 [rows][cols], every element finite (a gate file's
-// gate, bias and shared_gate).
+// gate, bias and shared_gate; an expert file's biases).
 absl::StatusOr<const float*> FiniteF32Section(const MappedFile& file, const WeightFileLayout& layout,
                                               const std::string& name, int64_t rows, int64_t cols) {
   COLIBRI_ASSIGN_OR_RETURN(const uint8_t* bytes,
@@ -145,6 +145,13 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
   COLIBRI_ASSIGN_OR_RETURN(weights->w1, MatrixSection(file, layout, "w1", m.weight_type, d_ff, m.d_model));
   COLIBRI_ASSIGN_OR_RETURN(weights->w3, MatrixSection(file, layout, "w3", m.weight_type, d_ff, m.d_model));
   COLIBRI_ASSIGN_OR_RETURN(weights->w2, MatrixSection(file, layout, "w2", m.weight_type, m.d_model, d_ff));
+  if (m.expert_biases) {
+    COLIBRI_ASSIGN_OR_RETURN(weights->b1, FiniteF32Section(file, layout, "b1", 1, d_ff));
+    COLIBRI_ASSIGN_OR_RETURN(weights->b3, FiniteF32Section(file, layout, "b3", 1, d_ff));
+    COLIBRI_ASSIGN_OR_RETURN(weights->b2, FiniteF32Section(file, layout, "b2", 1, m.d_model));
+  }
+  weights->activation = m.activation;
+  weights->weight_at_input = m.routing.weight_at_input && expert < m.n_experts;
   return weights;
 }
 
@@ -162,6 +169,11 @@ absl::Status CopyExpertToMemory(ExpertWeights* e, const AnonymousMemory::Options
   rebase(&e->w1);
   rebase(&e->w3);
   rebase(&e->w2);
+  for (const float** bias : {&e->b1, &e->b3, &e->b2}) {
+    if (*bias != nullptr) {
+      *bias = reinterpret_cast<const float*>(copy->data() + (reinterpret_cast<const uint8_t*>(*bias) - base));
+    }
+  }
   e->copy = std::move(copy);
   e->file.reset();
   return absl::OkStatus();
@@ -180,7 +192,7 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
   COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout gate_layout, ParseHeader(gate.data(), gate.size(), gate.path()));
   COLIBRI_RETURN_IF_ERROR(CheckIdentity(gate_layout, gate.path(), FileKind::kGate, layer, -1));
   COLIBRI_ASSIGN_OR_RETURN(routing->gate, FiniteF32Section(gate, gate_layout, "gate", m.n_experts, m.d_model));
-  if (m.routing.correction_bias) {
+  if (m.routing.has_bias()) {
     COLIBRI_ASSIGN_OR_RETURN(routing->bias, FiniteF32Section(gate, gate_layout, "bias", 1, m.n_experts));
   }
   if (m.shared_gate) {

@@ -26,14 +26,22 @@
 namespace colibri {
 namespace common {
 
-// One expert's three matrices, as views into the mapping `file` owns, or
-// into `copy` after CopyExpertToMemory.
+// One expert's three matrices (and biases, if the model has them), as views
+// into the mapping `file` owns, or into `copy` after CopyExpertToMemory, and
+// how the model applies them (from the manifest):
+//   FFN(x) = W2·act(W1·x + b1, W3·x + b3) + b2      (Activation in manifest.h)
+// with a routing weight w, w·FFN(x) — or FFN(w·x) when weight_at_input.
 struct ExpertWeights {
   int64_t layer = 0;
   int64_t expert = 0;
-  MatrixView w1;  // gate_proj [d_ff][d_model]
-  MatrixView w3;  // up_proj   [d_ff][d_model]
-  MatrixView w2;  // down_proj [d_model][d_ff]
+  MatrixView w1;                // gate_proj [d_ff][d_model]
+  MatrixView w3;                // up_proj   [d_ff][d_model]
+  MatrixView w2;                // down_proj [d_model][d_ff]
+  const float* b1 = nullptr;    // [d_ff], or null for no biases (then b3 and b2 are null too)
+  const float* b3 = nullptr;    // [d_ff]
+  const float* b2 = nullptr;    // [d_model]
+  Activation activation;        // SwiGLU by default
+  bool weight_at_input = false;  // a routed expert of a model whose routing.weight_at_input
   std::unique_ptr<MappedFile> file;
   std::unique_ptr<AnonymousMemory> copy;
 };
@@ -48,7 +56,7 @@ struct LayerRouting {
   int64_t layer = 0;
   const float* gate = nullptr;         // f32 [n_experts][d_model]
   const float* shared_gate = nullptr;  // f32 [n_shared_experts][d_model] if manifest.shared_gate, else null
-  const float* bias = nullptr;         // f32 [n_experts] if manifest.routing.correction_bias, else null
+  const float* bias = nullptr;         // f32 [n_experts] if manifest.routing.has_bias(), else null
   const int32_t* lut_ids = nullptr;    // [vocab_size][top_k], each < n_experts
   const float* lut_weights = nullptr;  // [vocab_size][top_k], finite
   std::unique_ptr<MappedFile> gate_file;

@@ -83,16 +83,19 @@ absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weigh
 void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,
                  bool normalize, int32_t* ids, float* weights) {
   const int64_t n = n_experts;
-  std::vector<double> score(n), choice(n);
-  if (spec.scoring == RoutingSpec::Scoring::kSigmoid) {
-    for (int64_t e = 0; e < n; ++e) score[e] = 1.0 / (1.0 + std::exp(-logits[e]));
-  } else {
-    const double max_logit = *std::max_element(logits, logits + n);
-    double total = 0.0;
-    for (int64_t e = 0; e < n; ++e) total += std::exp(logits[e] - max_logit);
-    for (int64_t e = 0; e < n; ++e) score[e] = std::exp(logits[e] - max_logit) / total;
+  std::vector<double> logit(logits, logits + n), score(n), choice(n);
+  if (spec.logit_bias) {
+    for (int64_t e = 0; e < n; ++e) logit[e] += static_cast<double>(bias[e]);
   }
-  for (int64_t e = 0; e < n; ++e) choice[e] = score[e] + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
+  if (spec.scoring == RoutingSpec::Scoring::kSigmoid) {
+    for (int64_t e = 0; e < n; ++e) score[e] = 1.0 / (1.0 + std::exp(-logit[e]));
+  } else {
+    const double max_logit = *std::max_element(logit.begin(), logit.end());
+    double total = 0.0;
+    for (int64_t e = 0; e < n; ++e) total += std::exp(logit[e] - max_logit);
+    for (int64_t e = 0; e < n; ++e) score[e] = std::exp(logit[e] - max_logit) / total;
+  }
+  for (int64_t e = 0; e < n; ++e) choice[e] = score[e] + (spec.correction_bias ? static_cast<double>(bias[e]) : 0.0);
   if (spec.n_group > 1) {
     const int64_t size = n / spec.n_group;
     std::vector<double> group(spec.n_group);

@@ -72,21 +72,32 @@ struct RoutingSpec {
   int64_t n_group = 1;
   int64_t topk_group = 1;
   GroupScore group_score = GroupScore::kMax;
-  // The gate file holds a per-expert bias added to the scores for choosing
-  // only (DeepSeek-V3's e_score_correction_bias).
+  // The gate file's per-expert "bias" section, one of: added to the scores
+  // for choosing only (DeepSeek-V3's e_score_correction_bias), or added to
+  // the logits before scoring (gpt-oss's router bias). Never both.
   bool correction_bias = false;
+  bool logit_bias = false;
   // The k weights (renormalized first when the model says so) times this.
   double scaling = 1.0;
+  // Where a routed expert's weight applies: to its output (y += w·FFN(x),
+  // every family but one) or to its input (y += FFN(w·x): Llama 4).
+  bool weight_at_input = false;
 
-  bool plain() const { return scoring == Scoring::kSoftmax && n_group == 1 && !correction_bias && scaling == 1.0; }
+  bool has_bias() const { return correction_bias || logit_bias; }
+  bool plain() const {
+    return scoring == Scoring::kSoftmax && n_group == 1 && !has_bias() && scaling == 1.0 && !weight_at_input;
+  }
 };
 
-// One token under `spec`: scores s from `logits` (softmax over all experts or
-// sigmoid of each), choice c = s + bias (bias may be null), groups masked, the
+// One token under `spec`: scores s from `logits` (+ bias when
+// spec.logit_bias; softmax over all experts or sigmoid of each), choice
+// c = s (+ bias when spec.correction_bias), groups masked, the
 // k best by c (ties toward the lower id, groups toward the lower index), in
 // descending c; weights s of those, divided by their sum when `normalize`,
-// times spec.scaling — in double, rounded once. REQUIRES: n_experts %
-// n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k <= n_experts.
+// times spec.scaling — in double, rounded once. (Softmax over all experts
+// renormalized over the k equals gpt-oss's softmax over the k logits.)
+// REQUIRES: n_experts % n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k
+// <= n_experts, bias non-null when spec.has_bias().
 void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,
                  bool normalize, int32_t* ids, float* weights);
 

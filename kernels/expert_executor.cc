@@ -64,10 +64,22 @@ void Derive(const float* f32, int64_t count, uint16_t* bf16, float* sums) {
   }
 }
 
-// h = silu(a) ⊙ b over `count` values of one token, plus h's bf16 copy and
-// 64-group sums. (count % 64 == 0.)
-void SwiGlu(SwiGluFn fn, const float* a, const float* b, int64_t count, float* h, uint16_t* h_bf16, float* h_sums) {
-  for (int64_t i = 0; i < count; i += 64) fn(a + i, b + i, h + i, h_bf16 + i, h_sums + i / 64);
+// h = act(a, b) over `count` values of one token starting at intermediate
+// entry `first`, plus h's bf16 copy and 64-group sums (count % 64 == 0): the
+// ISA's SwiGLU for plain experts, else the general activation with biases.
+void Activate(SwiGluFn fn, const common::ExpertWeights& e, const float* a, const float* b, int64_t first,
+              int64_t count, float* h, uint16_t* h_bf16, float* h_sums) {
+  if (e.b1 == nullptr && e.activation.plain()) {
+    for (int64_t i = 0; i < count; i += 64) fn(a + i, b + i, h + i, h_bf16 + i, h_sums + i / 64);
+    return;
+  }
+  const int64_t d_ff = e.w1.layout.rows;
+  for (int64_t i = 0; i < count; i += 64) {
+    const int64_t f = first + i;
+    GatedActivationScalar(e.activation, a + i, b + i, e.b1 != nullptr ? e.b1 + f : nullptr,
+                          e.b3 != nullptr ? e.b3 + f : nullptr, std::clamp<int64_t>(d_ff - f, 0, 64), h + i,
+                          h_bf16 + i, h_sums + i / 64);
+  }
 }
 
 // Splits [0, total) of items with the given prefix costs into `parts`
@@ -200,7 +212,12 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       const Plan::Task& p = plan.tasks[e];
       float* xf = reinterpret_cast<float*>(base + p.x_f32);
       for (int64_t r = 0; r < t.num_rows; ++r) {
-        std::memcpy(xf + r * k1, x + t.rows[r] * d_model, d_model * sizeof(float));
+        const float* src = x + t.rows[r] * d_model;
+        if (t.expert->weight_at_input) {  // FFN(w·x): the weight scales the input
+          for (int64_t c = 0; c < d_model; ++c) xf[r * k1 + c] = t.weights[r] * src[c];
+        } else {
+          std::memcpy(xf + r * k1, src, d_model * sizeof(float));
+        }
         std::fill(xf + r * k1 + d_model, xf + (r + 1) * k1, 0.f);
       }
       Derive(xf, t.num_rows * k1, reinterpret_cast<uint16_t*>(base + p.x_bf16),
@@ -226,8 +243,8 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w1.data + b0 * l1.block_bytes, tile1, n);
         OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w3.data + b0 * l1.block_bytes, tile3, n);
         for (int64_t r = 0; r < t.num_rows; ++r) {
-          SwiGlu(kernels.swiglu, tile1 + r * n, tile3 + r * n, n, h + r * k2 + b0 * kBlockRows,
-                 h_bf16 + r * k2 + b0 * kBlockRows, h_sums + r * (k2 / 64) + b0);
+          Activate(kernels.swiglu, *t.expert, tile1 + r * n, tile3 + r * n, b0 * kBlockRows, n,
+                   h + r * k2 + b0 * kBlockRows, h_bf16 + r * k2 + b0 * kBlockRows, h_sums + r * (k2 / 64) + b0);
         }
         continue;
       }
@@ -235,8 +252,9 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         run_block(p.dequant, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
         run_block(p.dequant, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
         for (int64_t r = 0; r < t.num_rows; ++r) {
-          SwiGlu(kernels.swiglu, tile1 + r * kBlockRows, tile3 + r * kBlockRows, kBlockRows,
-                 h + r * k2 + b * kBlockRows, h_bf16 + r * k2 + b * kBlockRows, h_sums + r * (k2 / 64) + b);
+          Activate(kernels.swiglu, *t.expert, tile1 + r * kBlockRows, tile3 + r * kBlockRows, b * kBlockRows,
+                   kBlockRows, h + r * k2 + b * kBlockRows, h_bf16 + r * k2 + b * kBlockRows,
+                   h_sums + r * (k2 / 64) + b);
         }
       }
     }
@@ -245,12 +263,18 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     // Phase 2: this worker's columns of dst, every expert in task order.
     const auto [c0, c1] = Share(prefix2, workers, w);
     if (c0 == c1) return;
-    // dst[row][first, last) += weight · y[row][0, last - first) for the task's rows.
+    // dst[row][first, last) += weight · (y[row][0, last - first) + b2) for
+    // the task's rows (weight 1 when it scaled the input instead).
     auto accumulate = [&](const ExpertTask& t, const float* y, int64_t stride, int64_t first, int64_t last) {
+      const float* b2 = t.expert->b2;
       for (int64_t r = 0; r < t.num_rows; ++r) {
         float* out = dst + (t.out_rows != nullptr ? t.out_rows[r] : t.rows[r]) * d_model;
-        const float weight = t.weights[r];
-        for (int64_t c = first; c < last; ++c) out[c] += weight * y[r * stride + c - first];
+        const float weight = t.expert->weight_at_input ? 1.f : t.weights[r];
+        if (b2 == nullptr) {
+          for (int64_t c = first; c < last; ++c) out[c] += weight * y[r * stride + c - first];
+        } else {
+          for (int64_t c = first; c < last; ++c) out[c] += weight * (y[r * stride + c - first] + b2[c]);
+        }
       }
     };
     for (size_t e = 0; e < tasks.size(); ++e) {

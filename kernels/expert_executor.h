@@ -3,7 +3,9 @@
 
 // Runs the SwiGLU experts of one call on a thread pool, all experts in one
 // pass:  dst[row] += weight · W2·(silu(W1·x[row]) ⊙ W3·x[row])  for every
-// (expert, row, weight) of the call.
+// (expert, row, weight) of the call — or, for an expert with biases or
+// another activation, weight · FFN(x[row]) as common::ExpertWeights defines
+// it (FFN(weight · x[row]) when the expert's weight_at_input).
 //
 // One job on the pool, three phases separated by two barriers per call (not
 // per expert): (0) each expert's rows of x are gathered with their bf16 copy

@@ -7,6 +7,8 @@
 //
 //   FFN_e(x) = W2_e · ( silu(W1_e · x) ⊙ (W3_e · x) )
 //   y        = Σ_{j<k} w_j · FFN_{e_j}(x)
+// or, for experts with biases, another activation or the weight at the
+// input, the general form common::ExpertWeights states.
 //
 // Weights are decoded to their exact stored values; every dot product, the
 // SiLU, the product and the weighted sum are computed in double and rounded to

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Independent PyTorch reference for one Hugging Face sparse MoE block.
 
-Computes the sparse mixture-of-experts block of a Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE or DeepSeek-V2(-Lite)
-checkpoint with PyTorch (float32, weights upcast to float32), independently of
+Computes the sparse mixture-of-experts block of a Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2(-Lite),
+DeepSeek-V3 / Kimi-K2, gpt-oss or Llama 4 checkpoint with PyTorch (float32, weights upcast to float32), independently of
 the Colibri C++ code, to produce golden vectors and to cross-check the C++
 reference.  The math is HF's MixtralSparseMoeBlock forward:
 
@@ -20,6 +20,17 @@ Qwen2MoeSparseMoeBlock does,
 and DeepSeek-V2's mlp.shared_experts.* ungated (y += W2s @ (...)), as HF's
 DeepseekV2Moe does; DeepSeek-V2 weights are p * routed_scaling_factor, never
 renormalized (greedy top-k only).
+
+gpt-oss (HF's GptOssTopKRouter + GptOssExperts): logits = x @ R^T + b_R; the
+top-k logits, softmax over those k; per expert gate_up = x @ GU[e] + b_GU[e]
+(GU [d_model, 2 d_ff], gate = gate_up[..., ::2], up = gate_up[..., 1::2]),
+gate clamped above at swiglu_limit, up to [-limit, limit],
+out = ((up + 1) * gate * sigmoid(1.702 * gate)) @ D[e] + b_D[e], times the weight.
+
+Llama 4 (HF's Llama4Router + Llama4TextMoe): the top-k logits, each scored
+sigmoid(logit); the expert sees x * score (the input is scaled, not the
+output); gate, up = (x * score) @ GU[e] split in halves, out = (up * silu(gate))
+@ D[e]; plus the shared expert (an ungated SwiGLU MLP) of x.
 
 Subcommands:
   make-inputs  random token_ids (I32 [T]) and hidden_states (F32 [T, d_model])
@@ -185,6 +196,10 @@ class Checkpoint:
                 self.where.update({n: sf for n in sf.entries})
         self.directory = directory
         self.model_type = self.config.get("model_type", "?")
+        self.prefix_all = ""
+        if self.model_type == "llama4":  # Llama4ForConditionalGeneration: the text model under language_model.
+            self.config = dict(self.config.get("text_config", {}), model_type="llama4")
+            self.prefix_all = "language_model."
         self.d_model = self._cfg("hidden_size")
         self.vocab = self._cfg("vocab_size")
         self.top_k = self._cfg("num_experts_per_tok")
@@ -192,6 +207,8 @@ class Checkpoint:
         self.sigmoid, self.topk_method, self.n_group, self.topk_group = False, "greedy", 1, 1
         if self.model_type == "mixtral":
             self.n_experts, self.norm = self._cfg("num_local_experts"), True
+        elif self.model_type in ("gpt_oss", "llama4", "llama4_text"):
+            self.n_experts, self.norm = self._cfg("num_local_experts"), self.model_type == "gpt_oss"
         elif self.model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
             # HF's DeepseekV2Moe: softmax over all experts, greedy or
             # group-limited (group score = max) top-k, weights times
@@ -215,7 +232,11 @@ class Checkpoint:
             self.norm = bool(self.config.get("norm_topk_prob", False))
         if not 0 < self.top_k <= self.n_experts:
             raise RefError(f"{directory}/config.json: num_experts_per_tok {self.top_k} not in [1, {self.n_experts}]")
-        if any(".block_sparse_moe." in n for n in self.where):
+        if any(n.endswith(".mlp.router.weight") for n in self.where):
+            self.naming, self.prefix = "gpt_oss", "mlp"
+        elif any(n.endswith(".feed_forward.router.weight") for n in self.where):
+            self.naming, self.prefix = "llama4", "feed_forward"
+        elif any(".block_sparse_moe." in n for n in self.where):
             self.naming, self.prefix, self.proj = "mixtral", "block_sparse_moe", ("w1", "w3", "w2")
         elif any(".mlp.experts." in n and n.endswith(".gate_proj.weight") for n in self.where):
             self.naming, self.prefix, self.proj = "qwen/olmoe", "mlp", ("gate_proj", "up_proj", "down_proj")
@@ -246,7 +267,12 @@ class Checkpoint:
         return to_f32(arr if rows is None else arr[rows], dt)
 
     def gate_name(self, layer):
+        if self.naming in ("gpt_oss", "llama4"):
+            return f"{self.prefix_all}model.layers.{layer}.{self.prefix}.router.weight"
         return f"model.layers.{layer}.{self.prefix}.gate.weight"
+
+    def embedding_name(self):
+        return f"{self.prefix_all}model.embed_tokens.weight"
 
     def expert_name(self, layer, e, which):  # which: 0 = gate (w1), 1 = up (w3), 2 = down (w2)
         return f"model.layers.{layer}.{self.prefix}.experts.{e}.{self.proj[which]}.weight"
@@ -294,9 +320,13 @@ def cmd_forward(args):
         ids = np.array(inp.raw("token_ids"), dtype=np.int64).reshape(-1)
         if ids.shape[0] != T or (T and (ids.min() < 0 or ids.max() >= ck.vocab)):
             raise RefError(f"{args.inputs}: token_ids must be [{T}] values in [0, {ck.vocab})")
-        route_src = torch.from_numpy(ck.load("model.embed_tokens.weight", (ck.vocab, ck.d_model), rows=ids))
+        route_src = torch.from_numpy(ck.load(ck.embedding_name(), (ck.vocab, ck.d_model), rows=ids))
     else:
         route_src = x
+    if ck.naming in ("gpt_oss", "llama4"):
+        with torch.no_grad():
+            experts, weights, y = forward_fused(torch, ck, args.layer, x, route_src, gate)
+        return write_forward(args, ck, y, experts, weights)
     with torch.no_grad():
         logits = route_src @ gate.T
         probs = logits.sigmoid() if ck.sigmoid else torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -345,7 +375,57 @@ def cmd_forward(args):
             if gate_name in ck.where:
                 out = torch.sigmoid(x @ torch.from_numpy(ck.load(gate_name, (1, ck.d_model))).T) * out
             y = y + out
-    write_safetensors(args.out, {"output": y.numpy(), "expert_ids": experts.to(torch.int32).numpy(),
+    return write_forward(args, ck, y, experts, weights)
+
+
+def forward_fused(torch, ck, layer, x, route_src, gate):
+    """gpt-oss's and Llama 4's MoE blocks (fused expert tensors), as HF computes them."""
+    T, E, k = x.shape[0], ck.n_experts, ck.top_k
+    block = f"{ck.prefix_all}model.layers.{layer}.{ck.prefix}"
+    logits = route_src @ gate.T
+    if ck.naming == "gpt_oss":
+        logits = logits + torch.from_numpy(ck.load(f"{block}.router.bias", (E,)))
+    top_value, experts = torch.topk(logits, k, dim=-1)
+    weights = torch.softmax(top_value, dim=-1) if ck.naming == "gpt_oss" else torch.sigmoid(top_value)
+    gate_up_all, down_all = ck.raw(f"{block}.experts.gate_up_proj"), ck.raw(f"{block}.experts.down_proj")
+    if gate_up_all[0].shape[:2] != (E, ck.d_model) or gate_up_all[0].shape[2] % 2:
+        raise RefError(f"{ck.directory}: {block}.experts.gate_up_proj has shape {list(gate_up_all[0].shape)}")
+    d_ff = gate_up_all[0].shape[2] // 2
+    y = torch.zeros_like(x)
+    limit = float(ck.config.get("swiglu_limit", 7.0))
+    for e in range(E):
+        tok, slot = torch.where(experts == e)
+        if tok.numel() == 0:
+            continue
+        gu = torch.from_numpy(to_f32(gate_up_all[0][e], gate_up_all[1]))
+        down = torch.from_numpy(to_f32(down_all[0][e], down_all[1]))
+        if tuple(down.shape) != (d_ff, ck.d_model):
+            raise RefError(f"{ck.directory}: {block}.experts.down_proj[{e}] has shape {list(down.shape)}")
+        if ck.naming == "gpt_oss":
+            gu_bias = torch.from_numpy(ck.load(f"{block}.experts.gate_up_proj_bias", (E, 2 * d_ff))[e])
+            down_bias = torch.from_numpy(ck.load(f"{block}.experts.down_proj_bias", (E, ck.d_model))[e])
+            gate_up = x[tok] @ gu + gu_bias
+            g, u = gate_up[..., ::2], gate_up[..., 1::2]
+            g = g.clamp(min=None, max=limit)
+            u = u.clamp(min=-limit, max=limit)
+            out = ((u + 1) * (g * torch.sigmoid(g * 1.702))) @ down + down_bias
+            y.index_add_(0, tok, out * weights[tok, slot, None])
+        else:
+            routed_in = x[tok] * weights[tok, slot, None]
+            g, u = (routed_in @ gu).chunk(2, dim=-1)
+            y.index_add_(0, tok, (u * torch.nn.functional.silu(g)) @ down)
+    if ck.naming == "llama4":
+        shared = f"{block}.shared_expert"
+        s1 = torch.from_numpy(ck.load(f"{shared}.gate_proj.weight"))
+        s3 = torch.from_numpy(ck.load(f"{shared}.up_proj.weight", s1.shape))
+        s2 = torch.from_numpy(ck.load(f"{shared}.down_proj.weight", (s1.shape[1], s1.shape[0])))
+        y = y + (torch.nn.functional.silu(x @ s1.T) * (x @ s3.T)) @ s2.T
+    return experts, weights, y
+
+
+def write_forward(args, ck, y, experts, weights):
+    T, E, k = y.shape[0], ck.n_experts, ck.top_k
+    write_safetensors(args.out, {"output": y.numpy(), "expert_ids": experts.numpy().astype(np.int32),
                                  "expert_weights": weights.numpy()},
                       {"model_type": ck.model_type, "layer": args.layer, "routing": args.routing})
     print(f"forward: model_type={ck.model_type} naming={ck.naming} layer={args.layer} tokens={T} "

@@ -23,11 +23,14 @@ ABSL_FLAG(std::string, out, "",
           "missing. Refused if it already holds a config.json, unless --overwrite.");
 ABSL_FLAG(std::string, naming, "mixtral",
           "Tensor names and config.json layout to imitate: mixtral (block_sparse_moe, w1/w3/w2), "
-          "qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or deepseek_v3 (mlp, gate_proj/up_proj/down_proj, with each "
-          "family's config keys and routing).");
+          "qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or deepseek_v3 (mlp, gate_proj/up_proj/down_proj), gpt_oss "
+          "(mlp.router with bias, fused interleaved experts with biases) or llama4 (language_model. prefix, "
+          "feed_forward.router, fused experts, shared_expert), with each family's config keys and routing.");
 ABSL_FLAG(int64_t, n_group, 1, "deepseek_v2/v3: expert groups (n_group).");
 ABSL_FLAG(int64_t, topk_group, 1, "deepseek_v2/v3: groups experts are chosen from (topk_group).");
 ABSL_FLAG(double, routed_scaling_factor, 1.0, "deepseek_v2/v3: routed_scaling_factor.");
+ABSL_FLAG(int64_t, interleave_moe_layer_step, 1, "llama4: every this-many-th decoder layer is MoE, the others dense.");
+ABSL_FLAG(double, swiglu_limit, 7.0, "gpt_oss: swiglu_limit, the clamp of the experts' activation.");
 ABSL_FLAG(bool, fp8, false,
           "deepseek_v3: write the expert and MLP projections in DeepSeek-V3's block FP8 (F8_E4M3 + "
           "weight_scale_inv per 128 x 128 block).");
@@ -105,6 +108,8 @@ int main(int argc, char* argv[]) {
   options.topk_group = absl::GetFlag(FLAGS_topk_group);
   options.routed_scaling_factor = absl::GetFlag(FLAGS_routed_scaling_factor);
   options.fp8 = absl::GetFlag(FLAGS_fp8);
+  options.interleave_moe_layer_step = absl::GetFlag(FLAGS_interleave_moe_layer_step);
+  options.swiglu_limit = absl::GetFlag(FLAGS_swiglu_limit);
   options.n_experts = absl::GetFlag(FLAGS_experts);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.vocab_size = absl::GetFlag(FLAGS_vocab);

@@ -99,7 +99,8 @@ absl::StatusOr<common::ManifestFile> WritePlainFile(const std::string& out_dir, 
   return w->Close(rel);
 }
 
-// One (layer, expert) file: w1, w3, w2 encoded chunk by chunk from the source.
+// One (layer, expert) file: w1, w3, w2 encoded chunk by chunk from the
+// source, then the f32 biases b1, b3, b2 when the model has them.
 absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, const std::string& out_dir,
                                                      int64_t hf_layer, int64_t layer, int64_t expert, DType type,
                                                      LayerReport* report) {
@@ -123,14 +124,21 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
     if (l.zero_bytes > 0)
       sections.push_back({src.name + ".zeros", DType::kU8, 0, l.zero_bytes, l.padded_rows, l.groups});
   }
+  std::vector<std::vector<float>> biases;  // b1, b3, b2
+  if (s.expert_biases && expert < s.n_experts) {
+    for (const Source& src : sources) {
+      COLIBRI_ASSIGN_OR_RETURN(std::vector<float> b, ckpt.ExpertBias(hf_layer, expert, src.which));
+      sections.push_back({"b" + src.name.substr(1), DType::kF32, 0, b.size() * 4, 1, static_cast<int64_t>(b.size())});
+      biases.push_back(std::move(b));
+    }
+  }
   const common::WeightFileLayout layout = common::PlanWeightFile(common::FileKind::kExpert, layer, expert, sections);
   const std::string rel = common::ExpertFilePath(layer, expert);
   COLIBRI_ASSIGN_OR_RETURN(auto w, HashingWriter::Create(out_dir + "/" + rel));
   COLIBRI_RETURN_IF_ERROR(w->Write(common::SerializeHeader(layout).data(), common::kWeightFileHeaderBytes));
 
   for (const Source& src : sources) {
-    COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* tensor,
-                             ckpt.Matrix(ckpt.ExpertName(hf_layer, expert, src.which), src.rows, src.cols));
+    COLIBRI_ASSIGN_OR_RETURN(const ExpertSource tensor, ckpt.Expert(hf_layer, expert, src.which));
     const common::MatrixLayout l = common::ComputeMatrixLayout(type, src.rows, src.cols);
     std::vector<float> scales(l.scale_bytes / sizeof(float));
     std::vector<uint8_t> zeros(l.zero_bytes);
@@ -143,8 +151,7 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
     for (int64_t first = 0; first < l.padded_rows; first += chunk_rows) {
       const int64_t n = std::max<int64_t>(0, std::min(chunk_rows, src.rows - first));  // real rows
       const int64_t blocks = std::min(chunk_blocks, l.num_blocks() - first / common::kBlockRows);
-      HfCheckpoint::RowsToFloat(*tensor, first, n, rows.data(), ckpt.ScaleOf(*tensor));
-      ckpt.ReleaseRows(*tensor, first, n);
+      tensor.Rows(first, n, rows.data());
       for (int64_t b = 0; b < blocks; ++b) {
         common::EncodeBlock(l, rows.data() + b * common::kBlockRows * src.cols, first / common::kBlockRows + b,
                             encoded.data() + b * l.block_bytes, scales.data(), zeros.data());
@@ -159,7 +166,7 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
           const double orig = rows[r * src.cols + c];
           if (!std::isfinite(orig)) {
             return absl::InvalidArgumentError(
-                absl::StrCat("tensor '", tensor->name, "' has a non-finite value at [", first + r, ", ", c, "]"));
+                absl::StrCat("tensor '", tensor.name(), "' has a non-finite value at [", first + r, ", ", c, "]"));
           }
           report->max_weight_error = std::max(report->max_weight_error, std::fabs(orig - decoded[c]));
           report->max_abs_weight = std::max(report->max_abs_weight, std::fabs(orig));
@@ -175,6 +182,10 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
       COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find(src.name + ".zeros")->offset));
       COLIBRI_RETURN_IF_ERROR(w->Write(zeros.data(), l.zero_bytes));
     }
+  }
+  for (size_t i = 0; i < biases.size(); ++i) {
+    COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.Find("b" + sources[i].name.substr(1))->offset));
+    COLIBRI_RETURN_IF_ERROR(w->Write(biases[i].data(), biases[i].size() * 4));
   }
   COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.file_size));
   return w->Close(rel);
@@ -231,6 +242,20 @@ absl::Status PrepareOutputDir(const ConvertOptions& o) {
   return absl::OkStatus();
 }
 
+const char* NamingName(Naming n) {
+  switch (n) {
+    case Naming::kMixtral:
+      return "Mixtral";
+    case Naming::kQwenMoe:
+      return "mlp.experts";
+    case Naming::kGptOss:
+      return "gpt-oss fused experts";
+    case Naming::kLlama4:
+      return "Llama 4 fused experts";
+  }
+  return "?";
+}
+
 void PrintLayer(const LayerReport& r, DType type, std::ostream& log) {
   const LutResult& lut = r.lut;
   log << absl::StrFormat("layer %d (checkpoint layer %d): LUT from %s", r.layer, r.hf_layer, r.lut_source);
@@ -258,12 +283,12 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     COLIBRI_ASSIGN_OR_RETURN(calibration, OpenCalibration(o.calibration_path));
   }
   COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* embedding,
-                           ckpt->Matrix(HfCheckpoint::EmbeddingName(), s.vocab_size, s.d_model));
+                           ckpt->Matrix(ckpt->EmbeddingName(), s.vocab_size, s.d_model));
   COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o));
   log << absl::StrFormat(
       "converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
       "d_ff %d, top-%d%s%s, vocab %d -> %s weights\n",
-      o.checkpoint_dir, s.naming == Naming::kMixtral ? "Mixtral" : "mlp.experts", s.model_type, s.moe_layers.size(),
+      o.checkpoint_dir, NamingName(s.naming), s.model_type, s.moe_layers.size(),
       s.n_experts, s.d_model, s.d_ff, s.top_k, s.norm_topk_prob ? " renormalized" : "",
       s.n_shared_experts > 0 ? absl::StrFormat(", a shared expert of d_ff %d%s (expert %d)", s.shared_d_ff,
                                                s.shared_gate ? " with a sigmoid gate" : "", s.n_experts)
@@ -279,6 +304,8 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   m.n_shared_experts = s.n_shared_experts;
   m.shared_d_ff = s.shared_d_ff;
   m.shared_gate = s.shared_gate;
+  m.activation = s.activation;
+  m.expert_biases = s.expert_biases;
   m.top_k = s.top_k;
   m.norm_topk_prob = s.norm_topk_prob;
   m.routing = s.routing;
@@ -312,14 +339,14 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     std::vector<PlainSection> gate_sections = {
         {"gate", DType::kF32, s.n_experts, s.d_model, gate.data(), gate.size() * 4}};
     std::vector<float> bias;
-    if (s.routing.correction_bias) {
-      COLIBRI_ASSIGN_OR_RETURN(bias, ckpt->Vector(HfCheckpoint::BiasName(hf), s.n_experts));
+    if (s.routing.has_bias()) {
+      COLIBRI_ASSIGN_OR_RETURN(bias, ckpt->Vector(ckpt->BiasName(hf), s.n_experts));
       gate_sections.push_back({"bias", DType::kF32, 1, s.n_experts, bias.data(), bias.size() * 4});
     }
     std::vector<float> shared_gate(s.shared_gate ? s.n_shared_experts * s.d_model : 0);
     if (s.shared_gate) {
       COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* tensor,
-                               ckpt->Matrix(HfCheckpoint::SharedGateName(hf), s.n_shared_experts, s.d_model));
+                               ckpt->Matrix(ckpt->SharedGateName(hf), s.n_shared_experts, s.d_model));
       HfCheckpoint::RowsToFloat(*tensor, 0, s.n_shared_experts, shared_gate.data(), ckpt->ScaleOf(*tensor));
       for (float g : shared_gate) {
         if (!std::isfinite(g)) {

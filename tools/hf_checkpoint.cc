@@ -38,11 +38,10 @@ absl::StatusOr<Json> ReadJson(const std::string& path) {
   return j;
 }
 
-// "model.layers.<N><suffix>" -> N, or -1.
-int64_t LayerOf(const std::string& name, absl::string_view suffix) {
-  constexpr absl::string_view kPrefix = "model.layers.";
-  if (!absl::StartsWith(name, kPrefix) || !absl::EndsWith(name, suffix)) return -1;
-  const size_t begin = kPrefix.size();
+// "<prefix><N><suffix>" -> N, or -1.
+int64_t LayerOf(const std::string& name, absl::string_view prefix, absl::string_view suffix) {
+  if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, suffix)) return -1;
+  const size_t begin = prefix.size();
   if (name.size() < begin + suffix.size()) return -1;
   const std::string digits = name.substr(begin, name.size() - suffix.size() - begin);
   // Canonical decimal only ("7", not "07" or "+7"): GateName() must rebuild the same name.
@@ -54,9 +53,40 @@ int64_t LayerOf(const std::string& name, absl::string_view suffix) {
   return absl::SimpleAtoi(digits, &layer) ? layer : -1;
 }
 
-constexpr absl::string_view kMixtralGate = ".block_sparse_moe.gate.weight";
-constexpr absl::string_view kQwenGate = ".mlp.gate.weight";
+// The gate (router) tensor of each naming: it marks a layer as MoE.
+struct GateNaming {
+  Naming naming;
+  const char* prefix;
+  const char* suffix;
+};
+constexpr GateNaming kGateNamings[] = {
+    {Naming::kMixtral, "model.layers.", ".block_sparse_moe.gate.weight"},
+    {Naming::kQwenMoe, "model.layers.", ".mlp.gate.weight"},
+    {Naming::kGptOss, "model.layers.", ".mlp.router.weight"},
+    {Naming::kLlama4, "model.layers.", ".feed_forward.router.weight"},
+    {Naming::kLlama4, "language_model.model.layers.", ".feed_forward.router.weight"},
+};
 constexpr int64_t kFp8Block = 128;  // DeepSeek-V3's weight_block_size
+constexpr double kGptOssAlpha = 1.702, kGptOssLimit = 7.0;  // GptOssExperts' constants
+
+bool Fused(Naming n) { return n == Naming::kGptOss || n == Naming::kLlama4; }
+
+// Element `i` of an F32/BF16/F16 tensor, as f32.
+float ElementAt(const common::SafetensorsTensor& t, int64_t i) {
+  if (t.dtype == "F32") {
+    float v;
+    std::memcpy(&v, t.data + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, t.data + 2 * i, 2);
+  return t.dtype == "BF16" ? common::Bf16ToFloat(h) : common::F16ToFloat(h);
+}
+
+std::string ModelType(const Json& config) {
+  return config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>()
+                                                                          : "";
+}
 
 // The MoE layers config.json describes, when it does: Qwen2-MoE / Qwen3-MoE,
 // layer l when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step
@@ -66,7 +96,8 @@ constexpr int64_t kFp8Block = 128;  // DeepSeek-V3's weight_block_size
 absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const std::vector<int64_t>& moe_layers) {
   const bool qwen = config.contains("decoder_sparse_step");
   const bool deepseek = config.contains("first_k_dense_replace");
-  if ((!qwen && !deepseek) || !config.contains("num_hidden_layers")) return absl::OkStatus();
+  const bool llama4 = config.contains("interleave_moe_layer_step") || config.contains("moe_layers");
+  if ((!qwen && !deepseek && !llama4) || !config.contains("num_hidden_layers")) return absl::OkStatus();
   auto positive = [&](const char* key, int64_t fallback, int64_t minimum) -> absl::StatusOr<int64_t> {
     if (!config.contains(key)) return fallback;
     if (!config[key].is_number_integer() || config[key].get<int64_t>() < minimum) {
@@ -75,21 +106,29 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
     return config[key].get<int64_t>();
   };
   COLIBRI_ASSIGN_OR_RETURN(const int64_t layers, positive("num_hidden_layers", 0, 1));
-  std::set<int64_t> dense;
-  if (config.contains("mlp_only_layers")) {
-    if (!config["mlp_only_layers"].is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: mlp_only_layers must be a list of layers"));
+  auto layer_list = [&](const char* key) -> absl::StatusOr<std::set<int64_t>> {
+    std::set<int64_t> layers;
+    if (!config.contains(key) || config[key].is_null()) return layers;
+    const auto bad = absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " must be a list of layers"));
+    if (!config[key].is_array()) return bad;
+    for (const Json& l : config[key]) {
+      if (!l.is_number_integer()) return bad;
+      layers.insert(l.get<int64_t>());
     }
-    for (const Json& l : config["mlp_only_layers"]) {
-      if (!l.is_number_integer()) {
-        return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: mlp_only_layers must be a list of layers"));
-      }
-      dense.insert(l.get<int64_t>());
-    }
-  }
+    return layers;
+  };
+  COLIBRI_ASSIGN_OR_RETURN(const std::set<int64_t> dense, layer_list("mlp_only_layers"));
   std::vector<int64_t> expected;
   std::string keys;
-  if (qwen) {
+  if (llama4) {  // Llama4TextConfig: moe_layers, else every interleave_moe_layer_step-th layer
+    COLIBRI_ASSIGN_OR_RETURN(const std::set<int64_t> listed, layer_list("moe_layers"));
+    COLIBRI_ASSIGN_OR_RETURN(const int64_t step, positive("interleave_moe_layer_step", 1, 1));
+    const bool explicit_list = config.contains("moe_layers") && !config["moe_layers"].is_null();
+    for (int64_t l = 0; l < layers; ++l) {
+      if (explicit_list ? listed.count(l) > 0 : (l + 1) % step == 0) expected.push_back(l);
+    }
+    keys = explicit_list ? "num_hidden_layers and moe_layers" : "num_hidden_layers and interleave_moe_layer_step";
+  } else if (qwen) {
     COLIBRI_ASSIGN_OR_RETURN(const int64_t step, positive("decoder_sparse_step", 1, 1));
     for (int64_t l = 0; l < layers; ++l) {
       if (dense.count(l) == 0 && (l + 1) % step == 0) expected.push_back(l);
@@ -113,8 +152,8 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
 
 // The model families whose MoE block the converter and the runtime reproduce
 // exactly (docs/MODEL_FAMILIES.md).
-constexpr const char* kSupportedModelTypes[] = {"mixtral",     "qwen2_moe",   "qwen3_moe", "olmoe",
-                                                "deepseek_v2", "deepseek_v3", "kimi_k2"};
+constexpr const char* kSupportedModelTypes[] = {"mixtral",     "qwen2_moe", "qwen3_moe", "olmoe",  "deepseek_v2",
+                                                "deepseek_v3", "kimi_k2",   "gpt_oss",   "llama4", "llama4_text"};
 
 // DeepSeek-V3's FP8 checkpoints: quant_method fp8, fmt e4m3, 128 x 128 blocks
 // (weights F8_E4M3 with f32 `_scale_inv` tensors).
@@ -131,9 +170,9 @@ bool IsDeepseekV3(const Json& config) {
 }
 
 // Refuses what the converter would otherwise turn into a model that computes
-// something else: a model_type outside the list (gpt-oss, Llama 4 route and
-// activate differently), quantized weights, and routing keys a family's
-// modeling code does not give the meaning the runtime implements.
+// something else: a model_type outside the list, quantized weights other than
+// block FP8 (gpt-oss's MXFP4 among them), and routing or activation keys a
+// family's modeling code does not give the meaning the runtime implements.
 absl::Status CheckSupported(const Json& config, const std::string& dir) {
   const std::string where = dir + "/config.json";
   std::string type;
@@ -155,11 +194,21 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
                                    : "?";
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": quantization_config (quant_method '", method,
-        "') is not supported: Colibri reads f32/bf16/f16 and DeepSeek's block FP8 (fp8, e4m3, 128 x 128 blocks)"));
+        "') is not supported: Colibri reads f32/bf16/f16 and DeepSeek's block FP8 (fp8, e4m3, 128 x 128 blocks)",
+        method == "mxfp4" ? "; dequantize MXFP4 first (transformers: from_pretrained(..., quantization_config="
+                            "Mxfp4Config(dequantize=True)), then save_pretrained)"
+                          : ""));
   }
   auto refuse = [&](const char* key, const char* why) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, " = ", config[key].dump(), ": ", why));
   };
+  if (type == "llama4" || type == "llama4_text") {
+    if (config.contains("hidden_act") && config["hidden_act"] != "silu") {
+      return refuse("hidden_act", "Colibri's Llama 4 experts are SwiGLU (silu)");
+    }
+    return absl::OkStatus();
+  }
+  if (type == "gpt_oss") return absl::OkStatus();  // its constants are read in HfCheckpoint::Open
   const bool deepseek_v2 = type == "deepseek_v2", deepseek_v3 = IsDeepseekV3(config);
   if (deepseek_v3) {  // sigmoid scores, the correction bias, groups by the sum of their top two (noaux_tc)
     if (config.contains("scoring_func") && config["scoring_func"] != "sigmoid") {
@@ -197,11 +246,23 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
   return absl::OkStatus();
 }
 
-// The gate's routing for DeepSeek models, from config.json; the default
-// (softmax top-k) for the others.
+// The gate's routing for DeepSeek models, from config.json; gpt-oss's
+// router bias (softmax over the top-k logits = softmax top-k renormalized);
+// Llama 4's sigmoid of the chosen logits, applied to the experts' input; the
+// default (softmax top-k) for the others.
 absl::StatusOr<common::RoutingSpec> RoutingOf(const Json& config, const std::string& dir, int64_t n_experts,
                                               int64_t top_k) {
   common::RoutingSpec spec;
+  const std::string type = ModelType(config);
+  if (type == "gpt_oss") {
+    spec.logit_bias = true;
+    return spec;
+  }
+  if (type == "llama4" || type == "llama4_text") {
+    spec.scoring = common::RoutingSpec::Scoring::kSigmoid;
+    spec.weight_at_input = true;
+    return spec;
+  }
   const bool deepseek_v3 = IsDeepseekV3(config);
   const bool deepseek_v2 = config.contains("model_type") && config["model_type"] == "deepseek_v2";
   if (!deepseek_v2 && !deepseek_v3) return spec;
@@ -250,9 +311,13 @@ absl::Status CheckTensorNames(const std::vector<std::unique_ptr<common::Safetens
         const bool allowed = (bias_ok && absl::EndsWith(t.name, ".e_score_correction_bias")) ||
                              (block_fp8 && absl::EndsWith(t.name, ".weight_scale_inv"));
         if (absl::EndsWith(t.name, suffix) && !allowed) {
+          const bool mxfp4 = absl::EndsWith(t.name, "_blocks") || absl::EndsWith(t.name, "_scales");
           return absl::InvalidArgumentError(absl::StrCat(
               "tensor '", t.name, "' in ", file->path(),
-              ": quantized weights (FP8 block scales, MXFP4 blocks) and routing correction biases are not supported"));
+              mxfp4 ? ": MXFP4 weights are not supported; dequantize first (transformers: from_pretrained(..., "
+                      "quantization_config=Mxfp4Config(dequantize=True)), then save_pretrained)"
+                    : ": FP8 block scales outside DeepSeek-V3's FP8 and routing correction biases outside "
+                      "DeepSeek-V3 are not supported"));
         }
       }
     }
@@ -265,6 +330,13 @@ absl::Status CheckTensorNames(const std::vector<std::unique_ptr<common::Safetens
 absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
   std::unique_ptr<HfCheckpoint> ckpt(new HfCheckpoint());
   COLIBRI_ASSIGN_OR_RETURN(Json config, ReadJson(dir + "/config.json"));
+  if (ModelType(config) == "llama4" && config.contains("text_config") && config["text_config"].is_object()) {
+    // Llama4ForConditionalGeneration: the text model's keys are under text_config.
+    Json text = config["text_config"];
+    text["model_type"] = "llama4";
+    if (config.contains("quantization_config")) text["quantization_config"] = config["quantization_config"];
+    config = std::move(text);
+  }
   COLIBRI_RETURN_IF_ERROR(CheckSupported(config, dir));
 
   // Shards: the index's, else model.safetensors, else every *.safetensors.
@@ -313,24 +385,41 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
 
   // Naming and MoE layers, from the gate tensors present.
   HfModelShape& s = ckpt->shape_;
-  std::set<int64_t> mixtral, qwen;
+  std::vector<std::set<int64_t>> found(std::size(kGateNamings));
   for (const auto& file : ckpt->files_) {
     for (const auto& t : file->tensors()) {
-      if (int64_t l = LayerOf(t.name, kMixtralGate); l >= 0) mixtral.insert(l);
-      if (int64_t l = LayerOf(t.name, kQwenGate); l >= 0) qwen.insert(l);
+      for (size_t n = 0; n < std::size(kGateNamings); ++n) {
+        if (int64_t l = LayerOf(t.name, kGateNamings[n].prefix, kGateNamings[n].suffix); l >= 0) found[n].insert(l);
+      }
     }
   }
-  if (mixtral.empty() == qwen.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, ": expected MoE gate tensors in exactly one naming (model.layers.N", kMixtralGate,
-                     " or model.layers.N", kQwenGate, "); found ", mixtral.size(), " and ", qwen.size()));
+  std::vector<std::string> namings;
+  size_t which = 0;
+  for (size_t n = 0; n < std::size(kGateNamings); ++n) {
+    namings.push_back(absl::StrCat(kGateNamings[n].prefix, "N", kGateNamings[n].suffix, ": ", found[n].size()));
+    if (!found[n].empty()) which = n;
   }
-  s.naming = mixtral.empty() ? Naming::kQwenMoe : Naming::kMixtral;
-  const auto& layers = mixtral.empty() ? qwen : mixtral;
-  s.moe_layers.assign(layers.begin(), layers.end());
-  s.model_type = config.contains("model_type") && config["model_type"].is_string()
-                     ? config["model_type"].get<std::string>()
-                     : std::string(mixtral.empty() ? "qwen2_moe" : "mixtral");
+  if (std::count_if(found.begin(), found.end(), [](const auto& f) { return !f.empty(); }) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(dir,
+                                                   ": expected MoE gate tensors in exactly one naming; found layers "
+                                                   "with ",
+                                                   absl::StrJoin(namings, ", ")));
+  }
+  s.naming = kGateNamings[which].naming;
+  s.layer_prefix = kGateNamings[which].prefix;
+  s.moe_layers.assign(found[which].begin(), found[which].end());
+  s.model_type = ModelType(config);
+  if (s.model_type.empty()) s.model_type = s.naming == Naming::kMixtral ? "mixtral" : "qwen2_moe";
+  // gpt-oss and Llama 4 are told apart from the others by their tensors as
+  // much as by model_type: the two must agree.
+  const bool gpt_oss_type = s.model_type == "gpt_oss";
+  const bool llama4_type = s.model_type == "llama4" || s.model_type == "llama4_text";
+  if (gpt_oss_type != (s.naming == Naming::kGptOss) || llama4_type != (s.naming == Naming::kLlama4)) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: model_type '", s.model_type,
+                                                   "' does not match the tensors' naming (gates named like '",
+                                                   kGateNamings[which].prefix, "N", kGateNamings[which].suffix,
+                                                   "')"));
+  }
 
   const common::SafetensorsFile* gate_file = ckpt->FileOf(ckpt->GateName(s.moe_layers[0]));
   if (gate_file == nullptr) {
@@ -346,17 +435,27 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   const common::SafetensorsFile* w1_file = ckpt->FileOf(w1);
   if (w1_file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", w1, "'"));
   const auto* w1_tensor = w1_file->Find(w1);
-  if (w1_tensor->shape.size() != 2 || w1_tensor->shape[1] != s.d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", w1, "' is not [d_ff, ", s.d_model, "]"));
+  if (Fused(s.naming)) {  // gate_up_proj [E, d_model, 2 d_ff]
+    if (w1_tensor->shape.size() != 3 || w1_tensor->shape[0] != s.n_experts || w1_tensor->shape[1] != s.d_model ||
+        w1_tensor->shape[2] % 2 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", w1, "' is not [", s.n_experts, ", ", s.d_model, ", 2 x d_ff]"));
+    }
+    s.d_ff = w1_tensor->shape[2] / 2;
+  } else {
+    if (w1_tensor->shape.size() != 2 || w1_tensor->shape[1] != s.d_model) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", w1, "' is not [d_ff, ", s.d_model, "]"));
+    }
+    s.d_ff = w1_tensor->shape[0];
   }
-  s.d_ff = w1_tensor->shape[0];
-  const common::SafetensorsFile* embed_file = ckpt->FileOf(EmbeddingName());
+  const std::string embed_name = ckpt->EmbeddingName();
+  const common::SafetensorsFile* embed_file = ckpt->FileOf(embed_name);
   if (embed_file == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("missing tensor '", EmbeddingName(), "' (needed for the LUT)"));
+    return absl::InvalidArgumentError(absl::StrCat("missing tensor '", embed_name, "' (needed for the LUT)"));
   }
-  const auto* embed = embed_file->Find(EmbeddingName());
+  const auto* embed = embed_file->Find(embed_name);
   if (embed->shape.size() != 2 || embed->shape[1] != s.d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", EmbeddingName(), "' is not [vocab, ", s.d_model, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", embed_name, "' is not [vocab, ", s.d_model, "]"));
   }
   s.vocab_size = embed->shape[0];
 
@@ -380,7 +479,7 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   };
   COLIBRI_RETURN_IF_ERROR(check("hidden_size", s.d_model));
   COLIBRI_RETURN_IF_ERROR(check("vocab_size", s.vocab_size));
-  COLIBRI_RETURN_IF_ERROR(check(s.naming == Naming::kMixtral          ? "num_local_experts"
+  COLIBRI_RETURN_IF_ERROR(check(config.contains("num_local_experts")  ? "num_local_experts"
                                 : config.contains("n_routed_experts") ? "n_routed_experts"
                                                                       : "num_experts",
                                 s.n_experts));
@@ -394,6 +493,18 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   // mlp.shared_experts, one MLP for all of them), sized by its tensors;
   // config.json must agree.
   std::string shared;
+  if (s.naming == Naming::kLlama4) {  // Llama4TextMoe always has its (ungated) shared expert
+    s.shared_prefix = "shared_expert";
+    shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
+    const common::SafetensorsFile* f = ckpt->FileOf(shared);
+    if (f == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", shared, "'"));
+    const common::SafetensorsTensor* t = f->Find(shared);
+    if (t->shape.size() != 2 || t->shape[1] != s.d_model || t->shape[0] < 1 || t->shape[0] > common::kMaxDim) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", shared, "' is not [d_ff, ", s.d_model, "]"));
+    }
+    s.n_shared_experts = 1;
+    s.shared_d_ff = t->shape[0];
+  }
   if (s.naming == Naming::kQwenMoe) {
     for (const char* prefix : {"shared_expert", "shared_experts"}) {
       s.shared_prefix = prefix;
@@ -405,7 +516,7 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
         }
         s.n_shared_experts = 1;
         s.shared_d_ff = t->shape[0];
-        s.shared_gate = ckpt->FileOf(SharedGateName(s.moe_layers[0])) != nullptr;
+        s.shared_gate = ckpt->FileOf(ckpt->SharedGateName(s.moe_layers[0])) != nullptr;
         break;
       }
     }
@@ -438,32 +549,166 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
         absl::StrCat(dir, "/config.json: num_experts_per_tok = ", s.top_k, " is outside [1, ", s.n_experts, "]"));
   }
   COLIBRI_ASSIGN_OR_RETURN(s.routing, RoutingOf(config, dir, s.n_experts, s.top_k));
-  // Mixtral always renormalizes the top-k weights; Qwen-MoE and OLMoE say so.
-  s.norm_topk_prob =
-      s.naming == Naming::kMixtral || (config.contains("norm_topk_prob") && config["norm_topk_prob"].is_boolean() &&
-                                       config["norm_topk_prob"].get<bool>());
+  // Mixtral always renormalizes the top-k weights (gpt-oss's softmax over the
+  // top-k logits is the same); Llama 4 never; Qwen-MoE and OLMoE say so.
+  s.norm_topk_prob = s.naming == Naming::kMixtral || s.naming == Naming::kGptOss ||
+                     (s.naming != Naming::kLlama4 && config.contains("norm_topk_prob") &&
+                      config["norm_topk_prob"].is_boolean() && config["norm_topk_prob"].get<bool>());
+  if (s.naming == Naming::kGptOss) {  // clamped SwiGLU with biases (GptOssExperts)
+    s.expert_biases = true;
+    s.activation.up_offset = 1.0;
+    for (auto [key, out, fallback] : {std::tuple{"swiglu_alpha", &s.activation.alpha, kGptOssAlpha},
+                                      std::tuple{"swiglu_limit", &s.activation.limit, kGptOssLimit}}) {
+      *out = fallback;
+      if (!config.contains(key)) continue;
+      const Json& value = config[key];
+      if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>())) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " must be a positive number"));
+      }
+      *out = value.get<double>();
+    }
+  }
   return ckpt;
 }
 
 std::string HfCheckpoint::GateName(int64_t layer) const {
-  return absl::StrCat("model.layers.", layer, shape_.naming == Naming::kMixtral ? kMixtralGate : kQwenGate);
+  for (const GateNaming& n : kGateNamings) {
+    if (n.naming == shape_.naming && shape_.layer_prefix == n.prefix) return absl::StrCat(n.prefix, layer, n.suffix);
+  }
+  return "";  // unreachable: Open sets a naming of the table
 }
 
 std::string HfCheckpoint::ExpertName(int64_t layer, int64_t expert, ExpertMatrix which) const {
   static const char* kMixtral[] = {"w1", "w3", "w2"};
   static const char* kQwen[] = {"gate_proj", "up_proj", "down_proj"};
   const int i = static_cast<int>(which);
-  if (shape_.naming == Naming::kMixtral) {
-    return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
+  const std::string base = absl::StrCat(shape_.layer_prefix, layer);
+  switch (shape_.naming) {
+    case Naming::kMixtral:
+      return absl::StrCat(base, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
+    case Naming::kGptOss:
+    case Naming::kLlama4: {
+      const char* block = shape_.naming == Naming::kGptOss ? ".mlp." : ".feed_forward.";
+      if (expert >= shape_.n_experts) return absl::StrCat(base, block, shape_.shared_prefix, ".", kQwen[i], ".weight");
+      return absl::StrCat(base, block, "experts.", which == ExpertMatrix::kW2 ? "down_proj" : "gate_up_proj");
+    }
+    case Naming::kQwenMoe:
+      break;
   }
   if (expert >= shape_.n_experts) {
-    return absl::StrCat("model.layers.", layer, ".mlp.", shape_.shared_prefix, ".", kQwen[i], ".weight");
+    return absl::StrCat(base, ".mlp.", shape_.shared_prefix, ".", kQwen[i], ".weight");
   }
-  return absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".", kQwen[i], ".weight");
+  return absl::StrCat(base, ".mlp.experts.", expert, ".", kQwen[i], ".weight");
 }
 
-std::string HfCheckpoint::SharedGateName(int64_t layer) {
-  return absl::StrCat("model.layers.", layer, ".mlp.shared_expert_gate.weight");
+std::string HfCheckpoint::SharedGateName(int64_t layer) const {
+  return absl::StrCat(shape_.layer_prefix, layer, ".mlp.shared_expert_gate.weight");
+}
+
+std::string HfCheckpoint::BiasName(int64_t layer) const {
+  return absl::StrCat(shape_.layer_prefix, layer,
+                      shape_.naming == Naming::kGptOss ? ".mlp.router.bias" : ".mlp.gate.e_score_correction_bias");
+}
+
+std::string HfCheckpoint::EmbeddingName() const {
+  // "<...>model.layers." -> "<...>model.embed_tokens.weight"
+  return absl::StrCat(shape_.layer_prefix.substr(0, shape_.layer_prefix.size() - std::string("layers.").size()),
+                      "embed_tokens.weight");
+}
+
+absl::StatusOr<ExpertSource> HfCheckpoint::Expert(int64_t layer, int64_t expert, ExpertMatrix which) const {
+  const HfModelShape& s = shape_;
+  const int64_t d_ff = expert < s.n_experts ? s.d_ff : s.shared_d_ff;
+  ExpertSource src;
+  src.ckpt_ = this;
+  src.expert_ = expert;
+  src.rows_ = which == ExpertMatrix::kW2 ? s.d_model : d_ff;
+  src.cols_ = which == ExpertMatrix::kW2 ? d_ff : s.d_model;
+  const std::string name = ExpertName(layer, expert, which);
+  if (!Fused(s.naming) || expert >= s.n_experts) {
+    COLIBRI_ASSIGN_OR_RETURN(src.tensor_, Matrix(name, src.rows_, src.cols_));
+    src.scale_ = ScaleOf(*src.tensor_);
+    return src;
+  }
+  // Fused: gate_up_proj [E, d_model, 2 d_ff], down_proj [E, d_ff, d_model];
+  // row r of the matrix is column offset + stride·r of the expert's slice.
+  const common::SafetensorsFile* file = FileOf(name);
+  if (file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
+  src.tensor_ = file->Find(name);
+  const std::vector<int64_t> expected = {s.n_experts, src.cols_, which == ExpertMatrix::kW2 ? s.d_model : 2 * d_ff};
+  if ((src.tensor_->dtype != "F32" && src.tensor_->dtype != "BF16" && src.tensor_->dtype != "F16") ||
+      src.tensor_->shape != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " is ",
+                                                   src.tensor_->dtype, " [", absl::StrJoin(src.tensor_->shape, ", "),
+                                                   "], expected F32/BF16/F16 [", absl::StrJoin(expected, ", "), "]"));
+  }
+  src.fused_ = true;
+  const bool interleaved = s.naming == Naming::kGptOss;  // gate_up[..., ::2], [..., 1::2]; Llama 4: halves
+  if (which != ExpertMatrix::kW2) {
+    src.stride_ = interleaved ? 2 : 1;
+    src.offset_ = which == ExpertMatrix::kW1 ? 0 : (interleaved ? 1 : d_ff);
+  }
+  return src;
+}
+
+absl::StatusOr<std::vector<float>> HfCheckpoint::ExpertBias(int64_t layer, int64_t expert, ExpertMatrix which) const {
+  // gpt-oss: gate_up_proj_bias [E, 2 d_ff] (interleaved like the weights), down_proj_bias [E, d_model].
+  const std::string name = ExpertName(layer, expert, which) + "_bias";
+  const int64_t n = which == ExpertMatrix::kW2 ? shape_.d_model : shape_.d_ff;
+  const int64_t width = which == ExpertMatrix::kW2 ? n : 2 * n;
+  const common::SafetensorsFile* file = FileOf(name);
+  if (file == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
+  const common::SafetensorsTensor* t = file->Find(name);
+  if ((t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16") ||
+      t->shape != std::vector<int64_t>{shape_.n_experts, width}) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " is ", t->dtype, " [",
+                                                   absl::StrJoin(t->shape, ", "), "], expected F32/BF16/F16 [",
+                                                   shape_.n_experts, ", ", width, "]"));
+  }
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t column = which == ExpertMatrix::kW2 ? i : which == ExpertMatrix::kW1 ? 2 * i : 2 * i + 1;
+    out[i] = ElementAt(*t, expert * width + column);
+    if (!std::isfinite(out[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' has a non-finite value at [", expert, ", ", column, "]"));
+    }
+  }
+  return out;
+}
+
+void ExpertSource::Rows(int64_t first, int64_t n, float* out) const {
+  if (!fused_) {
+    HfCheckpoint::RowsToFloat(*tensor_, first, n, out, scale_);
+    ckpt_->ReleaseRows(*tensor_, first, n);
+    return;
+  }
+  const int64_t width = tensor_->shape[2];
+  const int64_t slice = expert_ * cols_ * width;
+  auto gather = [&](auto decode) {  // one decode per dtype, chosen once
+    for (int64_t c = 0; c < cols_; ++c) {
+      const int64_t row = slice + c * width + offset_;
+      for (int64_t r = 0; r < n; ++r) out[r * cols_ + c] = decode(row + stride_ * (first + r));
+    }
+  };
+  const uint8_t* data = tensor_->data;
+  auto half = [data](int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, data + 2 * i, 2);
+    return h;
+  };
+  if (tensor_->dtype == "F32") {
+    gather([data](int64_t i) {
+      float v;
+      std::memcpy(&v, data + 4 * i, 4);
+      return v;
+    });
+  } else if (tensor_->dtype == "BF16") {
+    gather([&](int64_t i) { return common::Bf16ToFloat(half(i)); });
+  } else {
+    gather([&](int64_t i) { return common::F16ToFloat(half(i)); });
+  }
+  if (first + n >= rows_) ckpt_->ReleaseRows(*tensor_, expert_, 1);  // the slice is "row" expert of the tensor
 }
 
 const common::SafetensorsFile* HfCheckpoint::FileOf(const std::string& name) const {
@@ -530,10 +775,6 @@ absl::StatusOr<std::vector<float>> HfCheckpoint::Vector(const std::string& name,
     }
   }
   return out;
-}
-
-std::string HfCheckpoint::BiasName(int64_t layer) {
-  return absl::StrCat("model.layers.", layer, ".mlp.gate.e_score_correction_bias");
 }
 
 void HfCheckpoint::RowsToFloat(const common::SafetensorsTensor& t, int64_t first, int64_t n, float* out,

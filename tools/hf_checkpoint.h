@@ -3,15 +3,23 @@
 
 // A Hugging Face MoE checkpoint on disk: config.json plus one
 // model.safetensors or several shards listed in model.safetensors.index.json.
-// Reads the Mixtral naming (model.layers.N.block_sparse_moe.{gate,
-// experts.E.w1,w2,w3}.weight) and the Qwen-MoE/OLMoE naming
-// (model.layers.N.mlp.{gate, experts.E.gate_proj,up_proj,down_proj}.weight:
-// Qwen2-MoE, Qwen3-MoE, OLMoE). MoE layers are the layers that have a gate
-// tensor; the shape is taken from the tensors and checked against config.json
-// (moe_intermediate_size where present; the MoE layers that
-// decoder_sparse_step and mlp_only_layers describe). Shards are mapped, not read:
-// tensors are converted one at a time and released (see Release), so memory
-// stays near one tensor. Immutable after Open; thread-compatible.
+// Reads four namings (docs/MODEL_FAMILIES.md):
+//   Mixtral   model.layers.N.block_sparse_moe.{gate, experts.E.w1,w2,w3}.weight
+//   mlp       model.layers.N.mlp.{gate, experts.E.gate_proj,up_proj,down_proj}.weight
+//             (Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3, Kimi-K2)
+//   gpt-oss   model.layers.N.mlp.{router.weight, router.bias,
+//             experts.gate_up_proj [E,H,2I] (gate and up interleaved), _bias,
+//             experts.down_proj [E,I,H], _bias}
+//   Llama 4   [language_model.]model.layers.N.feed_forward.{router.weight,
+//             experts.gate_up_proj [E,H,2I] (gate, then up), experts.down_proj
+//             [E,I,H], shared_expert.*}
+// MoE layers are the layers that have a gate (router) tensor; the shape is
+// taken from the tensors and checked against config.json (moe_intermediate_size
+// where present; the MoE layers that decoder_sparse_step / mlp_only_layers,
+// first_k_dense_replace / moe_layer_freq or moe_layers /
+// interleave_moe_layer_step describe). Shards are mapped, not read: tensors are
+// converted a chunk at a time and released, so memory stays near one chunk.
+// Immutable after Open; thread-compatible.
 
 #include <cstdint>
 #include <memory>
@@ -19,17 +27,19 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/manifest.h"
 #include "common/routing.h"
 #include "common/safetensors.h"
 
 namespace colibri {
 namespace tools {
 
-enum class Naming { kMixtral, kQwenMoe };
+enum class Naming { kMixtral, kQwenMoe, kGptOss, kLlama4 };
 
 struct HfModelShape {
   std::string model_type;  // config.json's, e.g. mixtral, qwen2_moe, qwen3_moe, olmoe
   Naming naming = Naming::kMixtral;
+  std::string layer_prefix = "model.layers.";  // "language_model.model.layers." in Llama 4's multimodal checkpoints
   int64_t d_model = 0;
   int64_t d_ff = 0;
   int64_t n_experts = 0;
@@ -44,13 +54,38 @@ struct HfModelShape {
   bool shared_gate = false;
   int64_t top_k = 0;
   bool norm_topk_prob = true;
-  common::RoutingSpec routing;  // DeepSeek's scoring, groups, bias and scaling; else softmax top-k
+  common::RoutingSpec routing;  // DeepSeek's, gpt-oss's and Llama 4's routing; else softmax top-k
+  common::Activation activation;  // gpt-oss's clamped SwiGLU; else SwiGLU
+  bool expert_biases = false;     // gpt-oss: gate_up_proj_bias and down_proj_bias
   int64_t vocab_size = 0;
   std::vector<int64_t> moe_layers;  // checkpoint layer indices with a gate, ascending
 };
 
 // Which matrix of an expert.
 enum class ExpertMatrix { kW1, kW3, kW2 };
+
+class HfCheckpoint;
+
+// One expert matrix in Colibri's [out][in] layout (W1, W3: [d_ff][d_model];
+// W2: [d_model][d_ff]), read from its own tensor or from the expert's slice
+// of a fused [E, in, out'] tensor (transposed, with gate and up picked out).
+class ExpertSource {
+ public:
+  const std::string& name() const { return tensor_->name; }  // the checkpoint tensor
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  // Rows [first, first + n) as f32 ([n][cols]), then released from memory.
+  void Rows(int64_t first, int64_t n, float* out) const;
+
+ private:
+  friend class HfCheckpoint;
+  const HfCheckpoint* ckpt_ = nullptr;
+  const common::SafetensorsTensor* tensor_ = nullptr;
+  const common::SafetensorsTensor* scale_ = nullptr;  // F8_E4M3 block scales
+  bool fused_ = false;
+  int64_t expert_ = 0, rows_ = 0, cols_ = 0;
+  int64_t offset_ = 0, stride_ = 1;  // fused: row r is column offset_ + stride_ * r of the slice
+};
 
 class HfCheckpoint {
  public:
@@ -62,12 +97,21 @@ class HfCheckpoint {
   const HfModelShape& shape() const { return shape_; }
 
   std::string GateName(int64_t hf_layer) const;
-  // expert >= n_experts names the shared expert's tensors.
+  // expert >= n_experts names the shared expert's tensors; for fused experts
+  // the layer's fused tensor (gate_up_proj for W1 and W3).
   std::string ExpertName(int64_t hf_layer, int64_t expert, ExpertMatrix which) const;
-  static std::string SharedGateName(int64_t hf_layer);
-  // DeepSeek-V3's per-expert correction bias of the gate, [n_experts].
-  static std::string BiasName(int64_t hf_layer);
-  static std::string EmbeddingName() { return "model.embed_tokens.weight"; }
+  std::string SharedGateName(int64_t hf_layer) const;
+  // The gate's per-expert bias, [n_experts]: DeepSeek-V3's correction bias
+  // or gpt-oss's router bias.
+  std::string BiasName(int64_t hf_layer) const;
+  std::string EmbeddingName() const;
+
+  // The expert's matrix, checked like Matrix (fused tensors: F32/BF16/F16
+  // [E, in, out']); INVALID_ARGUMENT naming the tensor otherwise.
+  absl::StatusOr<ExpertSource> Expert(int64_t hf_layer, int64_t expert, ExpertMatrix which) const;
+  // A routed expert's bias for `which` (b1, b3: [d_ff], b2: [d_model]) when
+  // shape().expert_biases, as f32, every value finite.
+  absl::StatusOr<std::vector<float>> ExpertBias(int64_t hf_layer, int64_t expert, ExpertMatrix which) const;
 
   // The tensor named `name`, checked to be F32, BF16, F16 — or F8_E4M3 with
   // its block scales `<name>_scale_inv` (f32 [ceil(rows/128), ceil(cols/128)]:

@@ -46,7 +46,7 @@ struct LutInputs {
   int64_t top_k = 0;
   bool normalize = true;
   common::RoutingSpec spec;     // default: softmax top-k
-  const float* bias = nullptr;  // [n_experts] when spec.correction_bias
+  const float* bias = nullptr;  // [n_experts] when spec.has_bias()
   int64_t vocab_size = 0;
   // Writes rows [first, first + n) of the embedding as f32 into `out`.
   std::function<void(int64_t first, int64_t n, float* out)> embedding_rows;

@@ -30,6 +30,7 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t kChunkBytes = uint64_t{16} << 20;     // per Append (but at least one row)
 constexpr uint64_t kProgressBytes = uint64_t{64} << 20;  // log each tensor at least this big
 constexpr char kEmbedName[] = "model.embed_tokens.weight";
+constexpr char kLlama4Prefix[] = "language_model.";  // Llama4ForConditionalGeneration's text model
 constexpr float kSqrt3 = 1.7320508075688772f;
 
 uint64_t Fnv1a64(absl::string_view text) {
@@ -140,10 +141,16 @@ void AddFp8Jobs(const SynthOptions& o, const std::string& name, int64_t rows, in
   jobs->push_back(std::move(scales));
 }
 
+// Whether decoder layer `l` is dense (an MLP, not MoE).
+bool DenseLayer(const SynthOptions& o, int64_t l) {
+  return o.naming == "llama4" ? (l + 1) % o.interleave_moe_layer_step != 0 : l < o.dense_layers;
+}
+
 std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
   const float in_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.d_model)));
   const float ff_scale = static_cast<float>(std::sqrt(3.0 / static_cast<double>(o.d_ff)));
-  const bool mixtral = o.naming == "mixtral";
+  const bool mixtral = o.naming == "mixtral", gpt_oss = o.naming == "gpt_oss", llama4 = o.naming == "llama4";
+  const std::string prefix = llama4 ? kLlama4Prefix : "";
   std::vector<TensorJob> jobs;
   auto add = [&](std::string name, std::vector<int64_t> shape, float scale, int64_t group) {
     jobs.push_back(WeightJob(o, std::move(name), std::move(shape), scale, group));
@@ -156,17 +163,32 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
       add(std::move(name), std::move(shape), scale, group);
     }
   };
-  add(kEmbedName, {o.vocab_size, o.d_model}, kSqrt3, 0);
-  add("model.norm.weight", {o.d_model}, 0.0f, 0);
+  add(prefix + kEmbedName, {o.vocab_size, o.d_model}, kSqrt3, 0);
+  add(prefix + "model.norm.weight", {o.d_model}, 0.0f, 0);
   for (int64_t l = 0, g = 1; l < o.n_layers; ++l, ++g) {
-    const std::string layer = absl::StrCat("model.layers.", l, ".");
-    const std::string block = layer + (mixtral ? "block_sparse_moe." : "mlp.");
+    const std::string layer = absl::StrCat(prefix, "model.layers.", l, ".");
+    const std::string block = layer + (mixtral ? "block_sparse_moe." : llama4 ? "feed_forward." : "mlp.");
     add(layer + "input_layernorm.weight", {o.d_model}, 0.0f, g);
-    if (l < o.dense_layers) {  // a dense MLP: not part of any MoE layer
+    if (DenseLayer(o, l)) {  // a dense MLP: not part of any MoE layer
       const int64_t width = 2 * o.d_ff;
       add_projection(block + "gate_proj.weight", {width, o.d_model}, in_scale, g);
       add_projection(block + "up_proj.weight", {width, o.d_model}, in_scale, g);
       add_projection(block + "down_proj.weight", {o.d_model, width}, ff_scale, g);
+      continue;
+    }
+    if (gpt_oss || llama4) {  // a router and fused experts: gate_up_proj [E, d_model, 2 d_ff], down_proj [E, d_ff, d_model]
+      add(block + "router.weight", {o.n_experts, o.d_model}, in_scale, g);
+      add(block + "experts.gate_up_proj", {o.n_experts, o.d_model, 2 * o.d_ff}, in_scale, g);
+      add(block + "experts.down_proj", {o.n_experts, o.d_ff, o.d_model}, ff_scale, g);
+      if (gpt_oss) {  // biases of the router and of every projection
+        add(block + "router.bias", {o.n_experts}, 0.5f, g);
+        add(block + "experts.gate_up_proj_bias", {o.n_experts, 2 * o.d_ff}, 0.5f, g);
+        add(block + "experts.down_proj_bias", {o.n_experts, o.d_model}, 0.5f, g);
+      } else {  // Llama 4's shared expert, as wide as the routed ones
+        add(block + "shared_expert.gate_proj.weight", {o.d_ff, o.d_model}, in_scale, g);
+        add(block + "shared_expert.up_proj.weight", {o.d_ff, o.d_model}, in_scale, g);
+        add(block + "shared_expert.down_proj.weight", {o.d_model, o.d_ff}, ff_scale, g);
+      }
       continue;
     }
     add(block + "gate.weight", {o.n_experts, o.d_model}, in_scale, g);
@@ -198,7 +220,8 @@ std::vector<TensorJob> CalibrationJobs(const SynthOptions& o) {
   const uint64_t d = static_cast<uint64_t>(o.d_model);
   const uint64_t vocab = static_cast<uint64_t>(o.vocab_size), seed = o.seed;
   const DType type = o.dtype;
-  const uint64_t token_hash = Fnv1a64("calib.token_ids"), embed_hash = Fnv1a64(kEmbedName);
+  const uint64_t token_hash = Fnv1a64("calib.token_ids");
+  const uint64_t embed_hash = Fnv1a64((o.naming == "llama4" ? kLlama4Prefix : "") + std::string(kEmbedName));
   auto token = [=](uint64_t r) { return ((Mix(seed + 1, token_hash, r) >> 32) * vocab) >> 32; };
   std::vector<TensorJob> jobs;
   jobs.push_back(MakeJob("token_ids", "I32", {o.calibration_records}, 4, 0));
@@ -207,7 +230,9 @@ std::vector<TensorJob> CalibrationJobs(const SynthOptions& o) {
       StoreLe(static_cast<uint32_t>(token(first + k)), 4, out + 4 * k);
     }
   };
-  for (int64_t l = 0; l < o.n_layers - o.dense_layers; ++l) {
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < o.n_layers; ++l) moe_layers += DenseLayer(o, l) ? 0 : 1;
+  for (int64_t l = 0; l < moe_layers; ++l) {
     jobs.push_back(MakeJob(absl::StrCat("hidden_states.", l), "F32", {o.calibration_records, o.d_model}, 4, 0));
     jobs.back().fill = [=, noise_hash = Fnv1a64(absl::StrCat("calib.", l))](uint64_t first, uint64_t count,
                                                                             uint8_t* out) {
@@ -295,6 +320,23 @@ Json ConfigJson(const SynthOptions& o) {
     c["architectures"] = Json::array({"MixtralForCausalLM"});
     c["num_local_experts"] = o.n_experts;
     return c;
+  }
+  if (o.naming == "gpt_oss") {
+    c["architectures"] = Json::array({"GptOssForCausalLM"});
+    c["num_local_experts"] = o.n_experts;
+    c["swiglu_limit"] = o.swiglu_limit;
+    return c;
+  }
+  if (o.naming == "llama4") {  // Llama4ForConditionalGeneration: the text model's keys in text_config
+    c["model_type"] = "llama4_text";
+    c["num_local_experts"] = o.n_experts;
+    c["intermediate_size_mlp"] = 2 * o.d_ff;  // the dense layers' MLP width
+    c["interleave_moe_layer_step"] = o.interleave_moe_layer_step;
+    c["hidden_act"] = "silu";
+    return {{"model_type", "llama4"},
+            {"architectures", Json::array({"Llama4ForConditionalGeneration"})},
+            {"torch_dtype", c["torch_dtype"]},
+            {"text_config", c}};
   }
   if (o.naming == "deepseek_v2" || o.naming == "deepseek_v3") {
     const bool v3 = o.naming == "deepseek_v3";
@@ -384,10 +426,19 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.out_dir.empty()) return absl::InvalidArgumentError("out_dir is empty");
   const bool deepseek = o.naming == "deepseek_v2" || o.naming == "deepseek_v3";
   const bool with_dense = o.naming == "qwen2_moe" || o.naming == "qwen3_moe" || deepseek;
-  if (o.naming != "mixtral" && o.naming != "olmoe" && !with_dense) {
+  if (o.naming != "mixtral" && o.naming != "olmoe" && o.naming != "gpt_oss" && o.naming != "llama4" && !with_dense) {
     return absl::InvalidArgumentError(absl::StrCat("naming = '", o.naming,
-                                                   "': expected mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or "
-                                                   "deepseek_v3"));
+                                                   "': expected mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, "
+                                                   "deepseek_v3, gpt_oss or llama4"));
+  }
+  if (o.interleave_moe_layer_step != 1 &&
+      (o.naming != "llama4" || o.interleave_moe_layer_step < 1 || o.interleave_moe_layer_step > o.n_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("interleave_moe_layer_step = ", o.interleave_moe_layer_step,
+                                                   ": expected 1, or for llama4 a value in [1, n_layers]"));
+  }
+  if (o.swiglu_limit != 7.0 && (o.naming != "gpt_oss" || !(o.swiglu_limit > 0) || !std::isfinite(o.swiglu_limit))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("swiglu_limit = ", o.swiglu_limit, ": expected 7, or for gpt_oss a positive number"));
   }
   if (o.dense_layers != 0 && (!with_dense || o.dense_layers < 0 || o.dense_layers >= o.n_layers)) {
     return absl::InvalidArgumentError(absl::StrCat(

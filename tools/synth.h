@@ -14,12 +14,23 @@
 //              experts.E.gate_proj, experts.E.up_proj, experts.E.down_proj}.weight;
 //              a dense layer (dense_layers) has model.layers.N.mlp.{gate_proj,
 //              up_proj}.weight [2 d_ff, d_model] and down_proj.weight [d_model, 2 d_ff]
+//   gpt_oss:   model.layers.N.mlp.router.{weight [n_experts, d_model], bias [n_experts]}
+//              model.layers.N.mlp.experts.gate_up_proj [n_experts, d_model, 2 d_ff]
+//              (gate and up interleaved), gate_up_proj_bias [n_experts, 2 d_ff],
+//              down_proj [n_experts, d_ff, d_model], down_proj_bias [n_experts, d_model]
+//   llama4:    everything under language_model. (Llama4ForConditionalGeneration);
+//              language_model.model.layers.N.feed_forward.{router.weight,
+//              experts.gate_up_proj (gate, then up), experts.down_proj} as gpt_oss,
+//              shared_expert.{gate,up,down}_proj.weight of width d_ff; a dense
+//              layer (interleave_moe_layer_step) has feed_forward.{gate,up,down}_proj
+//              of width 2 d_ff
 //
 // Values do not depend on the shard count or on how the writer chunks rows:
 // element i (row-major) of tensor NAME is SynthUniform(seed, NAME, i) times
 // sqrt(3) for the embedding (unit variance), sqrt(3 / d_model) for the gate,
-// w1 / w3 (gate_proj / up_proj), sqrt(3 / d_ff) for w2 (down_proj), computed
-// in f32 and rounded to the dtype (nearest even); norm weights are 1.0.
+// w1 / w3 (gate_proj / up_proj, gate_up_proj), sqrt(3 / d_ff) for w2
+// (down_proj), 0.5 for gpt-oss's biases, computed in f32 and rounded to the
+// dtype (nearest even); norm weights are 1.0.
 //
 // Every tensor is generated and written in row chunks of at most 16 MiB, so
 // memory stays bounded for any size (a full Mixtral-8x7B layer included).
@@ -48,7 +59,8 @@ struct SynthOptions {
   // unless `overwrite`.
   std::string out_dir;
   bool overwrite = false;
-  std::string naming = "mixtral";  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "deepseek_v2" | "deepseek_v3"
+  // "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "deepseek_v2" | "deepseek_v3" | "gpt_oss" | "llama4"
+  std::string naming = "mixtral";
   int64_t d_model = 256;
   int64_t d_ff = 512;    // each expert's (moe_intermediate_size for the Qwen namings)
   int64_t n_layers = 2;  // decoder layers (num_hidden_layers), dense ones included
@@ -74,6 +86,13 @@ struct SynthOptions {
   // DeepSeek-V3's block FP8 (F8_E4M3 and f32 `_scale_inv` per 128 x 128 block,
   // quantization_config fp8); the gate, bias and embedding stay in `dtype`.
   bool fp8 = false;
+  // llama4: decoder layer l is MoE when (l + 1) % interleave_moe_layer_step
+  // == 0, else dense (feed_forward.{gate,up,down}_proj, intermediate_size_mlp
+  // = 2 * d_ff).
+  int64_t interleave_moe_layer_step = 1;
+  // gpt_oss: config.json's swiglu_limit (the clamp of the activation); small
+  // values make tests exercise the clamp.
+  double swiglu_limit = 7.0;
   int64_t n_experts = 8;
   int64_t top_k = 2;
   int64_t vocab_size = 1000;

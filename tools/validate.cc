@@ -222,7 +222,7 @@ void CheckGate(const common::Manifest& m, OpenedFile* f) {
     }
     return true;
   };
-  if (m.routing.correction_bias && !check("bias", 1, m.n_experts, "bias of expert ")) return;
+  if (m.routing.has_bias() && !check("bias", 1, m.n_experts, "bias of expert ")) return;
   if (m.shared_gate && !check("shared_gate", m.n_shared_experts, m.d_model, "shared expert ")) return;
   if (!check("gate", m.n_experts, m.d_model, "expert ")) return;
   bad.Flush(&f->problems);

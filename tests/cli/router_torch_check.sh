@@ -9,7 +9,8 @@
 # client) — the output matches PyTorch within the weight type's tolerance,
 # the routes match, and the distributed output is byte-identical to the
 # local one. Checkpoints: Mixtral naming, Qwen3-MoE with a dense first layer,
-# Qwen2-MoE with a gated shared expert, DeepSeek-V2-Lite- and V3-shaped. Exits 77 (skipped) only when torch or grpcio is missing.
+# Qwen2-MoE with a gated shared expert, DeepSeek-V2-Lite- and V3-shaped,
+# gpt-oss and Llama 4. Exits 77 (skipped) only when torch or grpcio is missing.
 # Usage: router_torch_check.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -96,4 +97,12 @@ experts_a=0-8 experts_b=8-16
 check deepseek_v3 "f32:1e-5" --naming deepseek_v3 --fp8 --norm_topk_prob --d_model 96 --d_ff 64 --shared_d_ff 64 \
   --layers 3 --dense_layers 1 --experts 16 --top_k 4 --n_group 4 --topk_group 2 --routed_scaling_factor 2.5 \
   --vocab 150 --dtype f32 --seed 9105
+# gpt-oss: router bias, fused interleaved experts with biases, clamped SwiGLU (limit 1: reached), d_ff 72.
+experts_a=0-4 experts_b=4-7
+check gpt_oss "f32:1e-5 int8:2e-2" --naming gpt_oss --d_model 96 --d_ff 72 --layers 2 --experts 8 --top_k 4 \
+  --swiglu_limit 1 --vocab 150 --dtype f32 --seed 9106
+# Llama 4: top-1, the sigmoid score scaling the expert's input, every second layer MoE; shared expert 8 on node b.
+experts_a=0-4 experts_b=4-8
+check llama4 "f32:1e-5 bf16:2e-2" --naming llama4 --d_model 96 --d_ff 80 --layers 4 --interleave_moe_layer_step 2 \
+  --experts 8 --top_k 1 --vocab 150 --dtype f32 --seed 9107
 echo "PASS"

@@ -78,4 +78,14 @@ check deepseek_v3_fp8 --naming deepseek_v3 --fp8 --norm_topk_prob --d_model 160 
 types="bf16:1e-5 int8:2e-2"
 check qwen3_bf16 --naming qwen3_moe --norm_topk_prob --d_model 128 --d_ff 96 --layers 3 --dense_layers 1 \
   --experts 16 --top_k 4 --vocab 150 --dtype bf16 --seed 9004
+# gpt-oss: router bias, softmax over the top-k logits, fused interleaved gate_up_proj with biases, clamped
+# SwiGLU (swiglu_limit 1 so the clamp is reached), d_ff 72 (not a multiple of 64).
+types="f32:1e-5 bf16:1e-5 int8:2e-2"
+check gpt_oss --naming gpt_oss --d_model 96 --d_ff 72 --layers 2 --experts 8 --top_k 4 --swiglu_limit 1 \
+  --vocab 120 --dtype bf16 --seed 9010
+# Llama 4 (multimodal layout, language_model.): top-1 by logit, sigmoid of it scaling the expert's input, fused
+# gate_up_proj in halves, the shared expert; every second decoder layer MoE (interleave_moe_layer_step 2).
+types="f32:1e-5 bf16:1e-5 int4:0.15"
+check llama4 --naming llama4 --d_model 96 --d_ff 80 --layers 4 --interleave_moe_layer_step 2 --experts 8 --top_k 1 \
+  --vocab 120 --dtype bf16 --seed 9011
 echo "PASS"

@@ -417,12 +417,16 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
   const std::string base = R"("hidden_size":8,"intermediate_size":16,"num_local_experts":2,"num_experts_per_tok":1,)"
                            R"("vocab_size":4)";
   for (const auto& [config, message] :
-       {std::pair{R"({"model_type":"llama4",)" + base + "}", "model_type 'llama4' is not supported"},
+       {std::pair{R"({"model_type":"dbrx",)" + base + "}", "model_type 'dbrx' is not supported"},
+        std::pair{R"({"model_type":"llama4",)" + base + "}", "model_type 'llama4' does not match the tensors' naming"},
         std::pair{R"({"model_type":"deepseek_v3","scoring_func":"softmax",)" + base + "}",
                   "scoring_func = \"softmax\": DeepSeek-V3's routing is sigmoid"},
-        std::pair{R"({"model_type":"gpt_oss",)" + base + "}", "model_type 'gpt_oss' is not supported"},
-        std::pair{R"({"model_type":"mixtral","quantization_config":{"quant_method":"mxfp4"},)" + base + "}",
-                  "quantization_config (quant_method 'mxfp4') is not supported"},
+        std::pair{R"({"model_type":"gpt_oss",)" + base + "}", "model_type 'gpt_oss' does not match the tensors' naming"},
+        std::pair{R"({"model_type":"gpt_oss","quantization_config":{"quant_method":"mxfp4"},)" + base + "}",
+                  "quantization_config (quant_method 'mxfp4') is not supported: Colibri reads f32/bf16/f16 and "
+                  "DeepSeek's block FP8 (fp8, e4m3, 128 x 128 blocks); dequantize MXFP4 first"},
+        std::pair{R"({"model_type":"llama4","hidden_act":"gelu",)" + base + "}",
+                  "hidden_act = \"gelu\": Colibri's Llama 4 experts are SwiGLU"},
         std::pair{
             R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8","weight_block_size":[64,64]},)" +
                 base + "}",
