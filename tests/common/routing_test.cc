@@ -117,6 +117,35 @@ TEST_CASE("group-limited routing keeps the best groups by their top-two sum or t
   CHECK(weights[0] == static_cast<float>(std::exp(1.5) / total));  // softmax over all experts, not renormalized
 }
 
+TEST_CASE("a logit bias moves the logits before scoring: gpt-oss's softmax over the top-k biased logits") {
+  const double logits[4] = {0.0, 1.0, -1.0, 0.5};
+  const float bias[4] = {0.0f, 0.0f, 3.0f, 0.0f};  // expert 2: -1 + 3 = 2, the largest
+  RoutingSpec spec;
+  spec.logit_bias = true;
+  CHECK_FALSE(spec.plain());
+  int32_t ids[2];
+  float weights[2];
+  RouteBySpec(spec, logits, bias, 4, 2, /*normalize=*/true, ids, weights);
+  CHECK(ids[0] == 2);
+  CHECK(ids[1] == 1);
+  // softmax over the two chosen biased logits (2 and 1), as GptOssTopKRouter computes it
+  CHECK(weights[0] == Approx(std::exp(2.0) / (std::exp(2.0) + std::exp(1.0))).epsilon(1e-7));
+  CHECK(weights[1] == Approx(std::exp(1.0) / (std::exp(2.0) + std::exp(1.0))).epsilon(1e-7));
+}
+
+TEST_CASE("Llama 4's routing: top-k by logit, weighted by the sigmoid of each, never renormalized") {
+  const double logits[3] = {0.25, -2.0, 1.5};
+  RoutingSpec spec;
+  spec.scoring = RoutingSpec::Scoring::kSigmoid;
+  spec.weight_at_input = true;
+  CHECK_FALSE(spec.plain());
+  int32_t id;
+  float weight;
+  RouteBySpec(spec, logits, nullptr, 3, 1, /*normalize=*/false, &id, &weight);
+  CHECK(id == 2);
+  CHECK(weight == static_cast<float>(1 / (1 + std::exp(-1.5))));
+}
+
 TEST_CASE("the default routing spec is plain softmax top-k and routes exactly as the gate") {
   RoutingSpec spec;
   CHECK(spec.plain());

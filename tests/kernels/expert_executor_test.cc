@@ -196,6 +196,59 @@ TEST_CASE("experts of different widths in one call (a shared expert) match the r
   }
 }
 
+TEST_CASE("gpt-oss's and Llama 4's experts (biases, clamped SwiGLU, weight at the input) match the reference") {
+  TempDir dir;
+  auto pool1 = ThreadPool::Create({1, -1, false});
+  auto pool2 = ThreadPool::Create({2, -1, true});
+  REQUIRE(pool1.ok());
+  REQUIRE(pool2.ok());
+  for (const char* naming : {"gpt_oss", "llama4"}) {
+    tools::SynthOptions synth = colibri::testing::SmallSynth(dir / naming, naming);
+    synth.d_ff = 72;  // not a multiple of 64: biases and padding of the second block
+    if (std::string(naming) == "gpt_oss") {
+      synth.top_k = 3;
+      synth.swiglu_limit = 0.5;  // reached by many entries
+    } else {
+      synth.top_k = 1;
+    }
+    for (DType type : {DType::kF32, DType::kBF16, DType::kInt8, DType::kInt4}) {
+      INFO(naming << " as " << common::DTypeName(type));
+      const std::string model_dir = dir / (std::string(naming) + "_" + common::DTypeName(type));
+      colibri::testing::MakeModel(synth, model_dir, type);
+      const Layer layer = LoadLayer(model_dir);
+      const common::Manifest& m = layer.model->manifest();
+      REQUIRE(m.expert_biases == (std::string(naming) == "gpt_oss"));
+      REQUIRE(m.routing.weight_at_input == (std::string(naming) == "llama4"));
+      std::vector<const common::ExpertWeights*> experts;
+      for (const auto& e : layer.experts) experts.push_back(e.get());
+      for (int64_t tokens : {1, 7, 40}) {
+        std::vector<float> x(tokens * m.d_model);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = 2.0 * std::sin(0.61 * static_cast<double>(i) + tokens);
+        const common::Routes routes = common::AppendSharedExperts(
+            common::RouteByGateSpec(m.routing, layer.routing->gate, layer.routing->bias, m.n_experts, m.d_model,
+                                    m.top_k, m.norm_topk_prob, x.data(), tokens),
+            m.n_experts, m.n_shared_experts, layer.routing->shared_gate, m.d_model, x.data());
+        std::vector<float> expected(x.size());
+        ReferenceMoeLayer(experts, routes, x.data(), m.d_model, expected.data());
+        const GroupedRoutes tasks = GroupByExpert(routes, experts);
+        for (int64_t fast_min : {int64_t{0}, int64_t{4}}) {
+          ExecutorOptions options;
+          options.onednn_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens = fast_min;
+          const bool quantized = type == DType::kInt8 || type == DType::kInt4;
+          const bool bf16_math = type == DType::kBF16 || (quantized && fast_min > 0 && tokens >= fast_min);
+          std::vector<float> y1(x.size(), 0.f), y2(x.size(), 0.f);
+          Workspace ws;
+          RunExperts(**pool1, tasks.tasks, x.data(), m.d_model, y1.data(), ws, options);
+          RunExperts(**pool2, tasks.tasks, x.data(), m.d_model, y2.data(), ws, options);
+          INFO("T=" << tokens << " fast paths from " << fast_min << " rows");
+          CHECK(RelativeL2(y2, expected) <= Tolerance(bf16_math));
+          CHECK(RelativeL2(y1, expected) <= Tolerance(bf16_math));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("a thread pool runs every worker and its barrier orders phases") {
   auto pool = ThreadPool::Create({3, -1, false});
   REQUIRE(pool.ok());
