@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
   COLIBRI_ASSIGN_OR_RETURN(weights->w1, MatrixSection(file, layout, "w1", m.weight_type, d_ff, m.d_model));
   COLIBRI_ASSIGN_OR_RETURN(weights->w3, MatrixSection(file, layout, "w3", m.weight_type, d_ff, m.d_model));
   COLIBRI_ASSIGN_OR_RETURN(weights->w2, MatrixSection(file, layout, "w2", m.weight_type, m.d_model, d_ff));
-  if (m.expert_biases) {
+  if (m.expert_biases && expert < m.n_experts) {  // routed experts' (gpt-oss has no shared ones)
     COLIBRI_ASSIGN_OR_RETURN(weights->b1, FiniteF32Section(file, layout, "b1", 1, d_ff));
     COLIBRI_ASSIGN_OR_RETURN(weights->b3, FiniteF32Section(file, layout, "b3", 1, d_ff));
     COLIBRI_ASSIGN_OR_RETURN(weights->b2, FiniteF32Section(file, layout, "b2", 1, m.d_model));

@@ -12,7 +12,8 @@
 //   u64 size, i64 rows, i64 cols}.
 //
 // An expert file holds w1, w3, w2 (+ ".scales" / ".zeros" for int8/int4) in
-// that order; a gate file one section "gate" (f32 [n_experts][d_model]); a
+// that order, then f32 biases b1, b3 [1][d_ff], b2 [1][d_model] when the
+// manifest says the experts have them; a gate file one section "gate" (f32 [n_experts][d_model]); a
 // LUT file "ids" (i32 [vocab][top_k]) and "weights" (f32 [vocab][top_k]).
 // Pure functions; thread-safe.
 

@@ -153,6 +153,13 @@ typedef struct colibri_model_info {
  * (Named get_ because C puts a function and a typedef in one namespace.) */
 COLIBRI_EXPORT colibri_status colibri_get_model_info(const colibri_engine* engine, colibri_model_info* out);
 
+/* The model's shared experts: *count experts of *d_ff each, always on, run
+ * for every token after its routed ones (0 and 0 when it has none; routes in
+ * and out of colibri_forward_batch are the routed ones only). INVALID_ARGUMENT
+ * if an argument is NULL. Thread-safe. (A function of its own, as
+ * colibri_model_info is fixed for ABI version 1.) */
+COLIBRI_EXPORT colibri_status colibri_get_shared_experts(const colibri_engine* engine, int64_t* count, int64_t* d_ff);
+
 /* The message of the calling thread's most recent status-returning colibri_*
  * call if that call failed, else "" (every such call clears it first).
  * Messages are per thread, not per engine: `engine` is ignored and may be

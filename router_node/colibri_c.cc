@@ -285,6 +285,18 @@ colibri_status colibri_get_model_info(const colibri_engine* engine, colibri_mode
   });
 }
 
+colibri_status colibri_get_shared_experts(const colibri_engine* engine, int64_t* count, int64_t* d_ff) {
+  return Guarded([&]() -> absl::Status {
+    COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(count, "count"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(d_ff, "d_ff"));
+    const colibri::common::Manifest& m = engine->engine->router().manifest();
+    *count = m.n_shared_experts;
+    *d_ff = m.shared_d_ff;
+    return absl::OkStatus();
+  });
+}
+
 const char* colibri_last_error(const colibri_engine* /*engine*/) { return colibri::last_error; }
 
 void colibri_free(colibri_engine* engine) { delete engine; }

@@ -26,6 +26,9 @@ size_t MatrixBytes(const common::MatrixView& m) {
 
 size_t ExpertBytes(const common::ExpertWeights& e) { return MatrixBytes(e.w1) + MatrixBytes(e.w3) + MatrixBytes(e.w2); }
 
+// Multiply-adds x 2 of one row through the expert's three matrices.
+double FfnFlops(const common::ExpertWeights& e) { return 2.0 * 3.0 * e.w1.layout.rows * e.w1.layout.cols; }
+
 struct Timing {
   double median_ms = 0, p99_ms = 0, max_ms = 0;
 };
@@ -53,7 +56,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   const common::Manifest& m = model->manifest();
   COLIBRI_ASSIGN_OR_RETURN(auto routing, model->LoadRouting(o.layer, false));
   std::vector<std::unique_ptr<common::ExpertWeights>> experts;
-  for (int64_t e = 0; e < m.n_experts; ++e) {
+  for (int64_t e = 0; e < m.total_experts(); ++e) {  // shared experts too: every token runs them
     COLIBRI_ASSIGN_OR_RETURN(auto w, model->LoadExpert(o.layer, e, false));
     if (o.hugepages) COLIBRI_RETURN_IF_ERROR(common::CopyExpertToMemory(w.get(), {}));
     experts.push_back(std::move(w));
@@ -69,8 +72,11 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   }
   const kernels::BandwidthResult before = kernels::MeasureReadBandwidth(*pool);
   if (before.best_gbps <= 0) return absl::ResourceExhaustedError("cannot map 1 GiB for the bandwidth probe");
-  out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d, %s weights%s\n",
+  out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d%s, %s weights%s\n",
                          o.model_dir, o.layer, m.architecture, m.n_experts, m.top_k, m.d_model, m.d_ff,
+                         m.n_shared_experts > 0
+                             ? absl::StrFormat(", %d shared expert(s) of d_ff %d", m.n_shared_experts, m.shared_d_ff)
+                             : "",
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
   out << absl::StrFormat(
       "# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows (int8) "
@@ -80,23 +86,26 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {
-    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s\n", "impl", "dtype", "case", "T", "median_ms",
-                           "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s");
+    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s %9s %9s\n", "impl", "dtype", "case", "T",
+                           "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s", "MB_read", "floor_ms");
   }
-  const double flops_per_row = 2.0 * 3.0 * m.d_model * m.d_ff;
+  // floor_ms: the time to read the touched experts' bytes once at the best
+  // bandwidth measured before (the memory-bound limit of a decode step).
   auto report = [&](const char* label, int64_t tokens, const Timing& t, size_t bytes, double flops) {
     const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;
     const double gflops = flops / (t.median_ms * 1e-3) / 1e9;
+    const double floor_ms = bytes / (before.best_gbps * 1e9) * 1e3;
     if (o.json) {
       out << absl::StrFormat(
           "{\"impl\":\"colibri-%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"T\":%d,\"median_ms\":%.4f,\"p99_ms\":%.4f,"
-          "\"max_ms\":%.4f,\"gbps\":%.2f,\"frac_bw\":%.3f,\"gflops\":%.1f,\"bw_gbps\":%.2f}\n",
+          "\"max_ms\":%.4f,\"gbps\":%.2f,\"frac_bw\":%.3f,\"gflops\":%.1f,\"bw_gbps\":%.2f,\"mb_read\":%.1f,"
+          "\"floor_ms\":%.4f}\n",
           kernels::IsaName(table.isa), common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms, t.max_ms,
-          gbps, gbps / before.best_gbps, gflops, before.best_gbps);
+          gbps, gbps / before.best_gbps, gflops, before.best_gbps, bytes / 1e6, floor_ms);
     } else {
-      out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.2f %9.1f\n", "colibri",
+      out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.2f %9.1f %9.1f %9.3f\n", "colibri",
                              common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms,
-                             t.p99_ms / t.median_ms, gbps, gbps / before.best_gbps, gflops);
+                             t.p99_ms / t.median_ms, gbps, gbps / before.best_gbps, gflops, bytes / 1e6, floor_ms);
     }
     out.flush();
   };
@@ -114,20 +123,27 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
       const Timing t =
           Time([&] { kernels::RunExperts(*pool, {task}, x.data(), m.d_model, dst.data(), workspace, exec); }, o.warmup,
                o.repeat);
-      report("expert", tokens, t, ExpertBytes(*experts[0]), flops_per_row * tokens);
+      report("expert", tokens, t, ExpertBytes(*experts[0]), FfnFlops(*experts[0]) * tokens);
     }
-    // The full layer with the gate's real top-k routes, one task per routed expert.
-    const common::Routes routes = common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts,
-                                                          m.d_model, m.top_k, m.norm_topk_prob, x.data(), tokens);
+    // The full layer with the gate's real top-k routes and the shared
+    // experts, one task per expert run.
+    const common::Routes routes = common::AppendSharedExperts(
+        common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts, m.d_model, m.top_k,
+                                m.norm_topk_prob, x.data(), tokens),
+        m.n_experts, m.n_shared_experts, routing->shared_gate, m.d_model, x.data());
     std::vector<const common::ExpertWeights*> all;
     for (const auto& e : experts) all.push_back(e.get());
     const kernels::GroupedRoutes grouped = kernels::GroupByExpert(routes, all);
     size_t bytes = 0;
-    for (const kernels::ExpertTask& task : grouped.tasks) bytes += ExpertBytes(*task.expert);
+    double flops = 0;
+    for (const kernels::ExpertTask& task : grouped.tasks) {
+      bytes += ExpertBytes(*task.expert);
+      flops += FfnFlops(*task.expert) * task.num_rows;
+    }
     const Timing t =
         Time([&] { kernels::RunExperts(*pool, grouped.tasks, x.data(), m.d_model, dst.data(), workspace, exec); },
              o.warmup, o.repeat);
-    report("layer", tokens, t, bytes, flops_per_row * tokens * m.top_k);
+    report("layer", tokens, t, bytes, flops);
   }
   const kernels::BandwidthResult after = kernels::MeasureReadBandwidth(*pool);
   out << absl::StrFormat("# read bandwidth after: best %.1f GB/s, median %.1f GB/s (frac_bw uses 'before')\n",

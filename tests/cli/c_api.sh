@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The C API end to end: the tools make a tiny model, then the C program
-# tests/router_node/c_api_test.c (linked against libcolibri.so) runs on it.
+# tests/router_node/c_api_test.c (linked against libcolibri.so) runs on it,
+# and on a model with a shared expert.
 # Usage: c_api.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -12,3 +13,9 @@ trap 'rm -rf "$tmp"' EXIT
 "$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type bf16 \
   --progress=false >/dev/null
 "$build/tests/c_api_test" "$tmp/model"
+# A model with a shared expert (Qwen2-MoE naming, gated) reports it.
+"$build/tools/colibri-synth" --out "$tmp/shared_ckpt" --naming qwen2_moe --d_model 64 --d_ff 96 --shared_d_ff 128 \
+  --layers 1 --experts 4 --top_k 2 --vocab 100 --dtype bf16 --seed 6 >/dev/null
+"$build/tools/colibri-convert" --checkpoint "$tmp/shared_ckpt" --out "$tmp/shared_model" --weight_type bf16 \
+  --progress=false >/dev/null
+"$build/tests/c_api_test" "$tmp/shared_model" 1

@@ -104,6 +104,21 @@ TEST_CASE("reference layer matches PyTorch on an OLMoE-naming bf16 checkpoint") 
   RunCase("olmoe_bf16", DType::kBF16, 1);
 }
 
+// One golden case per further family (scripts/make_golden.sh says what each
+// exercises): shared experts, dense layers skipped, group-limited routing,
+// sigmoid scoring with a correction bias, block FP8, gpt-oss's router bias and
+// clamped SwiGLU with biases, Llama 4's weight at the input. Routes compare
+// in order: the PyTorch reference lists them best first, as Colibri does.
+TEST_CASE("reference layer matches PyTorch for every model family") {
+  for (const auto& [name, source, layers] :
+       {std::tuple{"qwen2_shared_bf16", DType::kBF16, 1}, std::tuple{"qwen3_dense_bf16", DType::kBF16, 1},
+        std::tuple{"deepseek_v2_bf16", DType::kBF16, 1}, std::tuple{"deepseek_v3_fp8", DType::kF32, 1},
+        std::tuple{"gpt_oss_bf16", DType::kBF16, 1}, std::tuple{"llama4_bf16", DType::kBF16, 1}}) {
+    INFO(name);
+    RunCase(name, source, layers);
+  }
+}
+
 TEST_CASE("the reference layer is deterministic and uses only routed experts") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);

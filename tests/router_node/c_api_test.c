@@ -92,8 +92,8 @@ int main(int argc, char** argv) {
   int32_t* route_experts;
   colibri_status s;
 
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s MODEL_DIR\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: %s MODEL_DIR [SHARED_EXPERTS]\n", argv[0]);
     return 2;
   }
   Check(colibri_abi_version() == COLIBRI_ABI_VERSION, "colibri_abi_version matches the header");
@@ -125,6 +125,17 @@ int main(int argc, char** argv) {
         "colibri_get_model_info gives a plausible shape");
   Check(strlen(info.weight_type) > 0 && strncmp(info.model_id, "xxh3_128:", 9) == 0,
         "colibri_get_model_info gives the weight type and model id");
+  {
+    int64_t shared = -1, shared_d_ff = -1;
+    const long long expected = argc > 2 ? atoll(argv[2]) : 0;
+    s = colibri_get_shared_experts(engine, &shared, &shared_d_ff);
+    printf("  shared experts %lld of d_ff %lld\n", (long long)shared, (long long)shared_d_ff);
+    Check(s == COLIBRI_OK && shared == expected && (shared == 0) == (shared_d_ff == 0),
+          "colibri_get_shared_experts gives the shared experts");
+    Check(colibri_get_shared_experts(engine, NULL, &shared_d_ff) == COLIBRI_INVALID_ARGUMENT &&
+              strstr(colibri_last_error(engine), "count") != NULL,
+          "colibri_get_shared_experts names a NULL argument");
+  }
 
   values = kTokens * info.d_model;
   slots = kTokens * info.top_k;
