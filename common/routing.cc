@@ -80,22 +80,43 @@ absl::StatusOr<Routes> RouteByLut(const int32_t* lut_ids, const float* lut_weigh
   return routes;
 }
 
-void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,
-                 bool normalize, int32_t* ids, float* weights) {
+void ScoresOfLogits(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts,
+                    double* scores) {
   const int64_t n = n_experts;
-  std::vector<double> logit(logits, logits + n), score(n), choice(n);
+  std::vector<double> logit(logits, logits + n);
   if (spec.logit_bias) {
     for (int64_t e = 0; e < n; ++e) logit[e] += static_cast<double>(bias[e]);
   }
   if (spec.scoring == RoutingSpec::Scoring::kSigmoid) {
-    for (int64_t e = 0; e < n; ++e) score[e] = 1.0 / (1.0 + std::exp(-logit[e]));
-  } else {
-    const double max_logit = *std::max_element(logit.begin(), logit.end());
-    double total = 0.0;
-    for (int64_t e = 0; e < n; ++e) total += std::exp(logit[e] - max_logit);
-    for (int64_t e = 0; e < n; ++e) score[e] = std::exp(logit[e] - max_logit) / total;
+    for (int64_t e = 0; e < n; ++e) scores[e] = 1.0 / (1.0 + std::exp(-logit[e]));
+    return;
   }
-  for (int64_t e = 0; e < n; ++e) choice[e] = score[e] + (spec.correction_bias ? static_cast<double>(bias[e]) : 0.0);
+  const double max_logit = *std::max_element(logit.begin(), logit.end());
+  double total = 0.0;
+  for (int64_t e = 0; e < n; ++e) total += std::exp(logit[e] - max_logit);
+  for (int64_t e = 0; e < n; ++e) scores[e] = std::exp(logit[e] - max_logit) / total;
+}
+
+void LogitsOfScores(const RoutingSpec& spec, const double* scores, const float* bias, int64_t n_experts,
+                    double* logits) {
+  constexpr double kTiny = 1e-300, kBelowOne = 1.0 - 1e-16;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const double s = std::max(scores[e], kTiny);
+    logits[e] = spec.scoring == RoutingSpec::Scoring::kSigmoid ? std::log(std::min(s, kBelowOne) / (1.0 - std::min(s, kBelowOne)))
+                                                                : std::log(s);
+    if (spec.logit_bias) logits[e] -= static_cast<double>(bias[e]);
+  }
+}
+
+void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,
+                 bool normalize, int32_t* ids, float* weights, const double* choice_offset) {
+  const int64_t n = n_experts;
+  std::vector<double> score(n), choice(n);
+  ScoresOfLogits(spec, logits, bias, n, score.data());
+  for (int64_t e = 0; e < n; ++e) {
+    choice[e] = score[e] + (spec.correction_bias ? static_cast<double>(bias[e]) : 0.0) +
+                (choice_offset != nullptr ? choice_offset[e] : 0.0);
+  }
   if (spec.n_group > 1) {
     const int64_t size = n / spec.n_group;
     std::vector<double> group(spec.n_group);

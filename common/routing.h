@@ -96,10 +96,25 @@ struct RoutingSpec {
 // descending c; weights s of those, divided by their sum when `normalize`,
 // times spec.scaling — in double, rounded once. (Softmax over all experts
 // renormalized over the k equals gpt-oss's softmax over the k logits.)
+// `choice_offset` (may be null) is added to c before groups are scored: the
+// LUT builder's balancing penalty, which moves choices and never weights.
 // REQUIRES: n_experts % n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k
 // <= n_experts, bias non-null when spec.has_bias().
 void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,
-                 bool normalize, int32_t* ids, float* weights);
+                 bool normalize, int32_t* ids, float* weights, const double* choice_offset = nullptr);
+
+// The logits whose scores under `spec` (with the layer's bias) are `scores`:
+// log s (softmax; exact up to a constant, which softmax ignores) or
+// log(s / (1 − s)) (sigmoid), minus the logit bias. Scores are clamped away
+// from 0 and 1 first. The LUT builder routes a token by the mean scores of
+// its calibration records through this.
+void LogitsOfScores(const RoutingSpec& spec, const double* scores, const float* bias, int64_t n_experts,
+                    double* logits);
+
+// Scores under `spec` of `logits` (+ the logit bias): softmax over all or
+// sigmoid of each, in double.
+void ScoresOfLogits(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts,
+                    double* scores);
 
 // Gate routing of T rows of x under `spec`: RouteByGate when spec.plain().
 Routes RouteByGateSpec(const RoutingSpec& spec, const float* gate, const float* bias, int64_t n_experts,

@@ -5,26 +5,28 @@
 // token id, top_k expert ids and weights.
 //
 // Each token's logits are the gate applied to its embedding row or, for
-// tokens that appear in the calibration records, log of the mean softmax
-// probability over the token's recorded hidden states (so the LUT routes a
-// token where its real hidden states went on average).
+// tokens that appear in the calibration records, the logits whose scores are
+// the mean of the token's records' scores (common::LogitsOfScores: for softmax
+// top-k, log of the mean softmax probability), so the LUT routes a token where
+// its real hidden states went on average. Routing those logits is the
+// family's own (`spec`: common::RouteBySpec — scoring, bias, groups, scaling;
+// softmax top-k when plain).
 //
 // Balancing (balance_loss_weight α > 0): from the unbalanced routes, expert
 // i's share of all routes over the vocabulary is freq_i (Σ freq = 1); every
 // over-used expert (freq_i > 1/n_experts) has α·(freq_i − 1/n_experts)²
-// subtracted from its logit, and the top-k is taken again. Selection uses the
-// penalized logits; the stored weights are the unpenalized probabilities of
-// the chosen experts (renormalized when the model renormalizes), so balancing
-// changes where tokens go, not how much an expert's answer counts.
+// subtracted from its logit (softmax top-k) or from its choice score (any
+// other spec, before groups are scored: as DeepSeek-V3's correction bias
+// moves choices), and the routes are taken again. The stored weights are the
+// unpenalized ones of the chosen experts, so balancing changes where tokens
+// go, not how much an expert's answer counts.
 //
 // Agreement: the share of inputs whose LUT top-k set equals the exact gate's
 // top-k set for that input — the calibration records when given, otherwise
 // each token's embedding.
 //
-// For routing other than softmax top-k (`spec` not plain: sigmoid scores,
-// groups, a correction bias, scaling), each token id is routed exactly as the
-// gate routes its embedding row (common::RouteBySpec); calibration and
-// balancing are defined for softmax scores only and are refused there.
+// Memory: O(calibrated tokens × n_experts) plus one chunk of embedding rows;
+// the embedding is read once, twice with balancing.
 // Pure computation; thread-compatible.
 
 #include <cstdint>

@@ -234,15 +234,52 @@ TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limit
     std::memcpy(&s00, scale->data, 4);
     CHECK(rows[0] == common::Fp8E4m3ToFloat((*w2)->data[0]) * s00);
   }
-  // The LUT of a non-softmax gate is the exact routing of each embedding row:
-  // calibration and balancing are refused.
+}
+
+TEST_CASE("the LUT of a non-softmax gate balances and calibrates with the family's own scoring") {
+  TempDir dir;
+  SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "deepseek_v3");
+  synth.n_experts = 8;
+  synth.n_group = 4;
+  synth.topk_group = 2;
+  synth.norm_topk_prob = true;
+  synth.vocab_size = 512;
+  synth.calibration_path = dir / "calib.safetensors";
+  synth.calibration_records = 300;
+  std::ostringstream log;
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  auto spread = [](const std::vector<int64_t>& load) {
+    return *std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end());
+  };
   ConvertOptions o;
   o.checkpoint_dir = synth.out_dir;
   o.progress = false;
-  std::ostringstream log;
   o.out_dir = dir / "balanced";
-  o.balance_loss_weight = 1.0;
-  CHECK(Contains(ConvertCheckpoint(o, log), "calibration and balancing are defined for softmax routing only"));
+  o.balance_loss_weight = 20.0;  // in sigmoid-score units: (0.05 over the mean)² · 20 = 0.05
+  ConvertReport balanced;
+  const absl::Status s = ConvertCheckpoint(o, log, &balanced);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  for (const LayerReport& layer : balanced.layers) {
+    const LutResult& lut = layer.lut;
+    CHECK(lut.agree_before == lut.compared);  // unbalanced: the exact gate's routes
+    CHECK(lut.agree_after < lut.compared);    // balancing moved some tokens
+    CHECK(spread(lut.load_after) < spread(lut.load_before));
+  }
+  CHECK(Validate(o.out_dir).ok());
+
+  o.out_dir = dir / "calibrated";
+  o.balance_loss_weight = 0;
+  o.calibration_path = synth.calibration_path;
+  ConvertReport calibrated;
+  REQUIRE(ConvertCheckpoint(o, log, &calibrated).ok());
+  for (const LayerReport& layer : calibrated.layers) {
+    CHECK(layer.lut_source == "calibration");
+    CHECK(layer.lut.calibrated_tokens > 100);
+    CHECK(layer.lut.compared == 300);
+    CHECK(layer.lut.agree_after > layer.lut.compared / 2);  // mean scores route most records as the gate does
+  }
+  CHECK(Validate(o.out_dir).ok());
 }
 
 TEST_CASE("a Qwen2-MoE shared expert becomes expert n_experts with its sigmoid gate") {
