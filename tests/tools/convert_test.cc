@@ -12,6 +12,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/model_dir.h"
 #include "common/safetensors.h"
@@ -280,6 +281,110 @@ TEST_CASE("the LUT of a non-softmax gate balances and calibrates with the family
     CHECK(layer.lut.agree_after > layer.lut.compared / 2);  // mean scores route most records as the gate does
   }
   CHECK(Validate(o.out_dir).ok());
+}
+
+// Fused experts are split and transposed: checked element by element
+// against the synthesizer's generator (tools/synth.h), not the converter's reader.
+TEST_CASE("gpt-oss's and Llama 4's fused experts convert to W1, W3, W2 (and biases) exactly") {
+  TempDir dir;
+  for (const std::string naming : {"gpt_oss", "llama4"}) {
+    INFO(naming);
+    SynthOptions synth = colibri::testing::SmallSynth(dir / (naming + "_ckpt"), naming);
+    synth.dtype = DType::kF32;
+    synth.d_ff = 40;
+    synth.n_layers = 2;
+    const bool gpt_oss = naming == "gpt_oss";
+    if (!gpt_oss) synth.interleave_moe_layer_step = 2;  // decoder layer 1 is the one MoE layer
+    const auto model = SynthConvertOpen(synth, dir / (naming + "_model"), DType::kF32);
+    const common::Manifest& m = model->manifest();
+    CHECK(m.format_version == 2);
+    CHECK(m.architecture == (gpt_oss ? "gpt_oss" : "llama4"));
+    CHECK(m.hf_layers == (gpt_oss ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{1}));
+    CHECK(m.d_ff == 40);
+    CHECK(m.expert_biases == gpt_oss);
+    CHECK(m.routing.logit_bias == gpt_oss);
+    CHECK(m.routing.weight_at_input == !gpt_oss);
+    CHECK(m.norm_topk_prob == gpt_oss);
+    CHECK(m.activation.plain() == !gpt_oss);
+    CHECK(m.n_shared_experts == (gpt_oss ? 0 : 1));
+    const int64_t hf = m.hf_layers[0], e = 2, H = m.d_model, I = m.d_ff;
+    const std::string block = gpt_oss ? absl::StrCat("model.layers.", hf, ".mlp.")
+                                      : absl::StrCat("language_model.model.layers.", hf, ".feed_forward.");
+    auto synth_value = [&](const std::string& name, int64_t index, double scale) {
+      return tools::SynthUniform(synth.seed, block + name, index) * static_cast<float>(scale);
+    };
+    const double in_scale = std::sqrt(3.0 / H), ff_scale = std::sqrt(3.0 / I);
+    auto w = model->LoadExpert(0, e, true);
+    REQUIRE(w.ok());
+    std::vector<float> row(std::max(H, I));
+    for (int64_t f : {int64_t{0}, int64_t{17}, I - 1}) {
+      const int64_t gate_col = gpt_oss ? 2 * f : f, up_col = gpt_oss ? 2 * f + 1 : I + f;
+      common::DecodeRow((*w)->w1, f, row.data());
+      for (int64_t h : {int64_t{0}, H - 1}) {
+        CHECK(row[h] == synth_value("experts.gate_up_proj", (e * H + h) * 2 * I + gate_col, in_scale));
+      }
+      common::DecodeRow((*w)->w3, f, row.data());
+      CHECK(row[5] == synth_value("experts.gate_up_proj", (e * H + 5) * 2 * I + up_col, in_scale));
+      if (gpt_oss) {
+        CHECK((*w)->b1[f] == synth_value("experts.gate_up_proj_bias", e * 2 * I + gate_col, 0.5));
+        CHECK((*w)->b3[f] == synth_value("experts.gate_up_proj_bias", e * 2 * I + up_col, 0.5));
+      }
+    }
+    for (int64_t h : {int64_t{0}, H - 1}) {
+      common::DecodeRow((*w)->w2, h, row.data());
+      CHECK(row[7] == synth_value("experts.down_proj", (e * I + 7) * H + h, ff_scale));
+      if (gpt_oss) CHECK((*w)->b2[h] == synth_value("experts.down_proj_bias", e * H + h, 0.5));
+    }
+    auto routing = model->LoadRouting(0, true);
+    REQUIRE(routing.ok());
+    CHECK(((*routing)->bias != nullptr) == gpt_oss);
+    if (gpt_oss) CHECK((*routing)->bias[3] == synth_value("router.bias", 3, 0.5));
+  }
+}
+
+TEST_CASE("fused-expert checkpoints with a missing or misshapen tensor are refused by name") {
+  TempDir dir;
+  SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "gpt_oss");
+  synth.dtype = DType::kF32;
+  std::ostringstream log;
+  REQUIRE(WriteSyntheticCheckpoint(synth, log).ok());
+  const std::string config = colibri::testing::ReadFile(synth.out_dir + "/config.json");
+  // The same tensors under a config that changes the expert count: the fused tensors no longer fit.
+  const std::string name = "model.layers.0.mlp.experts.down_proj_bias";
+  ConvertOptions o;
+  o.checkpoint_dir = synth.out_dir;
+  o.out_dir = dir / "model";
+  o.progress = false;
+  {
+    auto file = common::SafetensorsFile::Open(synth.out_dir + "/model.safetensors");
+    REQUIRE(file.ok());
+    REQUIRE((*file)->Find(name) != nullptr);
+  }
+  // Rewrite the checkpoint without the down projection's bias.
+  std::vector<common::SafetensorsWriter::Spec> specs;
+  std::vector<std::vector<uint8_t>> data;
+  {
+    auto file = common::SafetensorsFile::Open(synth.out_dir + "/model.safetensors");
+    REQUIRE(file.ok());
+    for (const auto& t : (*file)->tensors()) {
+      if (t.name == name) continue;
+      specs.push_back({t.name, t.dtype, t.shape});
+      data.emplace_back(t.data, t.data + t.nbytes);
+    }
+  }
+  std::filesystem::create_directories(dir / "broken");
+  std::filesystem::copy_file(synth.out_dir + "/config.json", dir / "broken/config.json");
+  auto w = common::SafetensorsWriter::Create(dir / "broken/model.safetensors", specs);
+  REQUIRE(w.ok());
+  for (const auto& bytes : data) REQUIRE((*w)->Append(bytes.data(), bytes.size()).ok());
+  REQUIRE((*w)->Close().ok());
+  o.checkpoint_dir = dir / "broken";
+  CHECK(Contains(ConvertCheckpoint(o, log), "missing tensor '" + name + "'"));
+  CHECK_FALSE(std::filesystem::exists(dir / "model/manifest.json"));
+  // A config whose expert count contradicts the fused tensors.
+  std::ofstream(dir / "broken/config.json", std::ios::trunc)
+      << std::regex_replace(config, std::regex("\"num_local_experts\": \\d+"), "\"num_local_experts\": 3");
+  CHECK(Contains(ConvertCheckpoint(o, log), "num_local_experts = 3 but the tensors say"));
 }
 
 TEST_CASE("a Qwen2-MoE shared expert becomes expert n_experts with its sigmoid gate") {
