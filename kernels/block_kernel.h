@@ -56,8 +56,11 @@ void BlockF16Avx512(const common::MatrixView& w, int64_t block, const Activation
 void BlockInt8Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 void BlockInt4Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
-// AVX-512 with AVX512_BF16 (vdpbf16ps) (kernels/block_avx512_bf16.cc).
+// AVX-512 with AVX512_BF16 (vdpbf16ps) (kernels/block_avx512_bf16.cc). The
+// int4 variant multiplies the bf16 copy x.bf16 (its weights q − zero are
+// exact in bf16): it computes BlockInt4Scalar on bf16-rounded activations.
 void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt4Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 }  // namespace kernels
 }  // namespace colibri

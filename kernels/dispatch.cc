@@ -50,7 +50,7 @@ KernelTable MakeTable(Isa isa) {
       set(DType::kBF16, isa == Isa::kAvx512Bf16 ? BlockBf16Avx512Bf16 : BlockBf16Avx512);
       set(DType::kF16, BlockF16Avx512);
       set(DType::kInt8, BlockInt8Avx512);
-      set(DType::kInt4, BlockInt4Avx512);
+      set(DType::kInt4, isa == Isa::kAvx512Bf16 ? BlockInt4Avx512Bf16 : BlockInt4Avx512);
       break;
   }
   return t;

@@ -32,6 +32,23 @@ using common::DType;
 // looser bound.
 double Tolerance(bool bf16_math) { return bf16_math ? 1e-2 : 2e-5; }
 
+// Whether `type`'s experts with `rows` rows multiply the bf16 copy of the
+// activations: bf16 always; int8/int4 from their bf16-tile thresholds; int4
+// always where its block kernel is the avx512_bf16 one.
+bool Bf16Math(common::DType type, int64_t rows, const ExecutorOptions& options) {
+  switch (type) {
+    case DType::kBF16:
+      return true;
+    case DType::kInt8:
+      return options.int8_tile_min_tokens > 0 && rows >= options.int8_tile_min_tokens;
+    case DType::kInt4:
+      return SelectedKernels().isa == Isa::kAvx512Bf16 ||
+             (options.int4_tile_min_tokens > 0 && rows >= options.int4_tile_min_tokens);
+    default:
+      return false;
+  }
+}
+
 struct Layer {
   std::unique_ptr<common::ModelDir> model;
   std::vector<std::unique_ptr<common::ExpertWeights>> experts;
@@ -106,9 +123,8 @@ TEST_CASE("the expert executor matches the reference layer for every weight type
         options.onednn_min_tokens = fast_min;
         options.int8_tile_min_tokens = fast_min;
         options.int4_tile_min_tokens = fast_min;
-        const bool quantized = type == DType::kInt8 || type == DType::kInt4;
         const bool fast = fast_min > 0 && tokens >= fast_min;
-        const bool bf16_math = type == DType::kBF16 || (quantized && fast);
+        const bool bf16_math = Bf16Math(type, tokens, options);
         std::vector<float> y1(x.size(), 0.f), y2(x.size(), 0.f), y3(x.size(), 0.f), again(x.size(), 0.f);
         Workspace ws;
         RunExperts(**pool1, tasks.tasks, x.data(), synth.d_model, y1.data(), ws, options);
@@ -234,8 +250,7 @@ TEST_CASE("gpt-oss's and Llama 4's experts (biases, clamped SwiGLU, weight at th
         for (int64_t fast_min : {int64_t{0}, int64_t{4}}) {
           ExecutorOptions options;
           options.onednn_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens = fast_min;
-          const bool quantized = type == DType::kInt8 || type == DType::kInt4;
-          const bool bf16_math = type == DType::kBF16 || (quantized && fast_min > 0 && tokens >= fast_min);
+          const bool bf16_math = Bf16Math(type, tokens, options);
           std::vector<float> y1(x.size(), 0.f), y2(x.size(), 0.f);
           Workspace ws;
           RunExperts(**pool1, tasks.tasks, x.data(), m.d_model, y1.data(), ws, options);
