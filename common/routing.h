@@ -52,7 +52,8 @@ void TopKSoftmax(const double* logits, int64_t n_experts, int64_t top_k, bool no
 void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int64_t top_k, bool normalize,
                 int32_t* ids, float* weights);
 
-// logits[e] = sum_i gate[e][i] * x[i], accumulated in double.
+// logits[e] = sum_i gate[e][i] * x[i], accumulated in double in a fixed
+// order (eight interleaved partial sums, then the tail).
 void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const float* x, double* logits);
 
 // Gate routing of T rows of x ([T][d_model]).

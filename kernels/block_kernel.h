@@ -28,7 +28,18 @@ struct Activations {
   const float* f32 = nullptr;         // [T][cols], rows 64-byte aligned
   const uint16_t* bf16 = nullptr;     // [T][cols], f32 rounded to bf16 (nearest even)
   const float* group_sums = nullptr;  // [T][cols / 64]: Σ_k of f32 over each 64-input group
+  // The int8 copy integer dot products read (QuantizeGroupQ8 per 64-input
+  // group; set by the executor for int4 weights): q8 [T][cols], q8_scales and
+  // q8_sums [T][cols / 64]. x' = q8 · scale is what those kernels multiply.
+  const int8_t* q8 = nullptr;
+  const float* q8_scales = nullptr;
+  const float* q8_sums = nullptr;
 };
+
+// One 64-input group to int8, symmetric: scale = max|x| / 127 (0 for an
+// all-zero group), q[i] = round(x[i] / scale) (nearest even) in [-127, 127],
+// *sum = scale · Σ q. Pure.
+void QuantizeGroupQ8(const float* x, int8_t* q, float* scale, float* sum);
 
 // REQUIRES: w.layout.padded_cols == x.cols, block < w.layout.num_blocks(),
 // out has T * 64 floats, and the pointers of x that the dtype reads are set.
@@ -56,11 +67,12 @@ void BlockF16Avx512(const common::MatrixView& w, int64_t block, const Activation
 void BlockInt8Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 void BlockInt4Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
-// AVX-512 with AVX512_BF16 (vdpbf16ps) (kernels/block_avx512_bf16.cc). The
-// int4 variant multiplies the bf16 copy x.bf16 (its weights q − zero are
-// exact in bf16): it computes BlockInt4Scalar on bf16-rounded activations.
+// AVX-512 with AVX512_BF16 (vdpbf16ps) and AVX512_VNNI (vpdpbusd)
+// (kernels/block_avx512_bf16.cc). The int4 variant multiplies the int8 copy
+// x.q8 (integer dot products per group): it computes BlockInt4Scalar on the
+// activations x' = q8 · scale. REQUIRES for it: x.q8, q8_scales, q8_sums set.
 void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
-void BlockInt4Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt4Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 }  // namespace kernels
 }  // namespace colibri

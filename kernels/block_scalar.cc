@@ -2,6 +2,8 @@
 // layouts (common/weight_matrix.h). Each output is a single f32 sum over k in
 // increasing order.
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/block_kernel.h"
@@ -30,6 +32,20 @@ uint16_t Half(const uint8_t* p, size_t i) {
 }
 
 }  // namespace
+
+void QuantizeGroupQ8(const float* x, int8_t* q, float* scale, float* sum) {
+  float amax = 0.f;
+  for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = amax / 127.f;
+  int32_t total = 0;
+  for (int i = 0; i < 64; ++i) {
+    const int32_t v = s > 0.f ? static_cast<int32_t>(std::nearbyint(x[i] / s)) : 0;
+    q[i] = static_cast<int8_t>(std::clamp(v, -127, 127));
+    total += q[i];
+  }
+  *scale = s;
+  *sum = s * static_cast<float>(total);
+}
 
 void BlockF32Scalar(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   const uint8_t* b = w.data + block * w.layout.block_bytes;

@@ -50,7 +50,7 @@ KernelTable MakeTable(Isa isa) {
       set(DType::kBF16, isa == Isa::kAvx512Bf16 ? BlockBf16Avx512Bf16 : BlockBf16Avx512);
       set(DType::kF16, BlockF16Avx512);
       set(DType::kInt8, BlockInt8Avx512);
-      set(DType::kInt4, isa == Isa::kAvx512Bf16 ? BlockInt4Avx512Bf16 : BlockInt4Avx512);
+      set(DType::kInt4, isa == Isa::kAvx512Bf16 ? BlockInt4Avx512Vnni : BlockInt4Avx512);
       break;
   }
   return t;
@@ -91,8 +91,8 @@ Isa DetectIsa() {
     if (!(zmm_state && avx512)) return Isa::kAvx2;
     uint32_t a1 = 0, b1, c1, d1;
     __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
-    const bool avx512_bf16 = a1 & (1u << 5);
-    return avx512_bf16 ? Isa::kAvx512Bf16 : Isa::kAvx512;
+    const bool avx512_bf16 = a1 & (1u << 5), avx512_vnni = c & bit_AVX512VNNI;  // c: leaf 7 subleaf 0
+    return avx512_bf16 && avx512_vnni ? Isa::kAvx512Bf16 : Isa::kAvx512;
   }();
   return detected;
 }

@@ -35,6 +35,7 @@ class Arena {
 struct Plan {
   struct Task {
     size_t x_f32, x_bf16, x_sums, h_f32, h_bf16, h_sums;
+    size_t x_q8, x_q8_scales, x_q8_sums, h_q8, h_q8_scales, h_q8_sums;  // int4 weights only
     bool onednn;
     bool dequant;
   };
@@ -43,42 +44,69 @@ struct Plan {
   size_t tile_stride;
 };
 
-// Activations over `cols` columns of T rows stored at the given offsets.
-Activations Acts(uint8_t* base, size_t f32, size_t bf16, size_t sums, int64_t rows, int64_t cols) {
+// Where one set of activations (the gathered x, or h) lives in the workspace.
+struct ActsAt {
+  size_t f32, bf16, sums, q8, q8_scales, q8_sums;
+};
+
+// Activations over `cols` columns of T rows stored at the given offsets (the
+// int8 copy only when `q8`).
+Activations Acts(uint8_t* base, const ActsAt& at, int64_t rows, int64_t cols, bool q8) {
   Activations a;
   a.num_tokens = rows;
   a.cols = cols;
-  a.f32 = reinterpret_cast<const float*>(base + f32);
-  a.bf16 = reinterpret_cast<const uint16_t*>(base + bf16);
-  a.group_sums = reinterpret_cast<const float*>(base + sums);
+  a.f32 = reinterpret_cast<const float*>(base + at.f32);
+  a.bf16 = reinterpret_cast<const uint16_t*>(base + at.bf16);
+  a.group_sums = reinterpret_cast<const float*>(base + at.sums);
+  if (q8) {
+    a.q8 = reinterpret_cast<const int8_t*>(base + at.q8);
+    a.q8_scales = reinterpret_cast<const float*>(base + at.q8_scales);
+    a.q8_sums = reinterpret_cast<const float*>(base + at.q8_sums);
+  }
   return a;
 }
 
-// Fills the bf16 copy and the 64-group sums of `count` f32 values (count % 64 == 0).
-void Derive(const float* f32, int64_t count, uint16_t* bf16, float* sums) {
+// Fills the bf16 copy and the 64-group sums of `count` f32 values (count % 64
+// == 0), and the int8 copy when q8 is non-null.
+void Derive(const float* f32, int64_t count, uint16_t* bf16, float* sums, int8_t* q8, float* q8_scales,
+            float* q8_sums) {
   for (int64_t i = 0; i < count; ++i) bf16[i] = common::FloatToBf16(f32[i]);
   for (int64_t g = 0; g < count / 64; ++g) {
     float s = 0.f;
     for (int64_t i = 0; i < 64; ++i) s += f32[g * 64 + i];
     sums[g] = s;
+    if (q8 != nullptr) QuantizeGroupQ8(f32 + g * 64, q8 + g * 64, q8_scales + g, q8_sums + g);
   }
 }
 
+// One token's h over `count` intermediate entries starting at `first`
+// (count % 64 == 0), as Activations arrays at those entries.
+struct HAt {
+  float* f32;
+  uint16_t* bf16;
+  float* sums;
+  int8_t* q8;  // null: no int8 copy
+  float* q8_scales;
+  float* q8_sums;
+};
+
 // h = act(a, b) over `count` values of one token starting at intermediate
-// entry `first`, plus h's bf16 copy and 64-group sums (count % 64 == 0): the
+// entry `first`, plus h's bf16 copy, 64-group sums and (h.q8) int8 copy: the
 // ISA's SwiGLU for plain experts, else the general activation with biases.
 void Activate(SwiGluFn fn, const common::ExpertWeights& e, const float* a, const float* b, int64_t first,
-              int64_t count, float* h, uint16_t* h_bf16, float* h_sums) {
-  if (e.b1 == nullptr && e.activation.plain()) {
-    for (int64_t i = 0; i < count; i += 64) fn(a + i, b + i, h + i, h_bf16 + i, h_sums + i / 64);
-    return;
-  }
+              int64_t count, const HAt& h) {
+  const bool plain = e.b1 == nullptr && e.activation.plain();
   const int64_t d_ff = e.w1.layout.rows;
   for (int64_t i = 0; i < count; i += 64) {
-    const int64_t f = first + i;
-    GatedActivationScalar(e.activation, a + i, b + i, e.b1 != nullptr ? e.b1 + f : nullptr,
-                          e.b3 != nullptr ? e.b3 + f : nullptr, std::clamp<int64_t>(d_ff - f, 0, 64), h + i,
-                          h_bf16 + i, h_sums + i / 64);
+    if (plain) {
+      fn(a + i, b + i, h.f32 + i, h.bf16 + i, h.sums + i / 64);
+    } else {
+      const int64_t f = first + i;
+      GatedActivationScalar(e.activation, a + i, b + i, e.b1 != nullptr ? e.b1 + f : nullptr,
+                            e.b3 != nullptr ? e.b3 + f : nullptr, std::clamp<int64_t>(d_ff - f, 0, 64), h.f32 + i,
+                            h.bf16 + i, h.sums + i / 64);
+    }
+    if (h.q8 != nullptr) QuantizeGroupQ8(h.f32 + i, h.q8 + i, h.q8_scales + i / 64, h.q8_sums + i / 64);
   }
 }
 
@@ -144,6 +172,8 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
                                   : type == common::DType::kInt4 ? options.int4_tile_min_tokens
                                                                  : 0;
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
+  // int4 block kernels may read the int8 copy of the activations (kernels/block_kernel.h).
+  const bool q8 = type == common::DType::kInt4;
   // A dequantized 64-row block in the bf16 stored layout, as a one-block matrix.
   const common::MatrixLayout tile_layout1 = common::ComputeMatrixLayout(common::DType::kBF16, kBlockRows, k1);
   const common::MatrixLayout tile_layout2 = common::ComputeMatrixLayout(common::DType::kBF16, kBlockRows, k2);
@@ -153,13 +183,21 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   int64_t max_rows = 0;
   bool any_onednn = false;
   for (const ExpertTask& t : tasks) {
-    Plan::Task p;
+    Plan::Task p{};
     p.x_f32 = arena.Add<float>(t.num_rows * k1);
     p.x_bf16 = arena.Add<uint16_t>(t.num_rows * k1);
     p.x_sums = arena.Add<float>(t.num_rows * k1 / 64);
     p.h_f32 = arena.Add<float>(t.num_rows * k2);
     p.h_bf16 = arena.Add<uint16_t>(t.num_rows * k2);
     p.h_sums = arena.Add<float>(t.num_rows * k2 / 64);
+    if (q8) {
+      p.x_q8 = arena.Add<int8_t>(t.num_rows * k1);
+      p.x_q8_scales = arena.Add<float>(t.num_rows * k1 / 64);
+      p.x_q8_sums = arena.Add<float>(t.num_rows * k1 / 64);
+      p.h_q8 = arena.Add<int8_t>(t.num_rows * k2);
+      p.h_q8_scales = arena.Add<float>(t.num_rows * k2 / 64);
+      p.h_q8_sums = arena.Add<float>(t.num_rows * k2 / 64);
+    }
     p.onednn = onednn_type && options.onednn_min_tokens > 0 && t.num_rows >= options.onednn_min_tokens;
     p.dequant = tile_min_tokens > 0 && t.num_rows >= tile_min_tokens;
     plan.tasks.push_back(p);
@@ -220,8 +258,9 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         }
         std::fill(xf + r * k1 + d_model, xf + (r + 1) * k1, 0.f);
       }
-      Derive(xf, t.num_rows * k1, reinterpret_cast<uint16_t*>(base + p.x_bf16),
-             reinterpret_cast<float*>(base + p.x_sums));
+      Derive(xf, t.num_rows * k1, reinterpret_cast<uint16_t*>(base + p.x_bf16), reinterpret_cast<float*>(base + p.x_sums),
+             q8 ? reinterpret_cast<int8_t*>(base + p.x_q8) : nullptr, reinterpret_cast<float*>(base + p.x_q8_scales),
+             reinterpret_cast<float*>(base + p.x_q8_sums));
     }
     pool.Barrier();
 
@@ -233,10 +272,17 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       item += b1 - b0;
       const ExpertTask& t = tasks[e];
       const Plan::Task& p = plan.tasks[e];
-      const Activations xa = Acts(base, p.x_f32, p.x_bf16, p.x_sums, t.num_rows, k1);
-      float* h = reinterpret_cast<float*>(base + p.h_f32);
-      uint16_t* h_bf16 = reinterpret_cast<uint16_t*>(base + p.h_bf16);
-      float* h_sums = reinterpret_cast<float*>(base + p.h_sums);
+      const Activations xa = Acts(base, {p.x_f32, p.x_bf16, p.x_sums, p.x_q8, p.x_q8_scales, p.x_q8_sums},
+                                  t.num_rows, k1, q8);
+      // Token r's h from intermediate entry f on.
+      auto h_at = [&](int64_t r, int64_t f) {
+        return HAt{reinterpret_cast<float*>(base + p.h_f32) + r * k2 + f,
+                   reinterpret_cast<uint16_t*>(base + p.h_bf16) + r * k2 + f,
+                   reinterpret_cast<float*>(base + p.h_sums) + r * (k2 / 64) + f / 64,
+                   q8 ? reinterpret_cast<int8_t*>(base + p.h_q8) + r * k2 + f : nullptr,
+                   reinterpret_cast<float*>(base + p.h_q8_scales) + r * (k2 / 64) + f / 64,
+                   reinterpret_cast<float*>(base + p.h_q8_sums) + r * (k2 / 64) + f / 64};
+      };
       if (p.onednn) {
         const int64_t n = (b1 - b0) * kBlockRows;
         const void* src = type == common::DType::kBF16 ? static_cast<const void*>(xa.bf16) : xa.f32;
@@ -244,7 +290,7 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w3.data + b0 * l1.block_bytes, tile3, n);
         for (int64_t r = 0; r < t.num_rows; ++r) {
           Activate(kernels.swiglu, *t.expert, tile1 + r * n, tile3 + r * n, b0 * kBlockRows, n,
-                   h + r * k2 + b0 * kBlockRows, h_bf16 + r * k2 + b0 * kBlockRows, h_sums + r * (k2 / 64) + b0);
+                   h_at(r, b0 * kBlockRows));
         }
         continue;
       }
@@ -253,8 +299,7 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         run_block(p.dequant, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
         for (int64_t r = 0; r < t.num_rows; ++r) {
           Activate(kernels.swiglu, *t.expert, tile1 + r * kBlockRows, tile3 + r * kBlockRows, b * kBlockRows,
-                   kBlockRows, h + r * k2 + b * kBlockRows, h_bf16 + r * k2 + b * kBlockRows,
-                   h_sums + r * (k2 / 64) + b);
+                   kBlockRows, h_at(r, b * kBlockRows));
         }
       }
     }
@@ -280,7 +325,8 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     for (size_t e = 0; e < tasks.size(); ++e) {
       const ExpertTask& t = tasks[e];
       const Plan::Task& p = plan.tasks[e];
-      const Activations ha = Acts(base, p.h_f32, p.h_bf16, p.h_sums, t.num_rows, k2);
+      const Activations ha = Acts(base, {p.h_f32, p.h_bf16, p.h_sums, p.h_q8, p.h_q8_scales, p.h_q8_sums},
+                                  t.num_rows, k2, q8);
       if (p.onednn) {
         const int64_t n = (c1 - c0) * kBlockRows;
         const void* src = type == common::DType::kBF16 ? static_cast<const void*>(ha.bf16) : ha.f32;

@@ -107,15 +107,15 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
   };
   COLIBRI_ASSIGN_OR_RETURN(const int64_t layers, positive("num_hidden_layers", 0, 1));
   auto layer_list = [&](const char* key) -> absl::StatusOr<std::set<int64_t>> {
-    std::set<int64_t> layers;
-    if (!config.contains(key) || config[key].is_null()) return layers;
+    std::set<int64_t> listed;
+    if (!config.contains(key) || config[key].is_null()) return listed;
     const auto bad = absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " must be a list of layers"));
     if (!config[key].is_array()) return bad;
     for (const Json& l : config[key]) {
       if (!l.is_number_integer()) return bad;
-      layers.insert(l.get<int64_t>());
+      listed.insert(l.get<int64_t>());
     }
-    return layers;
+    return listed;
   };
   COLIBRI_ASSIGN_OR_RETURN(const std::set<int64_t> dense, layer_list("mlp_only_layers"));
   std::vector<int64_t> expected;

@@ -50,8 +50,19 @@ struct Inputs {
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
   std::vector<float> sums;
+  std::vector<int8_t> q8;
+  std::vector<float> q8_scales, q8_sums;
   Activations acts;
 };
+
+void Point(Inputs* in) {
+  in->acts.f32 = in->f32.data();
+  in->acts.bf16 = in->bf16.data();
+  in->acts.group_sums = in->sums.data();
+  in->acts.q8 = in->q8.data();
+  in->acts.q8_scales = in->q8_scales.data();
+  in->acts.q8_sums = in->q8_sums.data();
+}
 
 Inputs MakeInputs(int64_t tokens, int64_t cols, int64_t padded_cols, std::mt19937& rng) {
   std::normal_distribution<float> normal;
@@ -61,29 +72,37 @@ Inputs MakeInputs(int64_t tokens, int64_t cols, int64_t padded_cols, std::mt1993
     for (int64_t k = 0; k < cols; ++k) in.f32[t * padded_cols + k] = normal(rng);
   }
   for (float v : in.f32) in.bf16.push_back(common::FloatToBf16(v));
-  for (int64_t g = 0; g < tokens * padded_cols / 64; ++g) {
+  const int64_t groups = tokens * padded_cols / 64;
+  in.q8.resize(tokens * padded_cols);
+  in.q8_scales.resize(groups);
+  in.q8_sums.resize(groups);
+  for (int64_t g = 0; g < groups; ++g) {
     float s = 0;
     for (int i = 0; i < 64; ++i) s += in.f32[g * 64 + i];
     in.sums.push_back(s);
+    QuantizeGroupQ8(&in.f32[g * 64], &in.q8[g * 64], &in.q8_scales[g], &in.q8_sums[g]);
   }
-  in.acts = {tokens, padded_cols, in.f32.data(), in.bf16.data(), in.sums.data()};
+  in.acts.num_tokens = tokens;
+  in.acts.cols = padded_cols;
+  Point(&in);
   return in;
 }
 
-// `in` with f32 = the bf16 copy (and its group sums).
-Inputs RoundedToBf16(const Inputs& in) {
+// `in` with f32 = the int8 copy's values q8 · scale (and their group sums).
+Inputs DequantizedQ8(const Inputs& in) {
   Inputs out = in;
-  for (size_t i = 0; i < out.f32.size(); ++i) out.f32[i] = common::Bf16ToFloat(in.bf16[i]);
+  for (size_t i = 0; i < out.f32.size(); ++i) out.f32[i] = in.q8[i] * in.q8_scales[i / 64];
   for (size_t g = 0; g < out.sums.size(); ++g) {
     float s = 0;
     for (int i = 0; i < 64; ++i) s += out.f32[g * 64 + i];
     out.sums[g] = s;
   }
-  out.acts = {in.acts.num_tokens, in.acts.cols, out.f32.data(), out.bf16.data(), out.sums.data()};
+  Point(&out);
   return out;
 }
 
-// Σ_k |w_k x_k| for output j of block b, token t (the scale of rounding errors).
+// Σ_k |w_k x_k| for output j of block b, token t (the scale of rounding
+// errors), on the bf16 copy of x when `bf16`.
 double Magnitude(const common::MatrixView& w, int64_t row, const Inputs& in, int64_t t, bool bf16) {
   if (row >= w.layout.rows) return 0.0;
   std::vector<float> decoded(w.layout.cols);
@@ -111,12 +130,12 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
         for (int64_t tokens : {1, 2, 3, 7, 8, 64, 129}) {
           if (cols == 1000 && tokens > 8) continue;  // keep the scalar oracle quick
           const Inputs in = MakeInputs(tokens, cols, m.view.layout.padded_cols, rng);
-          // The avx512_bf16 int4 kernel multiplies x.bf16: its oracle is the
-          // scalar reference on the bf16-rounded activations.
-          const bool bf16_acts =
-              type == DType::kBF16 || (type == DType::kInt4 && static_cast<Isa>(isa_code) == Isa::kAvx512Bf16);
-          const Inputs rounded = RoundedToBf16(in);
-          const Activations& oracle_acts = type == DType::kInt4 && bf16_acts ? rounded.acts : in.acts;
+          // The avx512_bf16 (VNNI) int4 kernel multiplies x.q8: its oracle is
+          // the scalar reference on those activations.
+          const bool q8_acts = type == DType::kInt4 && static_cast<Isa>(isa_code) == Isa::kAvx512Bf16;
+          const Inputs dequantized = DequantizedQ8(in);
+          const Inputs& oracle_in = q8_acts ? dequantized : in;
+          const Activations& oracle_acts = oracle_in.acts;
           std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64);
           bool nonzero = false;
           for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
@@ -127,7 +146,8 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
             for (int64_t t = 0; t < tokens; ++t) {
               for (int64_t j = 0; j < 64; ++j) {
                 const int64_t row = b * 64 + j;
-                const double bound = kRelTolerance * Magnitude(m.view, row, in, t, bf16_acts) + 1e-30;
+                const double bound =
+                    kRelTolerance * Magnitude(m.view, row, oracle_in, t, type == DType::kBF16) + 1e-30;
                 const float e = expected[t * 64 + j], a = actual[t * 64 + j];
                 if (std::fabs(double(a) - e) > bound) {
                   FAIL(IsaName(static_cast<Isa>(isa_code))
@@ -147,6 +167,28 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
   }
   if (DetectIsa() == Isa::kScalar) WARN("this CPU has no AVX2: only the scalar kernels exist here");
   CHECK(variants_tested == 5 * static_cast<int>(DetectIsa()));
+}
+
+TEST_CASE("a 64-input group quantizes to int8 by its largest magnitude") {
+  float x[64];
+  for (int i = 0; i < 64; ++i) x[i] = 0.01f * (i - 20);  // max |x| = 0.43 at i = 63
+  int8_t q[64];
+  float scale = -1, sum = -1;
+  QuantizeGroupQ8(x, q, &scale, &sum);
+  CHECK(scale == x[63] / 127.f);
+  CHECK(q[63] == 127);
+  CHECK(q[20] == 0);
+  int total = 0;
+  for (int i = 0; i < 64; ++i) {
+    CHECK(std::fabs(q[i] * scale - x[i]) <= scale / 2 * 1.0001f);  // round to nearest
+    total += q[i];
+  }
+  CHECK(sum == scale * static_cast<float>(total));
+  float zeros[64] = {};
+  QuantizeGroupQ8(zeros, q, &scale, &sum);
+  CHECK(scale == 0.f);
+  CHECK(sum == 0.f);
+  for (int8_t v : q) CHECK(v == 0);
 }
 
 TEST_CASE("every SwiGLU variant matches the scalar one") {
