@@ -53,7 +53,10 @@ void SelectTopK(const double* rank, const double* logits, int64_t n_experts, int
                 int32_t* ids, float* weights);
 
 // logits[e] = sum_i gate[e][i] * x[i], accumulated in double in a fixed
-// order (eight interleaved partial sums, then the tail).
+// order (eight interleaved partial sums, then the tail). Compiled per ISA:
+// where the CPU has FMA the products may be fused into the sums, so the last
+// bits of a logit can differ between CPUs (never between runs or processes
+// on one machine, so distributed and local answers stay equal).
 void GateLogits(const float* gate, int64_t n_experts, int64_t d_model, const float* x, double* logits);
 
 // Gate routing of T rows of x ([T][d_model]).

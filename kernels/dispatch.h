@@ -18,6 +18,8 @@ namespace colibri {
 namespace kernels {
 
 // Ordered: a higher ISA implies every lower one.
+// kAvx512Bf16: AVX-512 F/BW/VL/DQ plus AVX512_BF16 and AVX512_VNNI (every CPU
+// with the first has the second: Cooper Lake, Sapphire Rapids, Zen 4 and later).
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 std::string IsaName(Isa isa);                           // "scalar", "avx2", ...
