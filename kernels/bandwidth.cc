@@ -55,32 +55,41 @@ uint64_t ReadScalar(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-BandwidthResult MeasureReadBandwidth(ThreadPool& pool, size_t bytes, int passes) {
+std::unique_ptr<ReadProbe> ReadProbe::Create(ThreadPool& pool, size_t bytes) {
   constexpr size_t kHuge = size_t{2} << 20;
   bytes = (bytes + kHuge - 1) / kHuge * kHuge;
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED || passes < 1) return {};
+  if (mem == MAP_FAILED) return nullptr;
   madvise(mem, bytes, MADV_HUGEPAGE);
   auto* buffer = static_cast<uint8_t*>(mem);
-  const int workers = pool.size();
-  const size_t share = bytes / workers / 256 * 256;
+  const size_t share = bytes / pool.size() / 256 * 256;
   pool.Run([&](int w) { std::memset(buffer + w * share, w + 1, share); });  // first touch by its reader
-  const Isa isa = DetectIsa();
+  return std::unique_ptr<ReadProbe>(new ReadProbe(pool, buffer, bytes, share));
+}
+
+ReadProbe::~ReadProbe() { munmap(buffer_, bytes_); }
+
+double ReadProbe::Pass() {
+  static const Isa isa = DetectIsa();
   std::atomic<uint64_t> sink{0};
+  const auto start = std::chrono::steady_clock::now();
+  pool_.Run([&](int w) {
+    const uint8_t* p = buffer_ + w * share_;
+    const uint64_t v = isa >= Isa::kAvx512 ? ReadAvx512(p, share_)
+                       : isa == Isa::kAvx2 ? ReadAvx2(p, share_)
+                                           : ReadScalar(p, share_);
+    sink.fetch_xor(v, std::memory_order_relaxed);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return static_cast<double>(share_) * pool_.size() / seconds / 1e9;
+}
+
+BandwidthResult MeasureReadBandwidth(ThreadPool& pool, size_t bytes, int passes) {
+  const std::unique_ptr<ReadProbe> probe = passes >= 1 ? ReadProbe::Create(pool, bytes) : nullptr;
+  if (probe == nullptr) return {};
+  probe->Pass();  // warm-up
   std::vector<double> gbps;
-  for (int pass = -1; pass < passes; ++pass) {
-    const auto start = std::chrono::steady_clock::now();
-    pool.Run([&](int w) {
-      const uint8_t* p = buffer + w * share;
-      const uint64_t v = isa >= Isa::kAvx512 ? ReadAvx512(p, share)
-                         : isa == Isa::kAvx2 ? ReadAvx2(p, share)
-                                             : ReadScalar(p, share);
-      sink.fetch_xor(v, std::memory_order_relaxed);
-    });
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (pass >= 0) gbps.push_back(static_cast<double>(share) * workers / seconds / 1e9);
-  }
-  munmap(mem, bytes);
+  for (int pass = 0; pass < passes; ++pass) gbps.push_back(probe->Pass());
   std::sort(gbps.begin(), gbps.end());
   BandwidthResult r;
   r.best_gbps = gbps.back();

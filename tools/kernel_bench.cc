@@ -31,18 +31,36 @@ double FfnFlops(const common::ExpertWeights& e) { return 2.0 * 3.0 * e.w1.layout
 
 struct Timing {
   double median_ms = 0, p99_ms = 0, max_ms = 0;
+  // With a probe: the time to read `bytes` at the bandwidth of the probe
+  // pass just before each call (median), and the median of call / that.
+  double floor_ms = 0, x_floor = 0;
 };
 
-Timing Time(const std::function<void()>& fn, int warmup, int repeat) {
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times `repeat` calls of fn after `warmup`. With `probe`, a bandwidth pass
+// precedes every timed call (it also leaves the caches cold, as the other
+// layers of a real step would).
+Timing Time(const std::function<void()>& fn, int warmup, int repeat, kernels::ReadProbe* probe = nullptr,
+            size_t bytes = 0) {
   for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> ms;
+  std::vector<double> ms, floors, ratios;
   for (int i = 0; i < repeat; ++i) {
+    if (probe != nullptr) floors.push_back(bytes / (probe->Pass() * 1e9) * 1e3);
     const auto start = std::chrono::steady_clock::now();
     fn();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    if (probe != nullptr) ratios.push_back(ms.back() / floors.back());
+  }
+  Timing t;
+  if (probe != nullptr) {
+    t.floor_ms = Median(floors);
+    t.x_floor = Median(ratios);
   }
   std::sort(ms.begin(), ms.end());
-  Timing t;
   t.median_ms = ms[ms.size() / 2];
   t.p99_ms = ms[std::min(ms.size() - 1, static_cast<size_t>(std::ceil(0.99 * ms.size())) - 1)];
   t.max_ms = ms.back();
@@ -72,6 +90,8 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   }
   const kernels::BandwidthResult before = kernels::MeasureReadBandwidth(*pool);
   if (before.best_gbps <= 0) return absl::ResourceExhaustedError("cannot map 1 GiB for the bandwidth probe");
+  const std::unique_ptr<kernels::ReadProbe> probe = kernels::ReadProbe::Create(*pool, size_t{512} << 20);
+  if (probe == nullptr) return absl::ResourceExhaustedError("cannot map 512 MiB for the interleaved bandwidth probe");
   out << absl::StrFormat("# model %s layer %d: %s, %d experts, top-%d, d_model %d, d_ff %d%s, %s weights%s\n",
                          o.model_dir, o.layer, m.architecture, m.n_experts, m.top_k, m.d_model, m.d_ff,
                          m.n_shared_experts > 0
@@ -86,26 +106,30 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {
-    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s %9s %9s\n", "impl", "dtype", "case", "T",
-                           "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s", "MB_read", "floor_ms");
+    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s %9s %9s %8s\n", "impl", "dtype", "case",
+                           "T", "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s", "MB_read", "floor_ms",
+                           "x_floor");
   }
-  // floor_ms: the time to read the touched experts' bytes once at the best
-  // bandwidth measured before (the memory-bound limit of a decode step).
+  // floor_ms / x_floor (layer case): the time to read the touched experts'
+  // bytes at the bandwidth of a probe pass run just before each call — the
+  // memory-bound limit of a decode step at that moment — and the median of
+  // call time / that floor.
   auto report = [&](const char* label, int64_t tokens, const Timing& t, size_t bytes, double flops) {
     const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;
     const double gflops = flops / (t.median_ms * 1e-3) / 1e9;
-    const double floor_ms = bytes / (before.best_gbps * 1e9) * 1e3;
     if (o.json) {
       out << absl::StrFormat(
           "{\"impl\":\"colibri-%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"T\":%d,\"median_ms\":%.4f,\"p99_ms\":%.4f,"
           "\"max_ms\":%.4f,\"gbps\":%.2f,\"frac_bw\":%.3f,\"gflops\":%.1f,\"bw_gbps\":%.2f,\"mb_read\":%.1f,"
-          "\"floor_ms\":%.4f}\n",
+          "\"floor_ms\":%.4f,\"x_floor\":%.3f}\n",
           kernels::IsaName(table.isa), common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms, t.max_ms,
-          gbps, gbps / before.best_gbps, gflops, before.best_gbps, bytes / 1e6, floor_ms);
+          gbps, gbps / before.best_gbps, gflops, before.best_gbps, bytes / 1e6, t.floor_ms, t.x_floor);
     } else {
-      out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.2f %9.1f %9.1f %9.3f\n", "colibri",
+      out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.2f %9.1f %9.1f %9s %8s\n", "colibri",
                              common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms,
-                             t.p99_ms / t.median_ms, gbps, gbps / before.best_gbps, gflops, bytes / 1e6, floor_ms);
+                             t.p99_ms / t.median_ms, gbps, gbps / before.best_gbps, gflops, bytes / 1e6,
+                             t.floor_ms > 0 ? absl::StrFormat("%.3f", t.floor_ms) : "-",
+                             t.x_floor > 0 ? absl::StrFormat("%.2f", t.x_floor) : "-");
     }
     out.flush();
   };
@@ -142,7 +166,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
     }
     const Timing t =
         Time([&] { kernels::RunExperts(*pool, grouped.tasks, x.data(), m.d_model, dst.data(), workspace, exec); },
-             o.warmup, o.repeat);
+             o.warmup, o.repeat, probe.get(), bytes);
     report("layer", tokens, t, bytes, flops);
   }
   const kernels::BandwidthResult after = kernels::MeasureReadBandwidth(*pool);
