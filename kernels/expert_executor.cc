@@ -125,6 +125,11 @@ std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int parts, 
 
 }  // namespace
 
+int64_t Int4TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels) {
+  if (options.int4_tile_min_tokens >= 0) return options.int4_tile_min_tokens;
+  return kernels.isa == Isa::kAvx512Bf16 ? 32 : 4;
+}
+
 GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
                             bool to_slots) {
   GroupedRoutes g;
@@ -169,7 +174,7 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   const BlockKernelFn block_kernel = kernels.For(type);
   const bool onednn_type = type == common::DType::kBF16 || type == common::DType::kF32;
   const int64_t tile_min_tokens = type == common::DType::kInt8   ? options.int8_tile_min_tokens
-                                  : type == common::DType::kInt4 ? options.int4_tile_min_tokens
+                                  : type == common::DType::kInt4 ? Int4TileMinTokens(options, kernels)
                                                                  : 0;
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
   // int4 block kernels may read the int8 copy of the activations (kernels/block_kernel.h).

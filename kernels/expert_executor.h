@@ -78,11 +78,16 @@ struct ExecutorOptions {
   // block once per call into a per-worker bf16 tile (64 x K x 2 bytes, in
   // cache; never the whole matrix) and run the bf16 block kernel on it, so
   // the conversion is amortized over the rows; 0 = never. The defaults are
-  // the measured break-even points (docs/KERNELS.md).
+  // the measured break-even points (docs/KERNELS.md); -1 for int4 picks the
+  // one of the selected kernel: 32 rows for the VNNI kernel (avx512_bf16
+  // level), which converts nothing, else 4.
   int64_t int8_tile_min_tokens = 12;
-  int64_t int4_tile_min_tokens = 4;
+  int64_t int4_tile_min_tokens = -1;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
 };
+
+// The int4 bf16-tile threshold `options` gives with `kernels` (resolving -1).
+int64_t Int4TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels);
 
 // A layer's routes grouped by expert: the tasks RunExperts takes. `tasks`
 // point into `rows` and `weights` (moving the struct keeps them valid; do not

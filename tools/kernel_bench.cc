@@ -102,7 +102,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
       "# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows (int8) "
       "/ %d rows (int4); 0 = never\n",
       pool->size(), kernels::IsaName(table.isa), exec.onednn_min_tokens, exec.int8_tile_min_tokens,
-      exec.int4_tile_min_tokens);
+      kernels::Int4TileMinTokens(exec, table));
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {

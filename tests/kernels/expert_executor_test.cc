@@ -40,7 +40,9 @@ double Tolerance(common::DType type, int64_t rows, const ExecutorOptions& option
       return options.int8_tile_min_tokens > 0 && rows >= options.int8_tile_min_tokens ? kBf16 : kExact;
     case DType::kInt4:  // (an expert may get fewer rows than the call: the int8 kernel may be in play)
       if (SelectedKernels().isa == Isa::kAvx512Bf16) return kInt8Activations;
-      return options.int4_tile_min_tokens > 0 && rows >= options.int4_tile_min_tokens ? kBf16 : kExact;
+      return Int4TileMinTokens(options, SelectedKernels()) > 0 && rows >= Int4TileMinTokens(options, SelectedKernels())
+                 ? kBf16
+                 : kExact;
     default:
       return kExact;
   }
