@@ -14,6 +14,12 @@ namespace {
 
 using Json = nlohmann::json;
 
+// The lowest version that holds `m` (kManifestFormatVersion's comment).
+int FormatVersionOf(const Manifest& m) {
+  if (m.routing.logit_bias || m.routing.weight_at_input || !m.activation.plain() || m.expert_biases) return 3;
+  return m.n_shared_experts > 0 || !m.routing.plain() ? 2 : 1;
+}
+
 }  // namespace
 
 const ManifestFile* Manifest::FindFile(const std::string& path) const {
@@ -36,8 +42,7 @@ std::string ManifestToJson(const Manifest& m) {
   }
   Json j = {
       {"format", "colibri-model"},
-      {"format_version",
-       m.n_shared_experts > 0 || !m.routing.plain() || !m.activation.plain() || m.expert_biases ? 2 : 1},
+      {"format_version", FormatVersionOf(m)},
       {"architecture", m.architecture},
       {"d_model", m.d_model},
       {"d_ff", m.d_ff},
@@ -169,7 +174,7 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
     spec.topk_group = r["topk_group"].get<int64_t>();
     spec.correction_bias = r["correction_bias"].get<bool>();
     spec.scaling = r["scaling"].get<double>();
-    // Keys added within version 2, optional: models written before them have neither.
+    // Version 3's keys, optional (absent: false / output).
     if (r.contains("logit_bias")) {
       if (!r["logit_bias"].is_boolean()) return bad("'routing.logit_bias' must be a boolean");
       spec.logit_bias = r["logit_bias"].get<bool>();
@@ -179,6 +184,9 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
         return bad("'routing.weight_at' must be input or output");
       }
       spec.weight_at_input = r["weight_at"] == "input";
+    }
+    if ((spec.logit_bias || spec.weight_at_input) && version < 3) {
+      return bad("'routing.logit_bias' and 'routing.weight_at' = input need format_version 3");
     }
     if (spec.correction_bias && spec.logit_bias) {
       return bad("'routing': correction_bias and logit_bias cannot both be set (one bias section)");
@@ -192,7 +200,7 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   }
   if (j.contains("experts")) {
     const Json& e = j["experts"];
-    if (version < 2) return bad("'experts' needs format_version 2");
+    if (version < 3) return bad("'experts' needs format_version 3");
     if (!e.is_object() || !e.contains("activation") || !e["activation"].is_object() || !e.contains("biases") ||
         !e["biases"].is_boolean()) {
       return bad("'experts' needs object activation and boolean biases");

@@ -19,11 +19,12 @@ namespace colibri {
 namespace common {
 
 // The newest format this build reads and writes. Version 2 adds shared
-// experts, routing other than softmax top-k, expert biases and activations
-// other than SwiGLU; a model with none of them is written as version 1, which
-// older builds read too (a version-2 model is refused by them rather than
-// misread).
-inline constexpr int kManifestFormatVersion = 2;
+// experts and routing other than softmax top-k (scoring, groups, correction
+// bias, scaling); version 3 the router's logit bias, the weight applied at the
+// expert input, and expert biases / activations other than SwiGLU. A model is
+// written as the lowest version that holds it, so older builds read it when
+// they can and refuse it (never misread it) when they cannot.
+inline constexpr int kManifestFormatVersion = 3;
 
 // Limits of a model directory (they keep a hostile manifest from asking for
 // absurd allocations; the converter refuses checkpoints beyond them).
@@ -56,7 +57,7 @@ struct Activation {
 };
 
 struct Manifest {
-  int format_version = kManifestFormatVersion;  // as read; written: 1 unless version 2 features are used
+  int format_version = kManifestFormatVersion;  // as read; written: the lowest version that holds the model
   std::string architecture;                     // config.json's model_type: mixtral, qwen2_moe, olmoe
   int64_t d_model = 0;
   int64_t d_ff = 0;
@@ -78,8 +79,8 @@ struct Manifest {
   int64_t n_shared_experts = 0;
   int64_t shared_d_ff = 0;
   bool shared_gate = false;
-  // Every expert's activation, and whether every expert file holds biases
-  // b1, b3 [d_ff] and b2 [d_model] (gpt-oss): FFN(x) = W2·h + b2.
+  // Every expert's activation, and whether every routed expert's file holds
+  // biases b1, b3 [d_ff] and b2 [d_model] (gpt-oss): FFN(x) = W2·h + b2.
   Activation activation;
   bool expert_biases = false;
   std::vector<int64_t> hf_layers;  // hf_layers[L] = checkpoint layer index of MoE layer L

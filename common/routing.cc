@@ -147,8 +147,11 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
     std::vector<int64_t> order(spec.n_group);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return group[a] > group[b]; });
+    // 0.0 as Hugging Face does; with an offset (balancing), which can push
+    // kept choices below 0, -inf so that no masked expert is ever chosen.
+    const double masked = choice_offset != nullptr ? -std::numeric_limits<double>::infinity() : 0.0;
     for (int64_t r = spec.topk_group; r < spec.n_group; ++r) {
-      std::fill(choice.begin() + order[r] * size, choice.begin() + (order[r] + 1) * size, 0.0);
+      std::fill(choice.begin() + order[r] * size, choice.begin() + (order[r] + 1) * size, masked);
     }
   }
   std::vector<int32_t> order(n);

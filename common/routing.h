@@ -101,7 +101,9 @@ struct RoutingSpec {
 // times spec.scaling — in double, rounded once. (Softmax over all experts
 // renormalized over the k equals gpt-oss's softmax over the k logits.)
 // `choice_offset` (may be null) is added to c before groups are scored: the
-// LUT builder's balancing penalty, which moves choices and never weights.
+// LUT builder's balancing penalty, which moves choices and never weights;
+// with it, masked groups' choices are −∞ rather than 0, so balancing never
+// leaves the kept groups.
 // REQUIRES: n_experts % n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k
 // <= n_experts, bias non-null when spec.has_bias().
 void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bias, int64_t n_experts, int64_t top_k,

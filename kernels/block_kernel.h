@@ -38,7 +38,8 @@ struct Activations {
 
 // One 64-input group to int8, symmetric: scale = max|x| / 127 (0 for an
 // all-zero group), q[i] = round(x[i] / scale) (nearest even) in [-127, 127],
-// *sum = scale · Σ q. Pure.
+// *sum = scale · Σ q. A group with a non-finite value gets q = 0 and a NaN
+// scale and sum, so results stay non-finite as f32 math would leave them. Pure.
 void QuantizeGroupQ8(const float* x, int8_t* q, float* scale, float* sum);
 
 // REQUIRES: w.layout.padded_cols == x.cols, block < w.layout.num_blocks(),

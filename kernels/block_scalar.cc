@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/block_kernel.h"
 
@@ -35,7 +36,16 @@ uint16_t Half(const uint8_t* p, size_t i) {
 
 void QuantizeGroupQ8(const float* x, int8_t* q, float* scale, float* sum) {
   float amax = 0.f;
-  for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(x[i]));
+  bool finite = true;
+  for (int i = 0; i < 64; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    finite = finite && std::isfinite(x[i]);
+  }
+  if (!finite) {  // NaN scale and sum: the group's products come out NaN, as they would in f32
+    std::fill(q, q + 64, int8_t{0});
+    *scale = *sum = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   const float s = amax / 127.f;
   int32_t total = 0;
   for (int i = 0; i < 64; ++i) {

@@ -50,7 +50,8 @@ struct ExpertTask {
   int64_t num_rows = 0;
   // [num_rows] rows of dst the results go to; null: the same rows as `rows`.
   // With a distinct dst row per (row, expert) — a "slot" — each slot holds
-  // exactly weight · FFN(x[row]), whatever else the call computes: the
+  // exactly weight · FFN(x[row]) (FFN(weight · x[row]) for an expert whose
+  // weight_at_input), whatever else the call computes: the
   // router's partition-independent sums are built from those.
   const int32_t* out_rows = nullptr;
 };

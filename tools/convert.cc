@@ -166,7 +166,7 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
           const double orig = rows[r * src.cols + c];
           if (!std::isfinite(orig)) {
             return absl::InvalidArgumentError(
-                absl::StrCat("tensor '", tensor.name(), "' has a non-finite value at [", first + r, ", ", c, "]"));
+                absl::StrCat("tensor '", tensor.name(), "' has a non-finite value at ", tensor.Where(first + r, c)));
           }
           report->max_weight_error = std::max(report->max_weight_error, std::fabs(orig - decoded[c]));
           report->max_abs_weight = std::max(report->max_abs_weight, std::fabs(orig));

@@ -568,6 +568,16 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
       *out = value.get<double>();
     }
   }
+  // Fused tensors hold every expert of a layer: check each layer's shapes
+  // (and gpt-oss's biases) now, before anything is written.
+  if (Fused(s.naming)) {
+    for (int64_t layer : s.moe_layers) {
+      for (ExpertMatrix matrix : {ExpertMatrix::kW1, ExpertMatrix::kW2}) {
+        COLIBRI_RETURN_IF_ERROR(ckpt->Expert(layer, 0, matrix).status());
+        if (s.expert_biases) COLIBRI_RETURN_IF_ERROR(ckpt->ExpertBias(layer, 0, matrix).status());
+      }
+    }
+  }
   return ckpt;
 }
 
@@ -675,6 +685,11 @@ absl::StatusOr<std::vector<float>> HfCheckpoint::ExpertBias(int64_t layer, int64
     }
   }
   return out;
+}
+
+std::string ExpertSource::Where(int64_t row, int64_t col) const {
+  if (!fused_) return absl::StrCat("[", row, ", ", col, "]");
+  return absl::StrCat("[", expert_, ", ", col, ", ", offset_ + stride_ * row, "]");
 }
 
 void ExpertSource::Rows(int64_t first, int64_t n, float* out) const {

@@ -76,6 +76,9 @@ class ExpertSource {
   int64_t cols() const { return cols_; }
   // Rows [first, first + n) as f32 ([n][cols]), then released from memory.
   void Rows(int64_t first, int64_t n, float* out) const;
+  // The checkpoint tensor's index of element (row, col) of the matrix, as
+  // "[i, j]" or, in a fused tensor, "[expert, i, j]" (for error messages).
+  std::string Where(int64_t row, int64_t col) const;
 
  private:
   friend class HfCheckpoint;

@@ -25,8 +25,8 @@
 // top-k set for that input — the calibration records when given, otherwise
 // each token's embedding.
 //
-// Memory: O(calibrated tokens × n_experts) plus one chunk of embedding rows;
-// the embedding is read once, twice with balancing.
+// Memory: O((calibration records + calibrated tokens) × n_experts) plus one
+// chunk of embedding rows; the embedding is read once, twice with balancing.
 // Pure computation; thread-compatible.
 
 #include <cstdint>
