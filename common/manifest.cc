@@ -76,7 +76,9 @@ std::string ManifestToJson(const Manifest& m) {
     const Activation& a = m.activation;
     j["experts"] = {
         {"activation",
-         {{"alpha", a.alpha}, {"limit", std::isinf(a.limit) ? Json(nullptr) : Json(a.limit)}, {"up_offset", a.up_offset}}},
+         {{"alpha", a.alpha},
+          {"limit", std::isinf(a.limit) ? Json(nullptr) : Json(a.limit)},
+          {"up_offset", a.up_offset}}},
         {"biases", m.expert_biases},
     };
   }

@@ -34,13 +34,13 @@ namespace common {
 struct ExpertWeights {
   int64_t layer = 0;
   int64_t expert = 0;
-  MatrixView w1;                // gate_proj [d_ff][d_model]
-  MatrixView w3;                // up_proj   [d_ff][d_model]
-  MatrixView w2;                // down_proj [d_model][d_ff]
-  const float* b1 = nullptr;    // [d_ff], or null for no biases (then b3 and b2 are null too)
-  const float* b3 = nullptr;    // [d_ff]
-  const float* b2 = nullptr;    // [d_model]
-  Activation activation;        // SwiGLU by default
+  MatrixView w1;                 // gate_proj [d_ff][d_model]
+  MatrixView w3;                 // up_proj   [d_ff][d_model]
+  MatrixView w2;                 // down_proj [d_model][d_ff]
+  const float* b1 = nullptr;     // [d_ff], or null for no biases (then b3 and b2 are null too)
+  const float* b3 = nullptr;     // [d_ff]
+  const float* b2 = nullptr;     // [d_model]
+  Activation activation;         // SwiGLU by default
   bool weight_at_input = false;  // a routed expert of a model whose routing.weight_at_input
   std::unique_ptr<MappedFile> file;
   std::unique_ptr<AnonymousMemory> copy;

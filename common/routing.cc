@@ -50,8 +50,8 @@ void TopKSoftmax(const double* logits, int64_t n_experts, int64_t top_k, bool no
 
 // Cloned per ISA (the loop vectorizes to 8 doubles an AVX-512 op), chosen at load time.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void GateLogits(const float* gate, int64_t n_experts,
-                                                                               int64_t d_model, const float* x,
-                                                                               double* logits) {
+                                                                             int64_t d_model, const float* x,
+                                                                             double* logits) {
   // Eight interleaved partial sums, added pairwise at the end: a fixed order
   // the compiler can vectorize (one running sum is bound by the add's
   // latency: 1.7 ms for DeepSeek-V3's 256 x 7168 gate here, 0.3 ms this way).
@@ -114,8 +114,9 @@ void LogitsOfScores(const RoutingSpec& spec, const double* scores, const float* 
   constexpr double kTiny = 1e-300, kBelowOne = 1.0 - 1e-16;
   for (int64_t e = 0; e < n_experts; ++e) {
     const double s = std::max(scores[e], kTiny);
-    logits[e] = spec.scoring == RoutingSpec::Scoring::kSigmoid ? std::log(std::min(s, kBelowOne) / (1.0 - std::min(s, kBelowOne)))
-                                                                : std::log(s);
+    logits[e] = spec.scoring == RoutingSpec::Scoring::kSigmoid
+                    ? std::log(std::min(s, kBelowOne) / (1.0 - std::min(s, kBelowOne)))
+                    : std::log(s);
     if (spec.logit_bias) logits[e] -= static_cast<double>(bias[e]);
   }
 }

@@ -93,8 +93,8 @@ struct HAt {
 // h = act(a, b) over `count` values of one token starting at intermediate
 // entry `first`, plus h's bf16 copy, 64-group sums and (h.q8) int8 copy: the
 // ISA's SwiGLU for plain experts, else the general activation with biases.
-void Activate(SwiGluFn fn, const common::ExpertWeights& e, const float* a, const float* b, int64_t first,
-              int64_t count, const HAt& h) {
+void Activate(SwiGluFn fn, const common::ExpertWeights& e, const float* a, const float* b, int64_t first, int64_t count,
+              const HAt& h) {
   const bool plain = e.b1 == nullptr && e.activation.plain();
   const int64_t d_ff = e.w1.layout.rows;
   for (int64_t i = 0; i < count; i += 64) {
@@ -263,9 +263,9 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         }
         std::fill(xf + r * k1 + d_model, xf + (r + 1) * k1, 0.f);
       }
-      Derive(xf, t.num_rows * k1, reinterpret_cast<uint16_t*>(base + p.x_bf16), reinterpret_cast<float*>(base + p.x_sums),
-             q8 ? reinterpret_cast<int8_t*>(base + p.x_q8) : nullptr, reinterpret_cast<float*>(base + p.x_q8_scales),
-             reinterpret_cast<float*>(base + p.x_q8_sums));
+      Derive(xf, t.num_rows * k1, reinterpret_cast<uint16_t*>(base + p.x_bf16),
+             reinterpret_cast<float*>(base + p.x_sums), q8 ? reinterpret_cast<int8_t*>(base + p.x_q8) : nullptr,
+             reinterpret_cast<float*>(base + p.x_q8_scales), reinterpret_cast<float*>(base + p.x_q8_sums));
     }
     pool.Barrier();
 
@@ -277,8 +277,8 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       item += b1 - b0;
       const ExpertTask& t = tasks[e];
       const Plan::Task& p = plan.tasks[e];
-      const Activations xa = Acts(base, {p.x_f32, p.x_bf16, p.x_sums, p.x_q8, p.x_q8_scales, p.x_q8_sums},
-                                  t.num_rows, k1, q8);
+      const Activations xa =
+          Acts(base, {p.x_f32, p.x_bf16, p.x_sums, p.x_q8, p.x_q8_scales, p.x_q8_sums}, t.num_rows, k1, q8);
       // Token r's h from intermediate entry f on.
       auto h_at = [&](int64_t r, int64_t f) {
         return HAt{reinterpret_cast<float*>(base + p.h_f32) + r * k2 + f,
@@ -330,8 +330,8 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     for (size_t e = 0; e < tasks.size(); ++e) {
       const ExpertTask& t = tasks[e];
       const Plan::Task& p = plan.tasks[e];
-      const Activations ha = Acts(base, {p.h_f32, p.h_bf16, p.h_sums, p.h_q8, p.h_q8_scales, p.h_q8_sums},
-                                  t.num_rows, k2, q8);
+      const Activations ha =
+          Acts(base, {p.h_f32, p.h_bf16, p.h_sums, p.h_q8, p.h_q8_scales, p.h_q8_sums}, t.num_rows, k2, q8);
       if (p.onednn) {
         const int64_t n = (c1 - c0) * kBlockRows;
         const void* src = type == common::DType::kBF16 ? static_cast<const void*>(ha.bf16) : ha.f32;

@@ -244,14 +244,10 @@ absl::Status PrepareOutputDir(const ConvertOptions& o) {
 
 const char* NamingName(Naming n) {
   switch (n) {
-    case Naming::kMixtral:
-      return "Mixtral";
-    case Naming::kQwenMoe:
-      return "mlp.experts";
-    case Naming::kGptOss:
-      return "gpt-oss fused experts";
-    case Naming::kLlama4:
-      return "Llama 4 fused experts";
+    case Naming::kMixtral: return "Mixtral";
+    case Naming::kQwenMoe: return "mlp.experts";
+    case Naming::kGptOss: return "gpt-oss fused experts";
+    case Naming::kLlama4: return "Llama 4 fused experts";
   }
   return "?";
 }
@@ -288,8 +284,8 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   log << absl::StrFormat(
       "converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
       "d_ff %d, top-%d%s%s, vocab %d -> %s weights\n",
-      o.checkpoint_dir, NamingName(s.naming), s.model_type, s.moe_layers.size(),
-      s.n_experts, s.d_model, s.d_ff, s.top_k, s.norm_topk_prob ? " renormalized" : "",
+      o.checkpoint_dir, NamingName(s.naming), s.model_type, s.moe_layers.size(), s.n_experts, s.d_model, s.d_ff,
+      s.top_k, s.norm_topk_prob ? " renormalized" : "",
       s.n_shared_experts > 0 ? absl::StrFormat(", a shared expert of d_ff %d%s (expert %d)", s.shared_d_ff,
                                                s.shared_gate ? " with a sigmoid gate" : "", s.n_experts)
                              : "",

@@ -66,7 +66,7 @@ constexpr GateNaming kGateNamings[] = {
     {Naming::kLlama4, "model.layers.", ".feed_forward.router.weight"},
     {Naming::kLlama4, "language_model.model.layers.", ".feed_forward.router.weight"},
 };
-constexpr int64_t kFp8Block = 128;  // DeepSeek-V3's weight_block_size
+constexpr int64_t kFp8Block = 128;                          // DeepSeek-V3's weight_block_size
 constexpr double kGptOssAlpha = 1.702, kGptOssLimit = 7.0;  // GptOssExperts' constants
 
 bool Fused(Naming n) { return n == Naming::kGptOss || n == Naming::kLlama4; }
@@ -85,7 +85,7 @@ float ElementAt(const common::SafetensorsTensor& t, int64_t i) {
 
 std::string ModelType(const Json& config) {
   return config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>()
-                                                                          : "";
+                                                                           : "";
 }
 
 // The MoE layers config.json describes, when it does: Qwen2-MoE / Qwen3-MoE,
@@ -417,8 +417,7 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   if (gpt_oss_type != (s.naming == Naming::kGptOss) || llama4_type != (s.naming == Naming::kLlama4)) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: model_type '", s.model_type,
                                                    "' does not match the tensors' naming (gates named like '",
-                                                   kGateNamings[which].prefix, "N", kGateNamings[which].suffix,
-                                                   "')"));
+                                                   kGateNamings[which].prefix, "N", kGateNamings[which].suffix, "')"));
   }
 
   const common::SafetensorsFile* gate_file = ckpt->FileOf(ckpt->GateName(s.moe_layers[0]));
@@ -594,16 +593,14 @@ std::string HfCheckpoint::ExpertName(int64_t layer, int64_t expert, ExpertMatrix
   const int i = static_cast<int>(which);
   const std::string base = absl::StrCat(shape_.layer_prefix, layer);
   switch (shape_.naming) {
-    case Naming::kMixtral:
-      return absl::StrCat(base, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
+    case Naming::kMixtral: return absl::StrCat(base, ".block_sparse_moe.experts.", expert, ".", kMixtral[i], ".weight");
     case Naming::kGptOss:
     case Naming::kLlama4: {
       const char* block = shape_.naming == Naming::kGptOss ? ".mlp." : ".feed_forward.";
       if (expert >= shape_.n_experts) return absl::StrCat(base, block, shape_.shared_prefix, ".", kQwen[i], ".weight");
       return absl::StrCat(base, block, "experts.", which == ExpertMatrix::kW2 ? "down_proj" : "gate_up_proj");
     }
-    case Naming::kQwenMoe:
-      break;
+    case Naming::kQwenMoe: break;
   }
   if (expert >= shape_.n_experts) {
     return absl::StrCat(base, ".mlp.", shape_.shared_prefix, ".", kQwen[i], ".weight");
@@ -648,8 +645,8 @@ absl::StatusOr<ExpertSource> HfCheckpoint::Expert(int64_t layer, int64_t expert,
   const std::vector<int64_t> expected = {s.n_experts, src.cols_, which == ExpertMatrix::kW2 ? s.d_model : 2 * d_ff};
   if ((src.tensor_->dtype != "F32" && src.tensor_->dtype != "BF16" && src.tensor_->dtype != "F16") ||
       src.tensor_->shape != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " is ",
-                                                   src.tensor_->dtype, " [", absl::StrJoin(src.tensor_->shape, ", "),
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", file->path(), " is ", src.tensor_->dtype,
+                                                   " [", absl::StrJoin(src.tensor_->shape, ", "),
                                                    "], expected F32/BF16/F16 [", absl::StrJoin(expected, ", "), "]"));
   }
   src.fused_ = true;

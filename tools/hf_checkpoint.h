@@ -54,7 +54,7 @@ struct HfModelShape {
   bool shared_gate = false;
   int64_t top_k = 0;
   bool norm_topk_prob = true;
-  common::RoutingSpec routing;  // DeepSeek's, gpt-oss's and Llama 4's routing; else softmax top-k
+  common::RoutingSpec routing;    // DeepSeek's, gpt-oss's and Llama 4's routing; else softmax top-k
   common::Activation activation;  // gpt-oss's clamped SwiGLU; else SwiGLU
   bool expert_biases = false;     // gpt-oss: gate_up_proj_bias and down_proj_bias
   int64_t vocab_size = 0;

@@ -106,8 +106,8 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {
-    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s %9s %9s %8s\n", "impl", "dtype", "case",
-                           "T", "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s", "MB_read", "floor_ms",
+    out << absl::StrFormat("%-8s %-6s %-7s %5s %10s %10s %7s %8s %8s %9s %9s %9s %8s\n", "impl", "dtype", "case", "T",
+                           "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s", "MB_read", "floor_ms",
                            "x_floor");
   }
   // floor_ms / x_floor (layer case): the time to read the touched experts'
@@ -151,10 +151,10 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
     }
     // The full layer with the gate's real top-k routes and the shared
     // experts, one task per expert run.
-    const common::Routes routes = common::AppendSharedExperts(
-        common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts, m.d_model, m.top_k,
-                                m.norm_topk_prob, x.data(), tokens),
-        m.n_experts, m.n_shared_experts, routing->shared_gate, m.d_model, x.data());
+    const common::Routes routes =
+        common::AppendSharedExperts(common::RouteByGateSpec(m.routing, routing->gate, routing->bias, m.n_experts,
+                                                            m.d_model, m.top_k, m.norm_topk_prob, x.data(), tokens),
+                                    m.n_experts, m.n_shared_experts, routing->shared_gate, m.d_model, x.data());
     std::vector<const common::ExpertWeights*> all;
     for (const auto& e : experts) all.push_back(e.get());
     const kernels::GroupedRoutes grouped = kernels::GroupByExpert(routes, all);

@@ -176,7 +176,8 @@ std::vector<TensorJob> WeightJobs(const SynthOptions& o) {
       add_projection(block + "down_proj.weight", {o.d_model, width}, ff_scale, g);
       continue;
     }
-    if (gpt_oss || llama4) {  // a router and fused experts: gate_up_proj [E, d_model, 2 d_ff], down_proj [E, d_ff, d_model]
+    if (gpt_oss ||
+        llama4) {  // a router and fused experts: gate_up_proj [E, d_model, 2 d_ff], down_proj [E, d_ff, d_model]
       add(block + "router.weight", {o.n_experts, o.d_model}, in_scale, g);
       add(block + "experts.gate_up_proj", {o.n_experts, o.d_model, 2 * o.d_ff}, in_scale, g);
       add(block + "experts.down_proj", {o.n_experts, o.d_ff, o.d_model}, ff_scale, g);

@@ -174,9 +174,11 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
       "\"experts\": {\"activation\": {\"alpha\": 1.702, \"limit\": 7.0, \"up_offset\": 1.0}, "
       "\"biases\": false},\n  \"top_k\"";
   WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", experts}}));
-  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", experts}, {"\"format_version\": 1", "\"format_version\": 2"}}));
+  WriteText(path,
+            absl::StrReplaceAll(good, {{"\"top_k\"", experts}, {"\"format_version\": 1", "\"format_version\": 2"}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "'experts' needs format_version 3"));
-  WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", experts}, {"\"format_version\": 1", "\"format_version\": 3"}}));
+  WriteText(path,
+            absl::StrReplaceAll(good, {{"\"top_k\"", experts}, {"\"format_version\": 1", "\"format_version\": 3"}}));
   auto with_activation = ModelDir::Open(dir / "model");
   REQUIRE(with_activation.ok());
   CHECK((*with_activation)->manifest().activation.alpha == 1.702);
@@ -189,8 +191,9 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
   auto no_biases = ModelDir::Open(dir / "model");
   REQUIRE(no_biases.ok());  // the manifest is fine; the expert files lack the sections
   CHECK(Contains((*no_biases)->LoadExpert(0, 1, false).status(), "no section 'b1'"));
-  const std::string both = absl::StrReplaceAll(routing, {{"\"n_group\": 3", "\"n_group\": 1"},
-                                                         {"\"correction_bias\": false", "\"correction_bias\": true, \"logit_bias\": true"}});
+  const std::string both =
+      absl::StrReplaceAll(routing, {{"\"n_group\": 3", "\"n_group\": 1"},
+                                    {"\"correction_bias\": false", "\"correction_bias\": true, \"logit_bias\": true"}});
   WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", both}, {"\"format_version\": 1", "\"format_version\": 3"}}));
   CHECK(Contains(ModelDir::Open(dir / "model").status(), "correction_bias and logit_bias cannot both be set"));
 

@@ -146,8 +146,7 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
             for (int64_t t = 0; t < tokens; ++t) {
               for (int64_t j = 0; j < 64; ++j) {
                 const int64_t row = b * 64 + j;
-                const double bound =
-                    kRelTolerance * Magnitude(m.view, row, oracle_in, t, type == DType::kBF16) + 1e-30;
+                const double bound = kRelTolerance * Magnitude(m.view, row, oracle_in, t, type == DType::kBF16) + 1e-30;
                 const float e = expected[t * 64 + j], a = actual[t * 64 + j];
                 if (std::fabs(double(a) - e) > bound) {
                   FAIL(IsaName(static_cast<Isa>(isa_code))

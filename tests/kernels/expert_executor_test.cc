@@ -34,17 +34,14 @@ using common::DType;
 double Tolerance(common::DType type, int64_t rows, const ExecutorOptions& options) {
   constexpr double kExact = 2e-5, kBf16 = 1e-2, kInt8Activations = 2e-2;
   switch (type) {
-    case DType::kBF16:
-      return kBf16;
-    case DType::kInt8:
-      return options.int8_tile_min_tokens > 0 && rows >= options.int8_tile_min_tokens ? kBf16 : kExact;
+    case DType::kBF16: return kBf16;
+    case DType::kInt8: return options.int8_tile_min_tokens > 0 && rows >= options.int8_tile_min_tokens ? kBf16 : kExact;
     case DType::kInt4:  // (an expert may get fewer rows than the call: the int8 kernel may be in play)
       if (SelectedKernels().isa == Isa::kAvx512Bf16) return kInt8Activations;
       return Int4TileMinTokens(options, SelectedKernels()) > 0 && rows >= Int4TileMinTokens(options, SelectedKernels())
                  ? kBf16
                  : kExact;
-    default:
-      return kExact;
+    default: return kExact;
   }
 }
 

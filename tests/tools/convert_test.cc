@@ -563,7 +563,8 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
         std::pair{R"({"model_type":"llama4",)" + base + "}", "model_type 'llama4' does not match the tensors' naming"},
         std::pair{R"({"model_type":"deepseek_v3","scoring_func":"softmax",)" + base + "}",
                   "scoring_func = \"softmax\": DeepSeek-V3's routing is sigmoid"},
-        std::pair{R"({"model_type":"gpt_oss",)" + base + "}", "model_type 'gpt_oss' does not match the tensors' naming"},
+        std::pair{R"({"model_type":"gpt_oss",)" + base + "}",
+                  "model_type 'gpt_oss' does not match the tensors' naming"},
         std::pair{R"({"model_type":"gpt_oss","quantization_config":{"quant_method":"mxfp4"},)" + base + "}",
                   "quantization_config (quant_method 'mxfp4') is not supported: Colibri reads f32/bf16/f16 and "
                   "DeepSeek's block FP8 (fp8, e4m3, 128 x 128 blocks); dequantize MXFP4 first"},
