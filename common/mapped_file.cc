@@ -28,7 +28,9 @@ absl::Status OsError(int err, const std::string& what, const std::string& path) 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (the regular-file
+  // check below refuses it); it changes nothing for regular files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return OsError(errno, "cannot open", path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {

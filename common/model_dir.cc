@@ -1,7 +1,9 @@
 #include "common/model_dir.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -78,6 +80,19 @@ absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFil
   return view;
 }
 
+// OK if `path` does not resolve (symlinks followed) outside `dir`; a path
+// that does not resolve at all is left to the open that follows. The error
+// says nothing about the target.
+absl::Status ConfinedTo(const std::string& dir, const std::string& path) {
+  std::error_code ec, dir_ec;
+  const std::filesystem::path real = std::filesystem::canonical(path, ec);
+  const std::filesystem::path root = std::filesystem::canonical(dir, dir_ec);
+  if (ec || dir_ec) return absl::OkStatus();
+  auto [end, unused] = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
+  if (end == root.end()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(path, " resolves outside the model directory (a symlink?)"));
+}
+
 absl::Status CheckIdentity(const WeightFileLayout& layout, const std::string& path, FileKind kind, int64_t layer,
                            int64_t expert) {
   if (layout.kind != kind || layout.layer != layer || layout.expert != expert) {
@@ -93,6 +108,7 @@ absl::Status CheckIdentity(const WeightFileLayout& layout, const std::string& pa
 
 absl::StatusOr<std::unique_ptr<ModelDir>> ModelDir::Open(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kManifestFileName);
+  COLIBRI_RETURN_IF_ERROR(ConfinedTo(dir, path));
   auto file = MappedFile::Open(path);
   if (!file.ok()) {
     return absl::Status(file.status().code(),
@@ -112,6 +128,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFile(const std::s
   if (listed == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not listed in the manifest"));
   }
+  COLIBRI_RETURN_IF_ERROR(ConfinedTo(dir_, path));
   COLIBRI_ASSIGN_OR_RETURN(auto file, MappedFile::Open(path));
   if (file->size() != listed->size) {
     return absl::InvalidArgumentError(absl::StrCat("bad weight file ", path, ": size ", file->size(),

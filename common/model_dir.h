@@ -6,7 +6,10 @@
 // one (layer, expert) file or one layer's routing tables at a time, so an
 // expert node maps exactly the shard it owns.
 //
-// Every load checks the file against the manifest (listed, size) and its own
+// Every file must resolve inside the directory (symlinks to elsewhere are
+// refused without saying what they point at; regular files only: FIFOs and
+// devices are refused before anything waits on them). Every load checks the
+// file against the manifest (listed, size) and its own
 // header (kind, layer, expert, section shapes and dtypes); with
 // verify_checksum it also hashes the mapped bytes. Any fault is refused with
 // the file's path and the reason: NOT_FOUND for a missing file,

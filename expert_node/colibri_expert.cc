@@ -16,7 +16,9 @@ ABSL_FLAG(std::string, experts, "all",
           "Experts this node owns: all | 0-3 | 1,3,5-7 | layer:0-15/expert:0-3 | "
           "clauses joined by ';'.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 picks a free port (printed).");
-ABSL_FLAG(std::string, model_root, "", "Reload may only load directories inside this one (default: --model's parent).");
+ABSL_FLAG(std::string, model_root, "",
+          "Reload may only load model directories inside this one. Empty (the default): Reload may only re-shard "
+          "the loaded model.");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU, of --numa_node if set).");
 ABSL_FLAG(int, numa_node, -1, "Bind compute threads and weight copies to this NUMA node (-1: no binding).");
 ABSL_FLAG(bool, numa_node_auto, false,

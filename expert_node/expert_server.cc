@@ -1,6 +1,5 @@
 #include "expert_node/expert_server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -13,6 +12,7 @@
 #include "expert_node/expert_service.h"
 #include "kernels/dispatch.h"
 #include "runtime/grpc_credentials.h"
+#include "runtime/grpc_services.h"
 
 namespace colibri {
 namespace expert_node {
@@ -34,11 +34,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                            kernels::ThreadPool::Create({options.threads, options.store.numa_node, /*pin=*/true}));
   s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits);
   ExpertService::Options service_options;
-  // Default root: the parent of --model ("model/" and "model" alike).
-  std::filesystem::path model_path = std::filesystem::path(options.model_dir).lexically_normal();
-  if (!model_path.has_filename()) model_path = model_path.parent_path();
-  service_options.model_root = options.model_root.empty() ? model_path.parent_path().string() : options.model_root;
-  if (service_options.model_root.empty()) service_options.model_root = ".";
+  service_options.model_root = options.model_root;  // empty: Reload cannot load another directory
   service_options.check_finite = options.check_finite;
   service_options.max_queued_calls = options.max_queued_calls;
   service_options.threads = s->pool_->size();
@@ -53,8 +49,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   }
   s->service_ = std::make_unique<ExpertService>(s->store_.get(), s->engine_.get(), service_options);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.

@@ -33,7 +33,9 @@ class ExpertService;
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
   std::string model_dir;
-  std::string model_root;  // Reload may only name directories inside it (default: model_dir's parent)
+  // Reload may only name directories inside it; empty (the default): Reload
+  // may only re-shard the loaded model, never load another directory.
+  std::string model_root;
   StoreOptions store;
   int threads = 0;                // compute threads (0: one per allowed CPU of the NUMA node)
   bool check_finite = false;      // refuse NaN/Inf in request rows

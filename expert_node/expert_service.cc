@@ -247,15 +247,24 @@ grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* con
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::string dir = request->model_dir();
   std::error_code ec;
-  if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
-    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::NOT_FOUND, "model_dir is not a directory"));
+  if (!dir.empty() && options_.model_root.empty()) {
+    Finish(reactor, "Reload",
+           grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "loading another model directory is disabled on this node: start it with a model root "
+                        "(ServerOptions::model_root, colibri-expert --model_root)"));
     return reactor;
   }
+  // Confinement first, with one answer for "outside" and "does not exist",
+  // so a caller learns nothing about paths outside the root.
   if (!dir.empty() && !InsideRoot(dir, options_.model_root)) {
     Finish(reactor, "Reload",
            grpc::Status(
                grpc::StatusCode::PERMISSION_DENIED,
                "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)"));
+    return reactor;
+  }
+  if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::NOT_FOUND, "model_dir is not a directory"));
     return reactor;
   }
   if (!dir.empty()) dir = std::filesystem::canonical(dir, ec).string();  // what was checked is what loads

@@ -1,6 +1,5 @@
 #include "router_node/router_server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -10,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "runtime/grpc_credentials.h"
+#include "runtime/grpc_services.h"
 
 namespace colibri {
 namespace router_node {
@@ -54,8 +54,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   options.service.log = log;
   s->service_ = std::make_unique<RouterService>(s->router_, options.service);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_tokens hidden states in f32 plus token ids and client

@@ -1,6 +1,9 @@
 #include "common/model_dir.h"
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_replace.h"
@@ -119,6 +122,30 @@ TEST_CASE("a LUT routing to a nonexistent expert is refused at load") {
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Contains(bad.status(), lut));
   CHECK(Contains(bad.status(), "token 0 routes to expert"));
+}
+
+TEST_CASE("a weight file that is a symlink to outside the model directory is refused without its size") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
+  const std::string expert = dir / "model/layer_000/expert_001.bin";
+  std::filesystem::rename(expert, dir / "elsewhere.bin");
+  std::filesystem::create_symlink(dir / "elsewhere.bin", expert);
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  const auto loaded = (*model)->LoadExpert(0, 1, false);
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(Contains(loaded.status(), "resolves outside the model directory"));
+  CHECK_FALSE(Contains(loaded.status(), "bytes"));
+  CHECK((*model)->LoadExpert(0, 0, false).ok());  // the others still load
+}
+
+TEST_CASE("a FIFO in place of manifest.json is refused at once, not waited on") {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "model");
+  REQUIRE(::mkfifo((dir / "model/manifest.json").c_str(), 0600) == 0);
+  auto model = ModelDir::Open(dir / "model");  // no writer ever opens the FIFO: a blocking open would hang here
+  REQUIRE_FALSE(model.ok());
+  CHECK(Contains(model.status(), "not a regular file"));
 }
 
 TEST_CASE("a manifest with an unknown version, a missing field or an escaping path is refused") {

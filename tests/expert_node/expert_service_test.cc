@@ -34,8 +34,10 @@ struct Node {
   std::unique_ptr<v1::ExpertNode::Stub> stub;
 };
 
-Node Start(const std::string& model_dir, const std::string& experts, int metrics_port = -1) {
+Node Start(const std::string& model_dir, const std::string& experts, int metrics_port = -1,
+           const std::string& model_root = "") {
   ServerOptions options;
+  options.model_root = model_root;
   options.metrics_port = metrics_port;
   options.metrics_host = "127.0.0.1";
   options.model_dir = model_dir;
@@ -154,12 +156,32 @@ TEST_CASE("an expert node reports SERVING over grpc.health.v1 once loaded, and N
   CHECK_FALSE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());  // stopped
 }
 
+TEST_CASE("without a model root, Reload may re-shard the loaded model but never load another directory") {
+  TempDir dir;
+  const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "a", common::DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "b", common::DType::kBF16);
+  Node node = Start(dir / "a", "layer:0/expert:0-1");  // no model root
+  auto reload = [&](const std::string& model_dir, const std::string& experts) {
+    v1::ReloadRequest request;
+    request.set_model_dir(model_dir);
+    request.set_experts(experts);
+    v1::ReloadResponse response;
+    grpc::ClientContext context;
+    return node.stub->Reload(&context, request, &response);
+  };
+  const grpc::Status other = reload(dir / "b", "");  // its sibling: the old implicit root allowed it
+  CHECK(other.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(other.error_message().find("model_root") != std::string::npos);
+  CHECK(reload("", "layer:0/expert:2").ok());
+}
+
 TEST_CASE("a reload under concurrent Compute load fails no call") {
   TempDir dir;
   const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
   colibri::testing::MakeModel(synth, dir / "root/a", common::DType::kBF16);
   colibri::testing::MakeModel(synth, dir / "root/b", common::DType::kInt8);
-  Node node = Start(dir / "root/a", "layer:0/expert:0-1");
+  Node node = Start(dir / "root/a", "layer:0/expert:0-1", -1, dir / "root");
   const std::vector<float> rows(3 * kDModel, 0.25f);
   std::atomic<bool> stop{false};
   std::atomic<int> calls{0}, failures{0};
@@ -315,7 +337,7 @@ TEST_CASE("GetNodeInfo describes the shard and Reload swaps weights within the m
   const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
   colibri::testing::MakeModel(synth, dir / "root/a", common::DType::kBF16);
   colibri::testing::MakeModel(synth, dir / "root/b", common::DType::kInt4);
-  Node node = Start(dir / "root/a", "layer:1/expert:2-3");
+  Node node = Start(dir / "root/a", "layer:1/expert:2-3", -1, dir / "root");
 
   v1::GetNodeInfoResponse info;
   {
@@ -341,6 +363,10 @@ TEST_CASE("GetNodeInfo describes the shard and Reload swaps weights within the m
   v1::ReloadResponse response;
   CHECK(reload(dir / "ckpt", "", &response).error_code() == grpc::StatusCode::PERMISSION_DENIED);  // outside the root
   CHECK(reload("/etc", "", &response).error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  // No existence oracle: a missing path and an existing one outside the root get the same answer.
+  const grpc::Status missing = reload("/no/such/dir", "", &response), outside = reload("/etc", "", &response);
+  CHECK(missing.error_code() == outside.error_code());
+  CHECK(missing.error_message() == outside.error_message());
   CHECK(reload("", "9", &response).error_code() == grpc::StatusCode::INVALID_ARGUMENT);  // no expert 9
   {
     grpc::ClientContext context;
