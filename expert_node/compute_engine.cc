@@ -103,10 +103,14 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
   out.weights_version = set->version();
   out.output.assign((in.per_expert_output ? indices : in.num_rows) * m.d_model, 0.f);
   const auto start = std::chrono::steady_clock::now();
+  bool completed = false;
   {
     common::MutexLock lock(&workspace_mu_);
-    kernels::RunExperts(*pool_, tasks, in.rows.data(), m.d_model, out.output.data(), workspace_);
+    kernels::ExecutorOptions options;
+    options.should_stop = in.should_stop;
+    completed = kernels::RunExperts(*pool_, tasks, in.rows.data(), m.d_model, out.output.data(), workspace_, options);
   }
+  if (!completed) return absl::CancelledError("the call was abandoned during compute (cancelled or past its deadline)");
   out.compute_nanos =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   return out;

@@ -13,6 +13,7 @@
 // until it returns, so a reload never changes weights under a call.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@ struct ComputeInput {
   // experts[0]'s row indices first — each exactly weight · FFN(row), so the
   // router can sum a token's experts in route order whatever the shard map.
   bool per_expert_output = false;
+  // Polled while computing (kernels::ExecutorOptions::should_stop); true
+  // abandons the call: Compute returns CANCELLED. Null: never.
+  std::function<bool()> should_stop;
 };
 
 struct ComputeOutput {
@@ -68,7 +72,8 @@ class ComputeEngine {
   // non-finite weight or — with check_finite — row value),
   // FAILED_PRECONDITION (expert not owned, naming it; model_id mismatch),
   // RESOURCE_EXHAUSTED (more rows or row indices than the limits). Each
-  // message names the field and the value.
+  // message names the field and the value. CANCELLED when in.should_stop
+  // stopped the computation (the pool is free again within one block).
   absl::StatusOr<ComputeOutput> Compute(const ComputeInput& input);
 
  private:

@@ -157,6 +157,11 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
       return;
     }
+    // Checked between blocks while computing: a cancelled call or one past its
+    // deadline frees the pool within one block, not at the end of the call.
+    input->should_stop = [context] {
+      return context->IsCancelled() || context->deadline() < std::chrono::system_clock::now();
+    };
     absl::StatusOr<ComputeOutput> out = engine_->Compute(*input);
     if (!out.ok()) {
       Finish(reactor, "Compute", runtime::ToGrpcStatus(out.status()));

@@ -161,10 +161,18 @@ uint8_t* Workspace::Reserve(size_t bytes) {
 
 namespace {
 
-// RunExperts for tasks whose experts all have one shape and weight type.
-void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+// RunExperts for tasks whose experts all have one shape and weight type;
+// false if options.should_stop stopped it.
+bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
                   Workspace& workspace, const ExecutorOptions& options) {
-  if (tasks.empty()) return;
+  if (tasks.empty()) return true;
+  // Set by the first worker that sees should_stop; every worker then skips the rest.
+  std::atomic<bool> stopped{false};
+  auto stop = [&] {
+    if (stopped.load(std::memory_order_relaxed)) return true;
+    if (options.should_stop && options.should_stop()) stopped.store(true, std::memory_order_relaxed);
+    return stopped.load(std::memory_order_relaxed);
+  };
   const KernelTable& kernels = options.kernels != nullptr ? *options.kernels : SelectedKernels();
   const common::MatrixLayout& l1 = tasks[0].expert->w1.layout;  // [d_ff][d_model]
   const common::MatrixLayout& l2 = tasks[0].expert->w2.layout;  // [d_model][d_ff]
@@ -272,6 +280,7 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     // Phase 1: h = silu(W1·x) ⊙ W3·x for this worker's share of (expert, block) items.
     const auto [begin1, end1] = Share(prefix1, workers, w);
     for (int64_t item = begin1; item < end1;) {
+      if (stop()) break;
       const int64_t e = item / blocks1, b0 = item % blocks1;
       const int64_t b1 = std::min(blocks1, b0 + (end1 - item));  // this expert's run of blocks
       item += b1 - b0;
@@ -299,7 +308,7 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         }
         continue;
       }
-      for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t b = b0; b < b1 && !stop(); ++b) {
         run_block(p.dequant, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
         run_block(p.dequant, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
         for (int64_t r = 0; r < t.num_rows; ++r) {
@@ -312,7 +321,7 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
 
     // Phase 2: this worker's columns of dst, every expert in task order.
     const auto [c0, c1] = Share(prefix2, workers, w);
-    if (c0 == c1) return;
+    if (c0 == c1 || stop()) return;
     // dst[row][first, last) += weight · (y[row][0, last - first) + b2) for
     // the task's rows (weight 1 when it scaled the input instead).
     auto accumulate = [&](const ExpertTask& t, const float* y, int64_t stride, int64_t first, int64_t last) {
@@ -327,7 +336,7 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         }
       }
     };
-    for (size_t e = 0; e < tasks.size(); ++e) {
+    for (size_t e = 0; e < tasks.size() && !stop(); ++e) {
       const ExpertTask& t = tasks[e];
       const Plan::Task& p = plan.tasks[e];
       const Activations ha =
@@ -345,11 +354,12 @@ void RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       }
     }
   });
+  return !stopped.load();
 }
 
 }  // namespace
 
-void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+bool RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
                 Workspace& workspace, const ExecutorOptions& options) {
   // A layer's shared experts may be wider (or narrower) than its routed ones:
   // each shape runs as its own pass, shapes in order of first appearance.
@@ -359,10 +369,7 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
   };
   bool uniform = true;
   for (const ExpertTask& t : tasks) uniform = uniform && same_shape(t, tasks[0]);
-  if (uniform) {
-    RunSameShape(pool, tasks, x, d_model, dst, workspace, options);
-    return;
-  }
+  if (uniform) return RunSameShape(pool, tasks, x, d_model, dst, workspace, options);
   std::vector<bool> done(tasks.size(), false);
   std::vector<ExpertTask> group;
   for (size_t first = 0; first < tasks.size(); ++first) {
@@ -374,8 +381,9 @@ void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const floa
         done[i] = true;
       }
     }
-    RunSameShape(pool, group, x, d_model, dst, workspace, options);
+    if (!RunSameShape(pool, group, x, d_model, dst, workspace, options)) return false;
   }
+  return true;
 }
 
 }  // namespace kernels

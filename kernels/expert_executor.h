@@ -30,7 +30,9 @@
 // few small vectors of per-expert bookkeeping). Not thread-safe per
 // Workspace; the pool serializes jobs.
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -85,6 +87,11 @@ struct ExecutorOptions {
   int64_t int8_tile_min_tokens = 12;
   int64_t int4_tile_min_tokens = -1;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
+  // Polled by every worker before each unit of work (one 64-row block of an
+  // expert, or one 64-column block of dst); once it returns true the call's
+  // remaining work is skipped and RunExperts returns false. It must be
+  // thread-safe and cheap. Null: never stop.
+  std::function<bool()> should_stop;
 };
 
 // The int4 bf16-tile threshold `options` gives with `kernels` (resolving -1).
@@ -113,7 +120,9 @@ GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const commo
 // REQUIRES: every task's expert has the same d_model and weight type; rows <
 // the number of rows of x, out_rows (or rows) < the number of rows of dst
 // (both [rows][d_model], f32).
-void RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+// Returns false if options.should_stop stopped the call (dst is then
+// incomplete and must be discarded), true otherwise.
+bool RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
                 Workspace& workspace, const ExecutorOptions& options = {});
 
 }  // namespace kernels

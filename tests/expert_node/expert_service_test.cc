@@ -35,9 +35,10 @@ struct Node {
 };
 
 Node Start(const std::string& model_dir, const std::string& experts, int metrics_port = -1,
-           const std::string& model_root = "") {
+           const std::string& model_root = "", int inject_delay_ms = 0) {
   ServerOptions options;
   options.model_root = model_root;
+  options.inject_delay_ms = inject_delay_ms;
   options.metrics_port = metrics_port;
   options.metrics_host = "127.0.0.1";
   options.model_dir = model_dir;
@@ -154,6 +155,27 @@ TEST_CASE("an expert node reports SERVING over grpc.health.v1 once loaded, and N
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   CHECK_FALSE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());  // stopped
+}
+
+TEST_CASE("a call past its deadline is abandoned during compute, not computed to the end") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  // Every Compute sleeps 300 ms before computing: a 50 ms deadline has passed
+  // by the time the kernels start, so the first poll between blocks stops it.
+  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/300);
+  const std::vector<float> rows(3 * kDModel, 0.5f);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(50));
+  v1::ComputeResponse response;
+  CHECK(node.stub->Compute(&context, Request(rows), &response).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The node's own record of the call: CANCELLED (1) from the compute, not OK.
+  std::string metrics;
+  for (int i = 0; i < 100 && metrics.find("method=\"Compute\"") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the node finishes after the client gave up
+    metrics = HttpGet(node.server->metrics_port(), "/metrics");
+  }
+  CHECK(metrics.find("colibri_expert_calls_total{code=\"1\",method=\"Compute\"} 1") != std::string::npos);
+  CHECK(metrics.find("colibri_expert_calls_total{code=\"0\",method=\"Compute\"}") == std::string::npos);
 }
 
 TEST_CASE("without a model root, Reload may re-shard the loaded model but never load another directory") {

@@ -260,6 +260,40 @@ TEST_CASE("gpt-oss's and Llama 4's experts (biases, clamped SwiGLU, weight at th
   }
 }
 
+TEST_CASE("should_stop abandons a call between blocks, and a call never stopped is unchanged") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt8);
+  const Layer layer = LoadLayer(dir / "model");
+  std::vector<const common::ExpertWeights*> experts;
+  for (const auto& e : layer.experts) experts.push_back(e.get());
+  const int64_t tokens = 9, d_model = layer.model->manifest().d_model;
+  std::vector<float> x(tokens * d_model);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.3 * static_cast<double>(i));
+  const common::Routes routes = common::RouteByGate(layer.routing->gate, layer.model->manifest().n_experts, d_model,
+                                                    layer.model->manifest().top_k, true, x.data(), tokens);
+  const GroupedRoutes tasks = GroupByExpert(routes, experts);
+  auto pool = ThreadPool::Create({2, -1, false});
+  REQUIRE(pool.ok());
+  Workspace ws;
+  std::vector<float> plain(x.size(), 0.f), polled(x.size(), 0.f), stopped(x.size(), 0.f);
+  REQUIRE(RunExperts(**pool, tasks.tasks, x.data(), d_model, plain.data(), ws));
+  std::atomic<int> polls{0};
+  ExecutorOptions never;
+  never.should_stop = [&] {
+    ++polls;
+    return false;
+  };
+  CHECK(RunExperts(**pool, tasks.tasks, x.data(), d_model, polled.data(), ws, never));
+  CHECK(polled == plain);  // polling changes nothing
+  const int polls_per_call = polls.load();
+  CHECK(polls_per_call > static_cast<int>(tasks.tasks.size()));  // at least once per expert block
+  polls = 0;
+  ExecutorOptions soon;
+  soon.should_stop = [&] { return ++polls > 2; };
+  CHECK_FALSE(RunExperts(**pool, tasks.tasks, x.data(), d_model, stopped.data(), ws, soon));
+  CHECK(polls.load() < polls_per_call);  // the rest of the call was skipped
+}
+
 TEST_CASE("a thread pool runs every worker and its barrier orders phases") {
   auto pool = ThreadPool::Create({3, -1, false});
   REQUIRE(pool.ok());
