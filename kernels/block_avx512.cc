@@ -26,6 +26,7 @@
 #include <cstring>
 
 #include "kernels/block_kernel.h"
+#include "kernels/int4_avx512.h"
 
 namespace colibri {
 namespace kernels {
@@ -277,26 +278,13 @@ void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
       for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_fmadd_ps(s, dot[r][t], acc[r][t]);
     }
   }
-  // Zero points: Σ_g (s_g·z_g)·group_sum[t][g], 16 groups a step (masked tail).
+  // Zero points: Σ_g (s_g·z_g)·group_sum[t][g].
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    __m512 corr[TT];
+    float corr[TT];
+    Int4ZeroPoints<TT>(scales + r * groups, zeros + r * groups, groups, x.group_sums + t0 * groups, corr);
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) corr[t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; g += 16) {
-      const __mmask16 m = groups - g >= 16 ? 0xffff : static_cast<__mmask16>((1u << (groups - g)) - 1);
-      const __m512 s = _mm512_maskz_loadu_ps(m, scales + r * groups + g);
-      const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, zeros + r * groups + g)));
-      const __m512 sz = _mm512_mul_ps(s, z);
-#pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        corr[t] = _mm512_fmadd_ps(sz, _mm512_maskz_loadu_ps(m, x.group_sums + (t0 + t) * groups + g), corr[t]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
-      out[(t0 + t) * kBlockRows + r0 + r] = _mm512_reduce_add_ps(acc[r][t]) - _mm512_reduce_add_ps(corr[t]);
-    }
+    for (int t = 0; t < TT; ++t) out[(t0 + t) * kBlockRows + r0 + r] = _mm512_reduce_add_ps(acc[r][t]) - corr[t];
   }
 }
 

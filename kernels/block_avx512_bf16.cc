@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "kernels/block_kernel.h"
+#include "kernels/int4_avx512.h"
 
 namespace colibri {
 namespace kernels {
@@ -122,28 +123,17 @@ void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
       }
     }
   }
-  // Zero points: Σ_g (s_g·z_g)·q8_sums[t][g], 16 groups a step (masked tail).
+  // Zero points: Σ_g (s_g·z_g)·q8_sums[t][g].
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    __m512 corr[TT];
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) corr[t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; g += 16) {
-      const __mmask16 m = groups - g >= 16 ? 0xffff : static_cast<__mmask16>((1u << (groups - g)) - 1);
-      const __m512 s = _mm512_maskz_loadu_ps(m, scales + r * groups + g);
-      const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, zeros + r * groups + g)));
-      const __m512 sz = _mm512_mul_ps(s, z);
-#pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        corr[t] = _mm512_fmadd_ps(sz, _mm512_maskz_loadu_ps(m, x.q8_sums + (t0 + t) * groups + g), corr[t]);
-      }
-    }
+    float corr[TT];
+    Int4ZeroPoints<TT>(scales + r * groups, zeros + r * groups, groups, x.q8_sums + t0 * groups, corr);
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
       __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
       a = _mm_add_ps(a, _mm_movehl_ps(a, a));
       a = _mm_add_ss(a, _mm_movehdup_ps(a));
-      out[(t0 + t) * kBlockRows + r0 + r] = _mm_cvtss_f32(a) - _mm512_reduce_add_ps(corr[t]);
+      out[(t0 + t) * kBlockRows + r0 + r] = _mm_cvtss_f32(a) - corr[t];
     }
   }
 }
