@@ -92,7 +92,10 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
   COLIBRI_ASSIGN_OR_RETURN(set->model_, common::ModelDir::Open(model_dir));
   const common::Manifest& m = set->model_->manifest();
   COLIBRI_ASSIGN_OR_RETURN(set->owned_, shard.Resolve(m.n_layers, m.total_experts()));
-  const bool copy = options_.hugepages || options_.numa_node >= 0;
+  // Locked weights are the node's own copy (anonymous memory): a weight file
+  // truncated or rewritten in place can then neither kill the node (SIGBUS
+  // on a mapped page past the new end) nor change weights under live calls.
+  const bool copy = options_.hugepages || options_.numa_node >= 0 || options_.lock_memory;
   bool locked = options_.lock_memory;
   std::string copy_description;
   for (const auto& [layer, expert] : set->owned_) {

@@ -34,10 +34,14 @@ namespace expert_node {
 struct StoreOptions {
   ShardSpec shard;               // default: all experts of all layers
   bool verify_checksums = true;  // hash every owned file at load
-  bool lock_memory = true;       // mlock the weights
-  bool require_mlock = false;    // fail (instead of warning and running unlocked) if mlock is refused
-  bool hugepages = false;        // copy weights to MADV_HUGEPAGE anonymous memory
-  int numa_node = -1;            // >= 0: copy weights to memory bound to this node (implies a copy)
+  // Copy the weights into anonymous memory and mlock them: files changed in
+  // place afterwards never reach the node. false: serve from the mapped
+  // files (page cache), which must then not be truncated or rewritten in
+  // place while loaded (write new versions to a new directory and Reload it).
+  bool lock_memory = true;
+  bool require_mlock = false;  // fail (instead of warning and running unlocked) if mlock is refused
+  bool hugepages = false;      // copy weights to MADV_HUGEPAGE anonymous memory
+  int numa_node = -1;          // >= 0: copy weights to memory bound to this node (implies a copy)
 };
 
 class WeightSet {

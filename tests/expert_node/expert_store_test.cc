@@ -1,6 +1,7 @@
 #include "expert_node/expert_store.h"
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -96,6 +97,23 @@ TEST_CASE("locking the weights takes effect where permitted, and says so where n
     CHECK(log.str().find("RLIMIT_MEMLOCK") != std::string::npos);
     CHECK(log.str().find("IPC_LOCK") != std::string::npos);
   }
+}
+
+TEST_CASE("locked weights are the node's own copy: a weight file truncated in place changes nothing") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
+  StoreOptions options;  // lock_memory, the default (a refused mlock still leaves the copy)
+  std::ostringstream log;
+  auto store = ExpertStore::Create(dir / "model", options, &log);
+  REQUIRE(store.ok());
+  const common::ExpertWeights* w = *(*store)->Current()->Find(1, 3);
+  CHECK(w->file == nullptr);
+  std::vector<float> before(w->w2.layout.cols), after(w->w2.layout.cols);  // a row of W2 is d_ff wide
+  common::DecodeRow(w->w2, 47, before.data());
+  // Truncated in place: a mapping would SIGBUS on its next touch of the lost pages.
+  std::filesystem::resize_file(dir / "model/layer_001/expert_003.bin", 0);
+  common::DecodeRow(w->w2, 47, after.data());
+  CHECK(after == before);
 }
 
 TEST_CASE("weights copied to huge-page memory decode exactly like the mapped file") {
