@@ -76,6 +76,8 @@ class ComputeEngine {
   // stopped the computation (the pool is free again within one block).
   absl::StatusOr<ComputeOutput> Compute(const ComputeInput& input);
 
+  const Limits& limits() const { return limits_; }
+
  private:
   ExpertStore* const store_;
   kernels::ThreadPool* const pool_;

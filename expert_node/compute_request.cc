@@ -13,7 +13,7 @@ namespace v1 = colibri::v1;
 
 // rows: [R, d_model] f32 or bf16 -> f32. Sizes are checked against the bytes
 // actually received before anything is allocated.
-absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
+absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, int64_t max_rows, ComputeInput* in) {
   if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
     return absl::InvalidArgumentError(
         absl::StrCat("rows: shape has ", t.shape_size(), " dims",
@@ -33,6 +33,9 @@ absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
     return absl::InvalidArgumentError(absl::StrCat("rows: ", received, " bytes do not hold [", t.shape(0), ", ",
                                                    d_model, "] values of ", element, " bytes"));
   }
+  if (t.shape(0) > max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat("rows: ", t.shape(0), " rows exceed the limit of ", max_rows));
+  }
   const int64_t count = t.shape(0) * d_model;
   in->num_rows = t.shape(0);
   in->rows.resize(count);
@@ -50,11 +53,17 @@ absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
 
 }  // namespace
 
-absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_model, ComputeInput* input) {
+absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_model,
+                                 const ComputeEngine::Limits& limits, ComputeInput* input) {
   input->layer = request.layer();
   input->model_id = request.model_id();
   input->per_expert_output = request.per_expert_output();
-  absl::Status s = ParseRows(request.rows(), d_model, input);
+  int64_t indices = 0;
+  for (const v1::ExpertWork& w : request.experts()) indices += w.row_indices_size();
+  if (indices > limits.max_row_indices) {
+    return absl::ResourceExhaustedError(absl::StrCat("experts: more than ", limits.max_row_indices, " row indices"));
+  }
+  absl::Status s = ParseRows(request.rows(), d_model, limits.max_rows, input);
   if (!s.ok()) return s;
   input->experts.clear();
   for (const v1::ExpertWork& w : request.experts()) {

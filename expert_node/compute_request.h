@@ -18,8 +18,12 @@ namespace expert_node {
 
 // Fills `input` (keeping its check_finite). INVALID_ARGUMENT naming the
 // field: rows not [R, d_model], a dtype other than f32/bf16, or data bytes
-// that do not hold the shape.
-absl::Status ParseComputeRequest(const colibri::v1::ComputeRequest& request, int64_t d_model, ComputeInput* input);
+// that do not hold the shape. RESOURCE_EXHAUSTED, before anything is
+// allocated, for more rows or row indices than `limits` (the engine checks
+// them again; refusing here keeps a refused request from first being widened
+// to f32 and copied).
+absl::Status ParseComputeRequest(const colibri::v1::ComputeRequest& request, int64_t d_model,
+                                 const ComputeEngine::Limits& limits, ComputeInput* input);
 
 }  // namespace expert_node
 }  // namespace colibri

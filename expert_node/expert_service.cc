@@ -153,7 +153,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     const int64_t d_model = store_->Current()->model().manifest().d_model;
     auto input = std::make_unique<ComputeInput>();
     input->check_finite = options_.check_finite;
-    if (absl::Status s = ParseComputeRequest(*request, d_model, input.get()); !s.ok()) {
+    if (absl::Status s = ParseComputeRequest(*request, d_model, engine_->limits(), input.get()); !s.ok()) {
       Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
       return;
     }

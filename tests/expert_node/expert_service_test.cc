@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
+#include "expert_node/compute_request.h"
 #include "expert_node/expert_server.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/expert_executor.h"
@@ -155,6 +156,24 @@ TEST_CASE("an expert node reports SERVING over grpc.health.v1 once loaded, and N
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   CHECK_FALSE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());  // stopped
+}
+
+TEST_CASE("a request over the row limits is refused before its rows are widened or copied") {
+  ComputeEngine::Limits limits;
+  limits.max_rows = 2;
+  limits.max_row_indices = 3;
+  const std::vector<float> rows(3 * kDModel, 0.5f);
+  ComputeInput input;
+  const absl::Status s = ParseComputeRequest(Request(rows), kDModel, limits, &input);  // 3 rows
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(s.message().find("3 rows exceed the limit of 2") != absl::string_view::npos);
+  CHECK(input.rows.capacity() == 0);  // nothing was allocated for them
+  limits.max_rows = 3;
+  limits.max_row_indices = 2;  // the request has 3 row indices
+  CHECK(ParseComputeRequest(Request(rows), kDModel, limits, &input).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(input.rows.capacity() == 0);
+  limits.max_row_indices = 3;
+  CHECK(ParseComputeRequest(Request(rows), kDModel, limits, &input).ok());
 }
 
 TEST_CASE("a call past its deadline is abandoned during compute, not computed to the end") {
