@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What can be checked of deploy/docker/Dockerfile without a Docker engine:
-# every file its build stage COPYs exists in the repository; every file the
+# every file its build stage COPYs exists in the repository, and every folder
+# the top-level CMakeLists.txt builds is COPYed; every file the
 # runtime stage ships (deploy/docker/image-files.txt) exists in the build;
 # the runtime packages derived from those files with ldd exist in Debian;
 # every package the build stage installs exists in Debian and is one of
@@ -19,6 +20,14 @@ while read -r from; do
   [ -e "$src/$from" ] || fail "Dockerfile copies $from, which does not exist"
   echo "ok: $from"
 done < <(awk '/^FROM .* AS runtime/ { exit } /^COPY / && !/--from=/ { for (i = 2; i < NF; ++i) print $i }' "$dockerfile")
+
+echo "--- every folder the top-level CMakeLists.txt builds outside BUILD_TESTING is copied"
+copied=$(awk '/^FROM .* AS runtime/ { exit } /^COPY / && !/--from=/ { for (i = 2; i < NF; ++i) print $i }' "$dockerfile")
+while read -r dir; do
+  grep -qx -- "$dir" <<<"$copied" || fail "CMakeLists.txt adds $dir, which the Dockerfile does not COPY"
+  echo "ok: $dir"
+done < <(awk '/if\(BUILD_TESTING|if\(COLIBRI_FUZZ/ { skip = 1 } skip && /^endif/ { skip = 0; next }
+              !skip && /^add_subdirectory\(/ { sub(/^add_subdirectory\(/, ""); sub(/\).*/, ""); print }' "$src/CMakeLists.txt")
 
 echo "--- files the runtime stage ships exist in the build"
 files=()
