@@ -75,7 +75,11 @@ for path, shards, replicas in ((sys.argv[1], 2, 2), (sys.argv[2], 4, 2)):
         assert r["requests"] == r["limits"], "Guaranteed QoS needs requests == limits"
         assert isinstance(r["requests"]["cpu"], int), "integer CPUs"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert "grpc" in c[probe], probe
+            if socket:  # TLS on: the kubelet's gRPC probe cannot connect; colibri-health can
+                command = c[probe]["exec"]["command"][-1]
+                assert "colibri-health" in command and "--tls_ca=" in command and "--tls_cert=" in command, command
+            else:
+                assert "grpc" in c[probe], probe
         assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
         anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
         assert anti["topologyKey"] == "kubernetes.io/hostname"
@@ -87,9 +91,19 @@ for path, shards, replicas in ((sys.argv[1], 2, 2), (sys.argv[2], 4, 2)):
     pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and "expert" in d["metadata"]["name"]]
     assert len(pdbs) == shards and all(p["spec"].get("maxUnavailable") == 1 for p in pdbs)
     print(f"ok: {path.rsplit('/', 1)[1]}: {shards} shards ({', '.join(specs)}), requests == limits, integer CPUs, "
-          f"gRPC probes, IPC_LOCK, anti-affinity per shard, PDBs{', NUMA auto, huge pages' if socket else ''}")
+          f"{'colibri-health' if socket else 'gRPC'} probes, IPC_LOCK, anti-affinity per shard, PDBs"
+          f"{', NUMA auto, huge pages' if socket else ''}")
 PY
 render -f <(printf 'experts: {replicasPerShard: 1}\n') | grep -q "minAvailable: 1" || fail "a single replica's PDB must keep it"
+render -f <(printf 'tls: {clients: {secretName: c, mutual: true}}\n') > "$tmp/client_tls.yaml"
+$py - "$tmp/client_tls.yaml" <<'PY' || fail "with client TLS the router's readiness probe must be colibri-health with its certificate"
+import sys, yaml
+router = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment")
+command = router["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"][-1]
+assert "colibri-health" in command and "--tls_ca=/etc/colibri/tls-clients/ca.crt" in command, command
+assert "--tls_cert=/etc/colibri/tls-clients/tls.crt" in command, command
+PY
+echo "ok: with client TLS the router's readiness probe is colibri-health over (mutual) TLS"
 echo "ok: a shard with one replica gets minAvailable: 1"
 
 echo "--- the rendered flags on loopback: nodes, router, discovery through the cluster file"
@@ -112,6 +126,12 @@ for layout in default socket; do
     echo "$name 127.0.0.1:$port" >> "$run/all.txt"
     i=$((i + 1))
   done < "$run/nodes.txt"
+  if [ -s "$run/probe.txt" ]; then  # TLS on: the rendered probe command against the first pod
+    first_port=$(head -1 "$run/all.txt" | cut -d' ' -f2 | cut -d: -f2)
+    PATH=$build/tools:$PATH sh -c "$(sed "s/PORT/$first_port/" "$run/probe.txt")" >/dev/null ||
+      fail "$layout: the rendered TLS probe did not pass against a TLS node"
+    echo "ok: $layout: the rendered probe (colibri-health over mutual TLS) passes against the node"
+  fi
   first_shard=$(head -1 "$run/all.txt" | cut -d' ' -f1 | cut -d. -f2)
   grep "\.$first_shard\." "$run/all.txt" | cut -d' ' -f2 > "$run/experts.txt"
   # shellcheck disable=SC2046

@@ -4,8 +4,10 @@
   local_args.py MANIFESTS.yaml MODEL_DIR CERTS_DIR OUT_DIR
 
 Writes OUT_DIR/nodes.txt — one line per expert pod, in the order of the
-router's cluster file: "<dns name> <args...>" — and OUT_DIR/router.txt with
-the router's args. Each pod's args are the rendered ones, with only what
+router's cluster file: "<dns name> <args...>" — OUT_DIR/router.txt with
+the router's args, and OUT_DIR/probe.txt with the first pod's readiness probe
+when it is a command (TLS on): TLS files mapped like the args, the server name
+"localhost" (the test certificates'), the port left as PORT. Each pod's args are the rendered ones, with only what
 cannot hold on one machine replaced: the model paths point at MODEL_DIR,
 --listen at 127.0.0.1:0, metrics at port 0, --threads at 1, the cluster file
 and TLS files at local ones (CERTS_DIR/{node,router}/{tls.crt,tls.key,ca.crt}).
@@ -56,4 +58,19 @@ with open(f"{out}/nodes.txt", "w") as f:
 router = next(d for d in docs if d["kind"] == "Deployment")
 with open(f"{out}/router.txt", "w") as f:
     f.write(" ".join(local(router["spec"]["template"]["spec"]["containers"][0]["args"], "router")) + "\n")
+probe = shards[names[0].split(".")[1]]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+with open(f"{out}/probe.txt", "w") as f:
+    if "exec" in probe:
+        command = probe["exec"]["command"][-1].split()
+        mapped = []
+        for a in command:
+            flag, _, value = a.partition("=")
+            if flag == "--target":
+                a = "--target=127.0.0.1:PORT"
+            elif flag == "--tls_server_name":
+                a = "--tls_server_name=localhost"
+            elif value.startswith("/etc/colibri/tls-"):
+                a = f"{flag}={certs}/node/{value.rsplit('/', 1)[1]}"
+            mapped.append(a)
+        f.write(" ".join(mapped) + "\n")
 print(f"{len(names)} expert pods, {len(shards)} shards")
