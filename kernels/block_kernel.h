@@ -10,7 +10,8 @@
 // dequantization happens in registers, nothing is written but `out`.
 // Activations are read as f32, except that bf16 weights multiply the bf16
 // copy x.bf16 (every variant, the scalar one included, so all bf16 variants
-// compute the same products). Accumulation is f32 in an order fixed by the
+// compute the same products) and the VNNI int4 variant multiplies the int8
+// copy x.q8 (its oracle: the scalar variant on q8 · scale). Accumulation is f32 in an order fixed by the
 // variant: the same inputs always give the same bits. Pure compute: no
 // allocation, no threads, no Status; thread-safe.
 
