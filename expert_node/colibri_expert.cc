@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "common/allocator.h"
@@ -36,8 +38,14 @@ ABSL_FLAG(int64_t, max_message_bytes, 0,
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: require client certificates signed by it (mutual TLS).");
+ABSL_FLAG(std::string, admin_listen, "",
+          "host:port of the admin listener (Reload, GetNodeInfo in full), with --listen's TLS settings; keep it on "
+          "loopback or a guarded address. Empty (the default): no admin listener.");
+ABSL_FLAG(std::vector<std::string>, admin_identities, {},
+          "With mutual TLS: certificate identities (subject alternative names or common name) that may make "
+          "admin calls on --listen too, comma-separated.");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on.");
+ABSL_FLAG(std::string, metrics_host, "", "IP address the metrics endpoint listens on (default: the host of --listen).");
 ABSL_FLAG(int, inject_delay_ms, 0,
           "Fault injection for tests and benchmarks: a Compute call waits this long "
           "before it runs (a slow node); 0: off.");
@@ -53,6 +61,8 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"ServerOptions::tls_cert_file", "--tls_cert"},
     {"ServerOptions::tls_key_file", "--tls_key"},
     {"ServerOptions::tls_client_ca_file", "--tls_client_ca"},
+    {"ServerOptions::admin_listen", "--admin_listen"},
+    {"ServerOptions::admin_identities", "--admin_identities"},
     {"StoreOptions::require_mlock", "--require_mlock"},
     {"ThreadPool::Options::numa_node", "--numa_node"},
 };
@@ -109,6 +119,8 @@ int main(int argc, char** argv) {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.admin_listen = absl::GetFlag(FLAGS_admin_listen);
+  options.admin_identities = absl::GetFlag(FLAGS_admin_identities);
   options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
   options.inject_delay_ms = absl::GetFlag(FLAGS_inject_delay_ms);
   options.inject_delay_every = absl::GetFlag(FLAGS_inject_delay_every);
@@ -127,6 +139,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "colibri-expert: listening on port " << (*server)->port() << std::endl;
+  if ((*server)->admin_port() >= 0) {
+    std::cout << "colibri-expert: admin on port " << (*server)->admin_port() << std::endl;
+  }
   if ((*server)->metrics_port() >= 0) {
     std::cout << "colibri-expert: metrics on port " << (*server)->metrics_port() << std::endl;
   }

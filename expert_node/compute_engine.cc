@@ -4,9 +4,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/status_macros.h"
 
 namespace colibri {
 namespace expert_node {
@@ -15,7 +18,17 @@ ComputeEngine::ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limi
     : store_(store), pool_(pool), limits_(limits) {}
 
 absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
-  const std::shared_ptr<const WeightSet> set = store_->Current();  // held until we return
+  COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<PreparedCall> call, Prepare(in));
+  for (;;) {
+    COLIBRI_ASSIGN_OR_RETURN(const bool done, RunSlice(*call, std::numeric_limits<int64_t>::max()));
+    if (done) return Finish(*call);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const ComputeInput& in) {
+  auto call = std::make_unique<PreparedCall>();
+  call->set = store_->Current();  // held by the call
+  const WeightSet* set = call->set.get();
   const common::Manifest& m = set->model().manifest();
   if (!in.model_id.empty() && in.model_id != set->model().model_id()) {
     return absl::FailedPreconditionError(
@@ -41,7 +54,7 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
     }
   }
   std::vector<kernels::ExpertTask> tasks;
-  std::vector<int32_t> slots;  // per_expert_output: output row of each (expert, row index)
+  std::vector<int32_t>& slots = call->slots;
   std::set<int32_t> experts_seen;
   int64_t indices = 0;
   for (size_t w = 0; w < in.experts.size(); ++w) {
@@ -99,20 +112,43 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
       madvise(const_cast<uint8_t*>(t.expert->file->data()), t.expert->file->size(), MADV_WILLNEED);
     }
   }
-  ComputeOutput out;
-  out.weights_version = set->version();
-  out.output.assign((in.per_expert_output ? indices : in.num_rows) * m.d_model, 0.f);
+  call->output.assign((in.per_expert_output ? indices : in.num_rows) * m.d_model, 0.f);
+  call->tasks = kernels::ExecutionOrder(tasks);
+  call->rows = in.rows.data();
+  call->should_stop = in.should_stop;
+  return call;
+}
+
+absl::StatusOr<bool> ComputeEngine::RunSlice(PreparedCall& call, int64_t slice_rows) {
+  size_t end = call.next;
+  int64_t rows = 0;
+  while (end < call.tasks.size() && (end == call.next || rows + call.tasks[end].num_rows <= slice_rows)) {
+    rows += call.tasks[end].num_rows;
+    ++end;
+  }
   const auto start = std::chrono::steady_clock::now();
   bool completed = false;
   {
     common::MutexLock lock(&workspace_mu_);
     kernels::ExecutorOptions options;
-    options.should_stop = in.should_stop;
-    completed = kernels::RunExperts(*pool_, tasks, in.rows.data(), m.d_model, out.output.data(), workspace_, options);
+    options.should_stop = call.should_stop;
+    const absl::Span<const kernels::ExpertTask> slice =
+        absl::MakeConstSpan(call.tasks).subspan(call.next, end - call.next);
+    completed = kernels::RunExperts(*pool_, slice, call.rows, call.set->model().manifest().d_model, call.output.data(),
+                                    workspace_, options);
   }
-  if (!completed) return absl::CancelledError("the call was abandoned during compute (cancelled or past its deadline)");
-  out.compute_nanos =
+  call.compute_nanos +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  if (!completed) return absl::CancelledError("the call was abandoned during compute (cancelled or past its deadline)");
+  call.next = end;
+  return call.next == call.tasks.size();
+}
+
+ComputeOutput ComputeEngine::Finish(PreparedCall& call) {
+  ComputeOutput out;
+  out.output = std::move(call.output);
+  out.weights_version = call.set->version();
+  out.compute_nanos = call.compute_nanos;
   return out;
 }
 

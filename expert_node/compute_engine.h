@@ -9,8 +9,11 @@
 // (rows no expert references stay zero), computed by kernels::RunExperts in
 // the call's expert order — so a node's answer for a set of experts equals
 // the in-process executor's answer for the same tasks, bit for bit.
-// Thread-safe: calls are serialized on the pool; each holds its weight set
-// until it returns, so a reload never changes weights under a call.
+// A call can also run in slices (Prepare, then RunSlice until it says done):
+// the expert service interleaves the slices of concurrent calls so that one
+// long call cannot starve the others; the answer is the same bit for bit.
+// Thread-safe: slices are serialized on the pool; a call holds its weight set
+// until it is destroyed, so a reload never changes weights under a call.
 
 #include <cstdint>
 #include <functional>
@@ -51,6 +54,19 @@ struct ComputeInput {
   std::function<bool()> should_stop;
 };
 
+// A validated call, computed in slices by ComputeEngine::RunSlice. Points
+// into its ComputeInput, which must outlive it.
+struct PreparedCall {
+  std::shared_ptr<const WeightSet> set;
+  std::vector<int32_t> slots;              // per_expert_output: output row of each (expert, row index)
+  std::vector<kernels::ExpertTask> tasks;  // kernels::ExecutionOrder of the call's tasks
+  size_t next = 0;                         // first task not yet run
+  const float* rows = nullptr;
+  std::function<bool()> should_stop;
+  std::vector<float> output;
+  int64_t compute_nanos = 0;  // summed over the slices run so far
+};
+
 struct ComputeOutput {
   std::vector<float> output;  // [num_rows or Σ row indices][d_model]
   uint64_t weights_version = 0;
@@ -75,6 +91,15 @@ class ComputeEngine {
   // message names the field and the value. CANCELLED when in.should_stop
   // stopped the computation (the pool is free again within one block).
   absl::StatusOr<ComputeOutput> Compute(const ComputeInput& input);
+
+  // Compute in steps: Prepare validates (the same errors as Compute) and
+  // allocates the output; each RunSlice runs the call's next tasks, about
+  // `slice_rows` (expert, row) pairs, at least one task of at most
+  // kernels::kMaxTaskRows rows; true when the call is complete (then
+  // Finish), CANCELLED if should_stop stopped it.
+  absl::StatusOr<std::unique_ptr<PreparedCall>> Prepare(const ComputeInput& input);
+  absl::StatusOr<bool> RunSlice(PreparedCall& call, int64_t slice_rows);
+  static ComputeOutput Finish(PreparedCall& call);
 
   const Limits& limits() const { return limits_; }
 

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "expert_node/expert_service.h"
 #include "kernels/dispatch.h"
+#include "runtime/grpc_admin.h"
 #include "runtime/grpc_credentials.h"
 #include "runtime/grpc_services.h"
 
@@ -28,6 +29,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
 
 absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerOptions& options, std::ostream* log) {
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options));
+  COLIBRI_RETURN_IF_ERROR(
+      runtime::CheckAdminIdentities(options.admin_identities, options.tls_client_ca_file, "ServerOptions::"));
   std::unique_ptr<ExpertServer> s(new ExpertServer());
   COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(options.model_dir, options.store, log));
   COLIBRI_ASSIGN_OR_RETURN(s->pool_,
@@ -40,12 +43,15 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.numa_node = options.store.numa_node;
+  service_options.admin_identities = options.admin_identities;
   service_options.metrics = &s->metrics_;
   service_options.inject_delay_ms = options.inject_delay_ms;
   service_options.inject_delay_every = options.inject_delay_every;
   if (options.metrics_port >= 0) {
     COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
-                             runtime::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
+                             runtime::MetricsServer::Create(runtime::MetricsHost(options.metrics_host, options.listen),
+                                                            options.metrics_port, &s->metrics_));
+    s->metrics_port_ = s->metrics_server_->port();
   }
   s->service_ = std::make_unique<ExpertService>(s->store_.get(), s->engine_.get(), service_options);
 
@@ -69,6 +75,12 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  if (!options.admin_listen.empty()) {
+    s->admin_service_ = std::make_unique<AdminService>(s->service_.get());
+    COLIBRI_ASSIGN_OR_RETURN(s->admin_server_,
+                             runtime::StartAdminServer(options.admin_listen, credentials, s->admin_service_.get(),
+                                                       &s->admin_port_, "ServerOptions::"));
+  }
   // Every owned expert is mapped, verified (and locked when possible) by now.
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   return s;
@@ -78,10 +90,14 @@ absl::Status ExpertServer::Reload() { return service_->ReloadNow("", std::nullop
 
 void ExpertServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
+    metrics_server_.reset();  // first: its slowest client must not delay the drain
     server_->GetHealthCheckService()->SetServingStatus(false);
+    if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls (the compute thread still runs)
     server_->Wait();
-    server_.reset();   // the service must outlive the server
+    server_.reset();  // the services must outlive the servers
+    admin_server_.reset();
+    admin_service_.reset();
     service_.reset();  // finishes anything still queued, joins its threads
   });
 }

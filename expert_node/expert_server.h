@@ -13,6 +13,7 @@
 #include <mutex>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
@@ -28,6 +29,7 @@ class Server;
 namespace colibri {
 namespace expert_node {
 
+class AdminService;
 class ExpertService;
 
 struct ServerOptions {
@@ -47,10 +49,16 @@ struct ServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  // Admin calls (Reload; GetNodeInfo's paths and errors): served on
+  // `admin_listen` (host:port, same TLS settings as `listen`; empty: no admin
+  // listener), and on `listen` to mutual-TLS peers whose certificate names
+  // one of `admin_identities` (needs tls_client_ca_file).
+  std::string admin_listen;
+  std::vector<std::string> admin_identities;
   int inject_delay_ms = 0;     // fault injection: a Compute sleeps this long first ...
   int inject_delay_every = 1;  // ... every this many calls
   int metrics_port = -1;       // >= 0: serve Prometheus /metrics on it (0 picks a free port)
-  std::string metrics_host = "0.0.0.0";
+  std::string metrics_host;    // empty: the host of `listen`
 };
 
 class ExpertServer {
@@ -61,7 +69,8 @@ class ExpertServer {
   ~ExpertServer();
 
   int port() const { return port_; }
-  int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : -1; }
+  int admin_port() const { return admin_port_; }      // -1 without an admin listener
+  int metrics_port() const { return metrics_port_; }  // -1 without metrics
 
   // Reloads the current directory and shard (SIGHUP), recorded like an RPC
   // reload. REQUIRES: not shut down.
@@ -81,8 +90,12 @@ class ExpertServer {
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<ComputeEngine> engine_;
   std::unique_ptr<ExpertService> service_;
+  std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> admin_server_;
   int port_ = 0;
+  int admin_port_ = -1;
+  int metrics_port_ = -1;
   std::once_flag shutdown_once_;
 };
 

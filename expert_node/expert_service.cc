@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "expert_node/compute_request.h"
+#include "runtime/grpc_admin.h"
 #include "runtime/grpc_status.h"
 
 namespace colibri {
@@ -66,7 +67,7 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
     options_.metrics
         ->GetCounter("colibri_expert_calls_total", "Calls by method and status code.",
                      {{"method", method}, {"code", std::to_string(static_cast<int>(status.error_code()))}})
-        ->Add();
+        ->Increment();
   }
   reactor->Finish(status);
 }
@@ -80,7 +81,7 @@ absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::o
   if (options_.metrics != nullptr) {
     options_.metrics
         ->GetCounter("colibri_expert_reloads_total", "Reloads by result.", {{"result", s.ok() ? "ok" : "failed"}})
-        ->Add();
+        ->Increment();
   }
   UpdateWeightGauges();
   return s;
@@ -99,7 +100,7 @@ void ExpertService::UpdateWeightGauges() {
 
 void ExpertService::ComputeLoop() {
   for (;;) {
-    std::function<void(bool)> job;
+    std::function<bool(bool)> job;
     bool run = false;
     {
       common::MutexLock lock(&mu_);
@@ -109,7 +110,10 @@ void ExpertService::ComputeLoop() {
       queue_.pop_front();
       run = !stopping_;
     }
-    job(run);
+    if (!job(run)) {
+      common::MutexLock lock(&mu_);
+      queue_.push_back(std::move(job));  // round robin: its next slice after every other call's
+    }
   }
 }
 
@@ -118,7 +122,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_expert_bytes_in_total", "Bytes of row tensors received.")
-        ->Add(static_cast<double>(request->rows().data().size()));
+        ->Increment(static_cast<double>(request->rows().data().size()));
   }
   const v1::DataType output_dtype = request->output_dtype();
   if (output_dtype != v1::DATA_TYPE_UNSPECIFIED && output_dtype != v1::DATA_TYPE_F32 &&
@@ -129,70 +133,91 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
                                      v1::DataType_Name(output_dtype), ") is not f32 or bf16")));
     return reactor;
   }
-  const auto queued = std::chrono::steady_clock::now();
-  // The request stays alive until the reactor finishes; parsing (and bf16
-  // conversion) happens on the compute thread, not on gRPC's.
-  auto job = [this, context, reactor, request, response, output_dtype, queued](bool run) {
+  // The call's state across its slices; the request stays alive until the
+  // reactor finishes. Parsing (and bf16 conversion) happens on the compute
+  // thread, not on gRPC's.
+  struct State {
+    std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
+    int64_t queue_nanos = 0;
+    ComputeInput input;
+    std::unique_ptr<PreparedCall> call;
+  };
+  auto state = std::make_shared<State>();
+  // One step: the first parses and prepares; each runs one slice. True when the call is finished.
+  auto job = [this, context, reactor, request, response, output_dtype, state](bool run) {
     if (!run) {
       Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
-      return;
+      return true;
     }
-    if (context->IsCancelled()) {
-      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
-      return;
-    }
-    if (context->deadline() < std::chrono::system_clock::now()) {
-      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
-      return;
-    }
-    if (options_.inject_delay_ms > 0 && ++computes_ % std::max(1, options_.inject_delay_every) == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_delay_ms));
-    }
-    const int64_t queue_nanos =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - queued).count();
     const int64_t d_model = store_->Current()->model().manifest().d_model;
-    auto input = std::make_unique<ComputeInput>();
-    input->check_finite = options_.check_finite;
-    if (absl::Status s = ParseComputeRequest(*request, d_model, engine_->limits(), input.get()); !s.ok()) {
-      Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
-      return;
+    if (state->call == nullptr) {
+      if (context->IsCancelled()) {
+        Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
+        return true;
+      }
+      if (context->deadline() < std::chrono::system_clock::now()) {
+        Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
+        return true;
+      }
+      if (options_.inject_delay_ms > 0 && ++computes_ % std::max(1, options_.inject_delay_every) == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_delay_ms));
+      }
+      state->queue_nanos =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - state->queued)
+              .count();
+      ComputeInput& input = state->input;
+      input.check_finite = options_.check_finite;
+      if (absl::Status s = ParseComputeRequest(*request, d_model, engine_->limits(), &input); !s.ok()) {
+        Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
+        return true;
+      }
+      // Checked between blocks while computing: a cancelled call or one past its
+      // deadline frees the pool within one block, not at the end of the call.
+      input.should_stop = [context] {
+        return context->IsCancelled() || context->deadline() < std::chrono::system_clock::now();
+      };
+      absl::StatusOr<std::unique_ptr<PreparedCall>> call = engine_->Prepare(input);
+      if (!call.ok()) {
+        Finish(reactor, "Compute", runtime::ToGrpcStatus(call.status()));
+        return true;
+      }
+      state->call = *std::move(call);
     }
-    // Checked between blocks while computing: a cancelled call or one past its
-    // deadline frees the pool within one block, not at the end of the call.
-    input->should_stop = [context] {
-      return context->IsCancelled() || context->deadline() < std::chrono::system_clock::now();
-    };
-    absl::StatusOr<ComputeOutput> out = engine_->Compute(*input);
-    if (!out.ok()) {
-      Finish(reactor, "Compute", runtime::ToGrpcStatus(out.status()));
-      return;
+    absl::StatusOr<bool> done = engine_->RunSlice(*state->call, kSliceRows);
+    if (!done.ok()) {
+      Finish(reactor, "Compute", runtime::ToGrpcStatus(done.status()));
+      return true;
     }
-    FillOutput(*out, d_model, output_dtype, response->mutable_output());
+    if (!*done) return false;  // the next slice after the other calls' turns
+    const ComputeInput& input = state->input;
+    const ComputeOutput out = ComputeEngine::Finish(*state->call);
+    FillOutput(out, d_model, output_dtype, response->mutable_output());
     if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
-      const common::Labels layer = {{"layer", std::to_string(input->layer)}};
+      const common::Labels layer = {{"layer", std::to_string(input.layer)}};
       m->GetHistogram("colibri_expert_compute_seconds", "Kernel time of a Compute call.", layer,
                       common::LatencyBuckets())
-          ->Observe(out->compute_nanos * 1e-9);
+          ->Observe(out.compute_nanos * 1e-9);
       m->GetHistogram("colibri_expert_queue_seconds", "Time a Compute call waited for the compute thread.", {},
                       common::LatencyBuckets())
-          ->Observe(queue_nanos * 1e-9);
-      m->GetCounter("colibri_expert_rows_total", "Token rows received.", layer)->Add(input->num_rows);
-      for (const ExpertWork& w : input->experts) {
+          ->Observe(state->queue_nanos * 1e-9);
+      m->GetCounter("colibri_expert_rows_total", "Token rows received.", layer)->Increment(input.num_rows);
+      for (const ExpertWork& w : input.experts) {
         m->GetCounter("colibri_expert_expert_rows_total", "Rows computed per (layer, expert).",
-                      {{"layer", std::to_string(input->layer)}, {"expert", std::to_string(w.expert)}})
-            ->Add(static_cast<double>(w.row_indices.size()));
+                      {{"layer", std::to_string(input.layer)}, {"expert", std::to_string(w.expert)}})
+            ->Increment(static_cast<double>(w.row_indices.size()));
       }
       m->GetCounter("colibri_expert_bytes_out_total", "Bytes of output tensors sent.")
-          ->Add(static_cast<double>(response->output().data().size()));
+          ->Increment(static_cast<double>(response->output().data().size()));
     }
-    response->set_weights_version(out->weights_version);
+    response->set_weights_version(out.weights_version);
     v1::StageTiming* q = response->add_timings();
     q->set_stage("queue");
-    q->set_nanos(queue_nanos);
+    q->set_nanos(state->queue_nanos);
     v1::StageTiming* c = response->add_timings();
     c->set_stage("compute");
-    c->set_nanos(out->compute_nanos);
+    c->set_nanos(out.compute_nanos);
     Finish(reactor, "Compute", grpc::Status::OK);
+    return true;
   };
   {
     common::MutexLock lock(&mu_);
@@ -214,10 +239,30 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
 
 grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext* context,
                                                      const v1::GetNodeInfoRequest*, v1::GetNodeInfoResponse* response) {
+  return NodeInfo(context, response, runtime::PeerIsNamed(*context, options_.admin_identities));
+}
+
+grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* context, const v1::ReloadRequest* request,
+                                                v1::ReloadResponse* response) {
+  return ReloadAs(context, request, response, runtime::PeerIsNamed(*context, options_.admin_identities));
+}
+
+grpc::ServerUnaryReactor* AdminService::GetNodeInfo(grpc::CallbackServerContext* context, const v1::GetNodeInfoRequest*,
+                                                    v1::GetNodeInfoResponse* response) {
+  return service_->NodeInfo(context, response, /*admin=*/true);
+}
+
+grpc::ServerUnaryReactor* AdminService::Reload(grpc::CallbackServerContext* context, const v1::ReloadRequest* request,
+                                               v1::ReloadResponse* response) {
+  return service_->ReloadAs(context, request, response, /*admin=*/true);
+}
+
+grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* context,
+                                                  v1::GetNodeInfoResponse* response, bool admin) {
   const std::shared_ptr<const WeightSet> set = store_->Current();
   const common::Manifest& m = set->model().manifest();
   response->set_model_id(set->model().model_id());
-  response->set_model_dir(store_->model_dir());
+  if (admin) response->set_model_dir(store_->model_dir());
   v1::OwnedExperts* owned = nullptr;
   for (const auto& [layer, expert] : set->owned()) {
     if (owned == nullptr || owned->layer() != layer) {
@@ -239,17 +284,28 @@ grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext
   response->set_weights_version(set->version());
   response->set_weights_locked(set->locked());
   {
+    // Reload errors name paths and files: only admins see them; others learn that the last reload failed.
     common::MutexLock lock(&mu_);
-    response->set_last_reload_error(last_reload_error_);
+    if (!last_reload_error_.empty()) {
+      response->set_last_reload_error(admin ? last_reload_error_ : "the last reload failed (details: admin callers)");
+    }
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Finish(reactor, "GetNodeInfo", grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ExpertService::Reload(grpc::CallbackServerContext* context, const v1::ReloadRequest* request,
-                                                v1::ReloadResponse* response) {
+grpc::ServerUnaryReactor* ExpertService::ReloadAs(grpc::CallbackServerContext* context,
+                                                  const v1::ReloadRequest* request, v1::ReloadResponse* response,
+                                                  bool admin) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!admin) {
+    Finish(reactor, "Reload",
+           grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "Reload is an admin call: make it on the node's admin listener (colibri-expert "
+                        "--admin_listen) or with a client certificate named in --admin_identities"));
+    return reactor;
+  }
   std::string dir = request->model_dir();
   std::error_code ec;
   if (!dir.empty() && options_.model_root.empty()) {

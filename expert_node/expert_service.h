@@ -3,8 +3,17 @@
 
 // Transport for the ExpertNode service (proto/colibri/v1/expert_node.proto):
 // a Compute call is queued for the one compute thread, which parses,
-// validates and computes it (never on gRPC's threads); Reload calls load on a
-// thread of their own; each status is converted once and the reactor finished.
+// validates and computes it (never on gRPC's threads) in slices of about
+// kSliceRows (expert, row) pairs, taking the queued calls in turn (round
+// robin): a small call waits for at most one slice of each call ahead of it,
+// however long those are. Reload calls load on a thread of their own; each
+// status is converted once and the reactor finished.
+//
+// Admin calls — Reload, and GetNodeInfo's model_dir and last_reload_error —
+// are for admins only: callers of the AdminService (served on the admin
+// listener) and, on the data port, peers whose mutual-TLS certificate names
+// one of Options::admin_identities. Anyone else gets PERMISSION_DENIED for
+// Reload and GetNodeInfo without those two fields.
 // Thread-safe.
 
 #include <deque>
@@ -12,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
@@ -25,6 +35,8 @@ namespace expert_node {
 
 class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
  public:
+  static constexpr int64_t kSliceRows = 256;
+
   struct Options {
     std::string model_root;  // Reload's model_dir must resolve inside it
     bool check_finite = false;
@@ -32,6 +44,9 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     int threads = 0;
     std::string kernel_isa;
     int numa_node = -1;
+    // Certificate identities (subject alternative names or common name) that
+    // may make admin calls on the data port; needs mutual TLS to mean anything.
+    std::vector<std::string> admin_identities;
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
     int inject_delay_ms = 0;     // fault injection (tests, benchmarks): sleep this long before a Compute ...
     int inject_delay_every = 1;  // ... every this many calls (1: all)
@@ -54,6 +69,11 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   absl::Status ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard);
 
  private:
+  friend class AdminService;
+  grpc::ServerUnaryReactor* NodeInfo(grpc::CallbackServerContext* context, colibri::v1::GetNodeInfoResponse* response,
+                                     bool admin);
+  grpc::ServerUnaryReactor* ReloadAs(grpc::CallbackServerContext* context, const colibri::v1::ReloadRequest* request,
+                                     colibri::v1::ReloadResponse* response, bool admin);
   void ComputeLoop();
   // Counts the call by method and status code, then finishes it.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);
@@ -65,13 +85,32 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
   common::Mutex mu_;
   common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
-  std::deque<std::function<void(bool run)>> queue_ ABSL_GUARDED_BY(mu_);  // run=false: shutting down
+  // Calls' next steps; a step returns true when its call is finished (run=false: shutting down, finish now).
+  std::deque<std::function<bool(bool run)>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_reload_error_ ABSL_GUARDED_BY(mu_);
   bool reload_running_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reload_thread_ ABSL_GUARDED_BY(mu_);  // the last reload's worker, joined before the next
   std::thread compute_thread_;
   int64_t computes_ = 0;  // compute thread only: calls run, for inject_delay_every
+};
+
+// The ExpertNode service as the admin listener serves it: GetNodeInfo in full
+// and Reload, for every caller that reaches it (the listener is the access
+// control: loopback, or its own address the operator guards); Compute is not
+// served there (UNIMPLEMENTED). `service` must outlive it.
+class AdminService final : public colibri::v1::ExpertNode::CallbackService {
+ public:
+  explicit AdminService(ExpertService* service) : service_(service) {}
+
+  grpc::ServerUnaryReactor* GetNodeInfo(grpc::CallbackServerContext* context,
+                                        const colibri::v1::GetNodeInfoRequest* request,
+                                        colibri::v1::GetNodeInfoResponse* response) override;
+  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* context, const colibri::v1::ReloadRequest* request,
+                                   colibri::v1::ReloadResponse* response) override;
+
+ private:
+  ExpertService* const service_;
 };
 
 }  // namespace expert_node

@@ -359,29 +359,45 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
 
 }  // namespace
 
-bool RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
-                Workspace& workspace, const ExecutorOptions& options) {
-  // A layer's shared experts may be wider (or narrower) than its routed ones:
-  // each shape runs as its own pass, shapes in order of first appearance.
-  auto same_shape = [](const ExpertTask& a, const ExpertTask& b) {
-    return a.expert->w1.layout.rows == b.expert->w1.layout.rows &&
-           a.expert->w1.layout.dtype == b.expert->w1.layout.dtype;
-  };
-  bool uniform = true;
-  for (const ExpertTask& t : tasks) uniform = uniform && same_shape(t, tasks[0]);
-  if (uniform) return RunSameShape(pool, tasks, x, d_model, dst, workspace, options);
+namespace {
+
+bool SameShape(const ExpertTask& a, const ExpertTask& b) {
+  return a.expert->w1.layout.rows == b.expert->w1.layout.rows && a.expert->w1.layout.dtype == b.expert->w1.layout.dtype;
+}
+
+}  // namespace
+
+std::vector<ExpertTask> ExecutionOrder(absl::Span<const ExpertTask> tasks) {
+  std::vector<ExpertTask> order;
   std::vector<bool> done(tasks.size(), false);
-  std::vector<ExpertTask> group;
   for (size_t first = 0; first < tasks.size(); ++first) {
     if (done[first]) continue;
-    group.clear();
     for (size_t i = first; i < tasks.size(); ++i) {
-      if (!done[i] && same_shape(tasks[i], tasks[first])) {
-        group.push_back(tasks[i]);
-        done[i] = true;
+      if (done[i] || !SameShape(tasks[i], tasks[first])) continue;
+      done[i] = true;
+      const ExpertTask& t = tasks[i];
+      for (int64_t r = 0; r < t.num_rows || (r == 0 && t.num_rows == 0); r += kMaxTaskRows) {
+        ExpertTask chunk = t;
+        chunk.rows = t.rows + r;
+        chunk.weights = t.weights + r;
+        chunk.num_rows = std::min(kMaxTaskRows, t.num_rows - r);
+        if (t.out_rows != nullptr) chunk.out_rows = t.out_rows + r;
+        order.push_back(chunk);
       }
     }
-    if (!RunSameShape(pool, group, x, d_model, dst, workspace, options)) return false;
+  }
+  return order;
+}
+
+bool RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,
+                Workspace& workspace, const ExecutorOptions& options) {
+  const std::vector<ExpertTask> order = ExecutionOrder(tasks);
+  const absl::Span<const ExpertTask> all(order);
+  size_t first = 0;
+  for (size_t i = 1; i <= order.size(); ++i) {
+    if (i < order.size() && SameShape(order[i], order[first])) continue;
+    if (!RunSameShape(pool, all.subspan(first, i - first), x, d_model, dst, workspace, options)) return false;
+    first = i;
   }
   return true;
 }

@@ -115,8 +115,18 @@ struct GroupedRoutes {
 GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
                             bool to_slots = false);
 
-// Experts of different d_ff (a layer's shared experts) run as one pass per
-// shape, in order of first appearance; results accumulate into dst either way.
+// The tasks RunExperts actually runs, in its order: grouped by expert shape
+// (d_ff and weight type) in order of first appearance, and each task of more
+// than kMaxTaskRows rows split into consecutive tasks of at most that many.
+// Running consecutive slices of this list with RunExperts, one after the
+// other on the same dst, gives results identical bit for bit to one
+// RunExperts call on `tasks`: how an expert node interleaves long calls.
+inline constexpr int64_t kMaxTaskRows = 256;
+std::vector<ExpertTask> ExecutionOrder(absl::Span<const ExpertTask> tasks);
+
+// Runs ExecutionOrder(tasks): experts of different d_ff (a layer's shared
+// experts) run as one pass per shape; results accumulate into dst, per dst
+// row in that order.
 // REQUIRES: every task's expert has the same d_model and weight type; rows <
 // the number of rows of x, out_rows (or rows) < the number of rows of dst
 // (both [rows][d_model], f32).

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
@@ -53,8 +55,14 @@ ABSL_FLAG(int, threads, 0, "--local: compute threads (0: one per allowed CPU, of
 ABSL_FLAG(int, numa_node, -1, "--local: bind compute threads and weight copies to this NUMA node (-1: none).");
 ABSL_FLAG(bool, mlock, false, "--local: lock the weights in RAM (a warning if refused).");
 ABSL_FLAG(bool, hugepages, false, "--local: copy the weights into transparent-huge-page memory.");
+ABSL_FLAG(std::string, admin_listen, "",
+          "host:port of the admin listener (GetClusterStatus with node addresses and errors), with --listen's TLS "
+          "settings; keep it on loopback or a guarded address. Empty (the default): none.");
+ABSL_FLAG(std::vector<std::string>, admin_identities, {},
+          "With mutual TLS: client certificate identities (subject alternative names or common name) that get the "
+          "admin view on --listen too, comma-separated.");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on.");
+ABSL_FLAG(std::string, metrics_host, "", "IP address the metrics endpoint listens on (default: the host of --listen).");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
 namespace {
@@ -66,6 +74,8 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"RouterServerOptions::tls_cert_file", "--tls_cert"},
     {"RouterServerOptions::tls_key_file", "--tls_key"},
     {"RouterServerOptions::tls_client_ca_file", "--tls_client_ca"},
+    {"RouterServerOptions::admin_listen", "--admin_listen"},
+    {"RouterServerOptions::service.admin_identities", "--admin_identities"},
     {"RemoteOptions::addresses", "--experts_at"},
     {"RemoteOptions::cluster_file", "--cluster_file"},
     {"RemoteOptions::tls_ca_file", "--node_tls_ca"},
@@ -130,6 +140,8 @@ int main(int argc, char** argv) {
   o.engine.hugepages = absl::GetFlag(FLAGS_hugepages);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  o.admin_listen = absl::GetFlag(FLAGS_admin_listen);
+  o.service.admin_identities = absl::GetFlag(FLAGS_admin_identities);
 
   sigset_t signals;  // blocked before any thread starts, so sigwait sees them
   sigemptyset(&signals);
@@ -145,6 +157,9 @@ int main(int argc, char** argv) {
   }
   std::cout << "colibri-router: listening on port " << (*server)->port() << " ("
             << (o.local ? "local experts" : "expert nodes") << ")" << std::endl;
+  if ((*server)->admin_port() >= 0) {
+    std::cout << "colibri-router: admin on port " << (*server)->admin_port() << std::endl;
+  }
   if ((*server)->metrics_port() >= 0) {
     std::cout << "colibri-router: metrics on port " << (*server)->metrics_port() << std::endl;
   }

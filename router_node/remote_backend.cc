@@ -254,7 +254,7 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     *options_.log << "colibri-router: node " << node->address << " is down: " << error << std::endl;
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_router_failovers_total", "Nodes taken out of the map after a failed call.")
-        ->Add();
+        ->Increment();
   }
   common::MutexLock lock(&mu_);
   Rebuild();

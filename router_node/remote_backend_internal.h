@@ -52,6 +52,7 @@ struct RemoteBackend::Call {
   // Call does not point to its Tracker, so the analysis could not name it).
   bool done = false;
   std::string address;
+  std::string name;  // "node-<index>": how replies and errors name the node (addresses are for admins)
   NodeCall plan;
   grpc::ClientContext context;
   v1::ComputeRequest request;

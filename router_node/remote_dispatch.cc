@@ -78,8 +78,8 @@ absl::Status ScatterReply(const LayerWork& work, int64_t d_model, const Call& ca
   const v1::Tensor& t = call.response.output();
   if (t.dtype() != v1::DATA_TYPE_F32 || t.shape_size() != 2 || t.shape(0) != expected || t.shape(1) != d_model ||
       static_cast<int64_t>(t.data().size()) != expected * d_model * 4) {
-    return absl::InternalError(absl::StrCat("node ", call.address, ": reply for layer ", work.layer, " is not [",
-                                            expected, ", ", d_model, "] f32"));
+    return absl::InternalError(
+        absl::StrCat(call.name, ": reply for layer ", work.layer, " is not [", expected, ", ", d_model, "] f32"));
   }
   const char* src = t.data().data();
   for (const int w : call.plan.works) {
@@ -149,6 +149,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       auto call = std::make_unique<Call>();
       call->node = nc.node;
       call->address = topo->nodes[nc.node]->address;
+      call->name = absl::StrCat("node-", nc.node);
       call->plan = std::move(nc);
       call->hedge = hedge;
       BuildRequest(work, options_.d_model, options_.model_id, call.get());
@@ -218,7 +219,8 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
         }
         hedges_.fetch_add(1, std::memory_order_relaxed);
         if (options_.metrics != nullptr) {
-          options_.metrics->GetCounter("colibri_router_hedges_total", "Node calls hedged on another replica.")->Add();
+          options_.metrics->GetCounter("colibri_router_hedges_total", "Node calls hedged on another replica.")
+              ->Increment();
         }
       }
       tracker.WaitUntil(all_settled, absl::InfiniteFuture());
@@ -253,7 +255,8 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
         winners.assign(r.hedges.begin(), r.hedges.end());
         hedge_wins_.fetch_add(1, std::memory_order_relaxed);
         if (options_.metrics != nullptr) {
-          options_.metrics->GetCounter("colibri_router_hedge_wins_total", "Hedged calls answered by the hedge.")->Add();
+          options_.metrics->GetCounter("colibri_router_hedge_wins_total", "Hedged calls answered by the hedge.")
+              ->Increment();
         }
       }
       if (!winners.empty()) {
@@ -268,7 +271,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       topo->nodes[c.node]->failed.fetch_add(1, std::memory_order_relaxed);
       const grpc::StatusCode code = c.status.error_code();
       const std::string what =
-          absl::StrCat("node ", c.address, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
+          absl::StrCat(c.name, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
       if (control.cancelled()) {
         if (error.ok()) error = absl::CancelledError("request cancelled by the client");
       } else if (absl::Now() >= control.deadline() ||
@@ -302,7 +305,8 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
     retries_.fetch_add(1, std::memory_order_relaxed);
     if (stats != nullptr) ++stats->retries;
     if (options_.metrics != nullptr) {
-      options_.metrics->GetCounter("colibri_router_retries_total", "Node calls retried on another replica.")->Add();
+      options_.metrics->GetCounter("colibri_router_retries_total", "Node calls retried on another replica.")
+          ->Increment();
     }
   }
   return absl::InternalError("unreachable");
@@ -311,7 +315,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
 void RemoteBackend::Record(const Call& c, int attempt, BackendStats* stats) {
   if (stats != nullptr) {
     NodeCallRecord r;
-    r.node = c.address;
+    r.node = c.name;
     r.start_nanos = c.start_nanos;
     r.end_nanos = c.end_nanos;
     r.rows = c.request.rows().shape_size() > 0 ? c.request.rows().shape(0) : 0;
@@ -331,7 +335,7 @@ void RemoteBackend::Record(const Call& c, int attempt, BackendStats* stats) {
     options_.metrics
         ->GetCounter("colibri_router_node_calls_total", "Compute calls to expert nodes by node and status code.",
                      {{"node", c.address}, {"code", std::to_string(static_cast<int>(c.status.error_code()))}})
-        ->Add();
+        ->Increment();
     options_.metrics
         ->GetHistogram("colibri_router_node_seconds", "Duration of Compute calls to each expert node.",
                        {{"node", c.address}}, common::LatencyBuckets())

@@ -145,7 +145,7 @@ void Router::CountRoutes(int32_t layer, const common::Routes& routes) {
   const int64_t base = layer * manifest().total_experts();
   for (const int32_t e : routes.expert_ids) {
     tokens_[base + e].fetch_add(1, std::memory_order_relaxed);
-    if (!token_counters_.empty()) token_counters_[base + e]->Add();
+    if (!token_counters_.empty()) token_counters_[base + e]->Increment();
   }
 }
 

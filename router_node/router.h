@@ -67,8 +67,8 @@ struct ForwardOutput {
 };
 
 // One stage of a Forward as clients see it (Router's Timing message):
-// route, dispatch, aggregate, total, and per node call "node:<address>" and
-// "node_compute:<address>" (placed at the end of the call: a node reports
+// route, dispatch, aggregate, total, and per node call "node:node-<i>" and
+// "node_compute:node-<i>" (placed at the end of the call: a node reports
 // how long its kernels ran, not when they started). Starts are from the
 // beginning of the Forward.
 struct TimingSpan {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "runtime/grpc_admin.h"
 #include "runtime/grpc_credentials.h"
 #include "runtime/grpc_services.h"
 
@@ -19,6 +20,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            runtime::ServerCredentialsFromFiles(options.tls_cert_file, options.tls_key_file,
                                                                options.tls_client_ca_file, "RouterServerOptions::"));
+  COLIBRI_RETURN_IF_ERROR(runtime::CheckAdminIdentities(options.service.admin_identities, options.tls_client_ca_file,
+                                                        "RouterServerOptions::service."));
   std::unique_ptr<RouterServer> s(new RouterServer());
   if (options.local) {
     options.engine.max_tokens = options.router.max_tokens;
@@ -47,7 +50,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   }
   if (options.metrics_port >= 0) {
     COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
-                             runtime::MetricsServer::Create(options.metrics_host, options.metrics_port, &s->metrics_));
+                             runtime::MetricsServer::Create(runtime::MetricsHost(options.metrics_host, options.listen),
+                                                            options.metrics_port, &s->metrics_));
+    s->metrics_port_ = s->metrics_server_->port();
   }
   options.service.metrics = &s->metrics_;
   options.service.remote = s->remote_.get();
@@ -70,6 +75,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  if (!options.admin_listen.empty()) {
+    s->admin_service_ = std::make_unique<RouterAdminService>(s->service_.get());
+    COLIBRI_ASSIGN_OR_RETURN(s->admin_server_,
+                             runtime::StartAdminServer(options.admin_listen, credentials, s->admin_service_.get(),
+                                                       &s->admin_port_, "RouterServerOptions::"));
+  }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   if (s->remote_ != nullptr) {
     s->remote_->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
@@ -81,11 +92,15 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
 
 void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
+    metrics_server_.reset();                  // first: its slowest client must not delay the drain
     if (remote_ != nullptr) remote_->Stop();  // no health callback into the server from here on
     server_->GetHealthCheckService()->SetServingStatus(false);
+    if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls; cancels them at the deadline
     server_->Wait();
-    server_.reset();   // the service must outlive the server
+    server_.reset();  // the services must outlive the servers
+    admin_server_.reset();
+    admin_service_.reset();
     service_.reset();  // joins the workers
   });
 }

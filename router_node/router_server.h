@@ -44,8 +44,12 @@ struct RouterServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
-  int metrics_port = -1;  // >= 0: Prometheus /metrics on it (0 picks a port)
-  std::string metrics_host = "0.0.0.0";
+  // Admin calls (GetClusterStatus with node addresses and errors): served on
+  // `admin_listen` (host:port, same TLS settings; empty: none), and on
+  // `listen` to mutual-TLS peers named in service.admin_identities.
+  std::string admin_listen;
+  int metrics_port = -1;     // >= 0: Prometheus /metrics on it (0 picks a port)
+  std::string metrics_host;  // empty: the host of `listen`
 };
 
 class RouterServer {
@@ -56,7 +60,8 @@ class RouterServer {
   ~RouterServer();
 
   int port() const { return port_; }
-  int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : -1; }
+  int admin_port() const { return admin_port_; }      // -1 without an admin listener
+  int metrics_port() const { return metrics_port_; }  // -1 without metrics
   Router& router() { return *router_; }
   RemoteBackend* remote() { return remote_.get(); }  // null in local mode
 
@@ -74,8 +79,12 @@ class RouterServer {
   std::unique_ptr<Router> remote_router_;  // distributed mode
   Router* router_ = nullptr;
   std::unique_ptr<RouterService> service_;
+  std::unique_ptr<RouterAdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> admin_server_;
   int port_ = 0;
+  int admin_port_ = -1;
+  int metrics_port_ = -1;
   std::once_flag shutdown_once_;
 };
 

@@ -10,6 +10,7 @@
 #include "common/mutex.h"
 #include "common/status_macros.h"
 #include "router_node/forward_request.h"
+#include "runtime/grpc_admin.h"
 #include "runtime/grpc_status.h"
 
 namespace colibri {
@@ -188,7 +189,7 @@ void RouterService::CountCall(const char* method, absl::StatusCode code) {
   options_.metrics
       ->GetCounter("colibri_router_requests_total", "Router calls by method and status code.",
                    {{"method", method}, {"code", std::to_string(static_cast<int>(code))}})
-      ->Add();
+      ->Increment();
 }
 
 absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallControl& control,
@@ -281,18 +282,32 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* RouterService::GetClusterStatus(grpc::CallbackServerContext* context,
                                                           const v1::GetClusterStatusRequest*,
                                                           v1::GetClusterStatusResponse* response) {
+  return ClusterStatus(context, response, runtime::PeerIsNamed(*context, options_.admin_identities));
+}
+
+grpc::ServerUnaryReactor* RouterAdminService::GetClusterStatus(grpc::CallbackServerContext* context,
+                                                               const v1::GetClusterStatusRequest*,
+                                                               v1::GetClusterStatusResponse* response) {
+  return service_->ClusterStatus(context, response, /*admin=*/true);
+}
+
+grpc::ServerUnaryReactor* RouterService::ClusterStatus(grpc::CallbackServerContext* context,
+                                                       v1::GetClusterStatusResponse* response, bool admin) {
   const common::Manifest& m = router_->manifest();
   std::shared_ptr<const ShardMap> map;
   if (options_.remote != nullptr) {
     map = options_.remote->map();
+    int index = 0;
     for (const NodeStatusView& n : options_.remote->Nodes()) {
       v1::NodeStatus* s = response->add_nodes();
-      s->set_address(n.address);
+      // Addresses and errors (which name addresses) are the cluster's layout: admins only.
+      s->set_address(admin ? n.address : absl::StrCat("node-", index));
+      ++index;
       s->set_live(n.live);
       s->set_in_flight(n.in_flight);
       s->set_calls(n.calls);
       s->set_failed_calls(n.failed_calls);
-      s->set_last_error(n.last_error);
+      if (!n.last_error.empty()) s->set_last_error(admin ? n.last_error : "down (details: admin callers)");
       s->set_weights_version(n.weights_version);
       v1::OwnedExperts* owned = nullptr;
       for (const auto& [layer, expert] : n.owned) {

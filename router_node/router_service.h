@@ -5,7 +5,13 @@
 // request into the core's types (pointing into the request, no copy of the
 // hidden states), hand it to the service's worker threads — never blocking
 // gRPC's — run Router::Forward, convert the status once, finish. Cancelling a
-// call cancels its node calls. Thread-safe.
+// call cancels its node calls.
+//
+// GetClusterStatus names nodes by their index ("node-0", …) and says only
+// whether they are down, unless the caller is an admin: a caller of the
+// RouterAdminService (the admin listener) or a mutual-TLS peer named in
+// Options::admin_identities, who gets addresses and the nodes' last errors.
+// Thread-safe.
 
 #include <cstdint>
 #include <deque>
@@ -33,6 +39,9 @@ class RouterService final : public colibri::v1::Router::CallbackService {
     std::ostream* log = nullptr;                 // must outlive the service
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
     RemoteBackend* remote = nullptr;             // for GetClusterStatus; null in local mode
+    // Certificate identities (mutual TLS) that get the admin view of
+    // GetClusterStatus on the data port (see RouterAdminService).
+    std::vector<std::string> admin_identities;
   };
 
   // `router` must outlive the service.
@@ -61,6 +70,10 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   void CountCall(const char* method, absl::StatusCode code);
 
  private:
+  friend class RouterAdminService;
+  grpc::ServerUnaryReactor* ClusterStatus(grpc::CallbackServerContext* context,
+                                          colibri::v1::GetClusterStatusResponse* response, bool admin);
+
   void WorkerLoop();
   void Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer);
 
@@ -73,6 +86,20 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
+};
+
+// The Router service as the admin listener serves it: GetClusterStatus in
+// full, for every caller that reaches it; nothing else (UNIMPLEMENTED).
+// `service` must outlive it.
+class RouterAdminService final : public colibri::v1::Router::CallbackService {
+ public:
+  explicit RouterAdminService(RouterService* service) : service_(service) {}
+  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
+                                             const colibri::v1::GetClusterStatusRequest* request,
+                                             colibri::v1::GetClusterStatusResponse* response) override;
+
+ private:
+  RouterService* const service_;
 };
 
 }  // namespace router_node

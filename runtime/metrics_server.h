@@ -1,26 +1,40 @@
 #ifndef COLIBRI_RUNTIME_METRICS_SERVER_H_
 #define COLIBRI_RUNTIME_METRICS_SERVER_H_
 
-// A minimal HTTP/1.1 endpoint for Prometheus: GET /metrics answers the
-// registry's text exposition; anything else is 404. One thread, one request
-// per connection, bounded request size and time. Stops (and joins) on
-// destruction.
+// The Prometheus endpoint: GET /metrics answers the registry's text
+// exposition, through prometheus-cpp's exposer (civetweb). It runs
+// kMetricsThreads worker threads and gives a client kMetricsRequestTimeoutMs
+// to send its request, so idle or slow clients each hold one worker for at
+// most that long: a scrape is not delayed while fewer than kMetricsThreads - 1
+// of them are connected. Stops on destruction (within about 2 s, civetweb's
+// poll quantum, even with clients connected).
 
-#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 
+namespace prometheus {
+class Exposer;
+}
+
 namespace colibri {
 namespace runtime {
 
+inline constexpr int kMetricsThreads = 32;
+inline constexpr int kMetricsRequestTimeoutMs = 5000;
+
+// The address metrics listen on: `metrics_host` if set, else the host of the
+// gRPC address `listen` (host:port, [v6]:port): metrics are as reachable as
+// the service, no more.
+std::string MetricsHost(const std::string& metrics_host, const std::string& listen);
+
 class MetricsServer {
  public:
-  // Listens on host:port (port 0 picks a free one). `registry` must outlive
-  // the server. UNAVAILABLE naming the address if it cannot listen.
+  // Listens on host:port (an IP address; port 0 picks a free one).
+  // `registry` must outlive the server. UNAVAILABLE naming the address if it
+  // cannot listen.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Create(const std::string& host, int port,
                                                                const common::MetricsRegistry* registry);
   ~MetricsServer();
@@ -28,14 +42,10 @@ class MetricsServer {
   int port() const { return port_; }
 
  private:
-  MetricsServer(int fd, int port, const common::MetricsRegistry* registry);
-  void Serve();
+  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int port);
 
-  const int fd_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   const int port_;
-  const common::MetricsRegistry* const registry_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 }  // namespace runtime

@@ -56,13 +56,13 @@ std::string ProcessGuard::ReadLine() {
   return fgets(line, sizeof(line), out_) != nullptr ? std::string(line) : std::string();
 }
 
-int ProcessGuard::ReadPort() {
+int ProcessGuard::ReadPort(const std::string& what) {
   for (;;) {
     const std::string line = ReadLine();
-    INFO("the process ended before printing its port");
+    INFO("the process ended before printing \"" << what << "\"");
     REQUIRE(!line.empty());
-    const size_t at = line.find("listening on port ");
-    if (at != std::string::npos) return std::stoi(line.substr(at + 18));
+    const size_t at = line.find(what);
+    if (at != std::string::npos) return std::stoi(line.substr(at + what.size()));
   }
 }
 
@@ -104,7 +104,7 @@ int ProcessGuard::SignalAndWait(int sig, std::chrono::seconds timeout) {
   return -1;
 }
 
-std::string HttpGet(int port, const std::string& path) {
+int ConnectLoopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in addr{};
@@ -112,6 +112,11 @@ std::string HttpGet(int port, const std::string& path) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  return fd;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ConnectLoopback(port);
   const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
   REQUIRE(::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
   std::string response;

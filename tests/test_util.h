@@ -58,7 +58,7 @@ class ProcessGuard {
   // The next line of the child's stdout ("" at EOF).
   std::string ReadLine();
   // Reads lines until one says "listening on port N" and returns N; REQUIREs it.
-  int ReadPort();
+  int ReadPort(const std::string& what = "listening on port ");
   // Sends `sig` and waits up to `timeout` for the exit status (-1: still running).
   int SignalAndWait(int sig, std::chrono::seconds timeout);
   void Signal(int sig);
@@ -74,6 +74,8 @@ class ProcessGuard {
 
 // GET http://127.0.0.1:port/path; the whole response, status line first.
 std::string HttpGet(int port, const std::string& path);
+// A TCP connection to 127.0.0.1:port (REQUIREs it connects); the caller closes it.
+int ConnectLoopback(int port);
 
 // Path of a binary in the build tree, e.g. Binary("expert_node/colibri-expert").
 std::string Binary(const std::string& relative);

@@ -39,20 +39,30 @@ ln -sfn "$src/deploy/helm/render" "$gopath/src/colibri/helmrender"
 render() { "$gopath/render" -chart "$chart" "$@"; }
 
 echo "--- render and validate against the Kubernetes schemas"
-render > "$tmp/default.yaml"
+# The defaults need TLS secrets (secure by default): the "default" layout is
+# the defaults with both plaintext opt-outs; the per-socket example has TLS.
+printf 'tls: {clients: {plaintext: true}, nodes: {plaintext: true}}\n' > "$tmp/plaintext.yaml"
+render -f "$tmp/plaintext.yaml" > "$tmp/default.yaml"
 render -f "$src/deploy/helm/examples/values-per-socket.yaml" > "$tmp/socket.yaml"
 node "$src/deploy/helm/validate/k8s_validate.mjs" "$modules" "$tmp/default.yaml" "$tmp/socket.yaml" | tail -1
 node "$src/deploy/helm/validate/k8s_validate.mjs" "$modules" "$tmp/default.yaml" "$tmp/socket.yaml" >/dev/null ||
   { node "$src/deploy/helm/validate/k8s_validate.mjs" "$modules" "$tmp/default.yaml" "$tmp/socket.yaml" | grep FAIL; fail "schema validation"; }
 
 echo "--- lint"
-render -notes | grep -q "port-forward svc/colibri-router 50051" || fail "NOTES.txt does not say how to call the router"
+render -notes -f "$tmp/plaintext.yaml" > "$tmp/notes.txt"
+grep -q "port-forward svc/colibri-router 50051" "$tmp/notes.txt" || fail "NOTES.txt does not say how to call the router"
+grep -q "WARNING: TLS is off" "$tmp/notes.txt" || fail "NOTES.txt does not warn about the plaintext opt-outs"
 expect_fail() {  # needle values-yaml
   printf '%s\n' "$2" > "$tmp/bad.yaml"
-  if render -f "$tmp/bad.yaml" > /dev/null 2> "$tmp/err"; then fail "rendered despite: $2"; fi
+  if render -f "${3:-$tmp/plaintext.yaml}" -f "$tmp/bad.yaml" > /dev/null 2> "$tmp/err"; then
+    fail "rendered despite: $2"
+  fi
   grep -qF -- "$1" "$tmp/err" || fail "for '$2' expected '$1', got: $(cat "$tmp/err")"
   echo "ok: refused ($1)"
 }
+printf '{}\n' > "$tmp/empty.yaml"
+expect_fail "TLS between the router and the expert nodes is required" '{}' "$tmp/empty.yaml"
+expect_fail "TLS for the router's clients is required" 'tls: {nodes: {secretName: n}}' "$tmp/empty.yaml"
 expect_fail "model.pvc or model.hostPath is required" 'model: {hostPath: ""}'
 expect_fail "give either pvc or hostPath, not both" 'model: {pvc: claim}'
 expect_fail "is more than model.nExperts" 'experts: {shards: 9}'
@@ -94,8 +104,8 @@ for path, shards, replicas in ((sys.argv[1], 2, 2), (sys.argv[2], 4, 2)):
           f"{'colibri-health' if socket else 'gRPC'} probes, IPC_LOCK, anti-affinity per shard, PDBs"
           f"{', NUMA auto, huge pages' if socket else ''}")
 PY
-render -f <(printf 'experts: {replicasPerShard: 1}\n') | grep -q "minAvailable: 1" || fail "a single replica's PDB must keep it"
-render -f <(printf 'tls: {clients: {secretName: c, mutual: true}}\n') > "$tmp/client_tls.yaml"
+render -f "$tmp/plaintext.yaml" -f <(printf 'experts: {replicasPerShard: 1}\n') | grep -q "minAvailable: 1" || fail "a single replica's PDB must keep it"
+render -f "$tmp/plaintext.yaml" -f <(printf 'tls: {clients: {secretName: c, mutual: true}}\n') > "$tmp/client_tls.yaml"
 $py - "$tmp/client_tls.yaml" <<'PY' || fail "with client TLS the router's readiness probe must be colibri-health with its certificate"
 import sys, yaml
 router = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment")
@@ -117,7 +127,13 @@ cp "$tmp/raw/ca.crt" "$tmp/certs/node/ca.crt"; cp "$tmp/raw/ca.crt" "$tmp/certs/
 for layout in default socket; do
   run=$tmp/run_$layout
   mkdir -p "$run"
-  $py "$src/deploy/helm/validate/local_args.py" "$tmp/$layout.yaml" "$tmp/models/model" "$tmp/certs" "$run"
+  manifests=$tmp/$layout.yaml
+  if [ "$layout" = socket ]; then  # the local clients (router_client.py, the decode example) speak plaintext
+    render -f "$src/deploy/helm/examples/values-per-socket.yaml" \
+      -f <(printf 'tls: {clients: {secretName: "", plaintext: true}}\n') > "$tmp/socket_local.yaml"
+    manifests=$tmp/socket_local.yaml
+  fi
+  $py "$src/deploy/helm/validate/local_args.py" "$manifests" "$tmp/models/model" "$tmp/certs" "$run"
   : > "$run/all.txt"
   i=0
   while read -r name args; do

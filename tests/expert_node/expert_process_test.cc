@@ -32,9 +32,12 @@ TEST_CASE("colibri-expert serves, reloads under load with no failed call, and ex
   colibri::testing::MakeModel(synth, dir / "root/b", common::DType::kInt4);
   ProcessGuard node({std::string(COLIBRI_BINARY_DIR) + "/expert_node/colibri-expert", "--model=" + (dir / "root/a"),
                      "--experts=layer:0/expert:0-1", "--listen=127.0.0.1:0", "--nomlock", "--threads=2",
-                     "--model_root=" + (dir / "root")});
+                     "--model_root=" + (dir / "root"), "--admin_listen=127.0.0.1:0"});
   const int port = node.ReadPort();
+  const int admin_port = node.ReadPort("admin on port ");
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto admin = v1::ExpertNode::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(admin_port), grpc::InsecureChannelCredentials()));
 
   auto health = grpc::health::v1::Health::NewStub(channel);
   grpc::health::v1::HealthCheckResponse status;
@@ -86,7 +89,7 @@ TEST_CASE("colibri-expert serves, reloads under load with no failed call, and ex
     reload.set_model_dir(i % 2 == 0 ? dir / "root/b" : dir / "root/a");
     v1::ReloadResponse response;
     grpc::ClientContext context;
-    const grpc::Status s = stub->Reload(&context, reload, &response);
+    const grpc::Status s = admin->Reload(&context, reload, &response);
     INFO(s.error_message());
     CHECK(s.ok());
   }

@@ -3,12 +3,16 @@
 // naming the field; GetNodeInfo and Reload behave as the proto says.
 
 #include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -33,6 +37,7 @@ struct Node {
   std::unique_ptr<std::ostringstream> log = std::make_unique<std::ostringstream>();  // outlives the server
   std::unique_ptr<ExpertServer> server;
   std::unique_ptr<v1::ExpertNode::Stub> stub;
+  std::unique_ptr<v1::ExpertNode::Stub> admin;  // on the admin listener
 };
 
 Node Start(const std::string& model_dir, const std::string& experts, int metrics_port = -1,
@@ -46,6 +51,7 @@ Node Start(const std::string& model_dir, const std::string& experts, int metrics
   options.store.shard = *ShardSpec::Parse(experts);
   options.store.lock_memory = false;
   options.threads = 2;
+  options.admin_listen = "127.0.0.1:0";
   Node node;
   auto server = ExpertServer::Create(options, node.log.get());
   INFO(server.status().message());
@@ -54,6 +60,8 @@ Node Start(const std::string& model_dir, const std::string& experts, int metrics
   auto channel =
       grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials());
   node.stub = v1::ExpertNode::NewStub(channel);
+  node.admin = v1::ExpertNode::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->admin_port()),
+                                                           grpc::InsecureChannelCredentials()));
   return node;
 }
 
@@ -209,7 +217,7 @@ TEST_CASE("without a model root, Reload may re-shard the loaded model but never 
     request.set_experts(experts);
     v1::ReloadResponse response;
     grpc::ClientContext context;
-    return node.stub->Reload(&context, request, &response);
+    return node.admin->Reload(&context, request, &response);
   };
   const grpc::Status other = reload(dir / "b", "");  // its sibling: the old implicit root allowed it
   CHECK(other.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
@@ -241,7 +249,7 @@ TEST_CASE("a reload under concurrent Compute load fails no call") {
     request.set_model_dir(i % 2 == 0 ? dir / "root/b" : dir / "root/a");
     v1::ReloadResponse response;
     grpc::ClientContext context;
-    const grpc::Status s = node.stub->Reload(&context, request, &response);
+    const grpc::Status s = node.admin->Reload(&context, request, &response);
     INFO(s.error_message());
     REQUIRE(s.ok());
     CHECK(response.weights_version() == static_cast<uint64_t>(i + 2));
@@ -278,7 +286,136 @@ TEST_CASE("an expert node serves Prometheus metrics about its calls, rows per ex
   CHECK(HttpGet(node.server->metrics_port(), "/other").rfind("HTTP/1.1 404", 0) == 0);
 }
 
+TEST_CASE("slow metrics clients do not hold up a scrape") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0);
+  // 20 clients that connect and send half a request, then nothing.
+  std::vector<int> slow;
+  for (int i = 0; i < 20; ++i) {
+    slow.push_back(colibri::testing::ConnectLoopback(node.server->metrics_port()));
+    REQUIRE(::send(slow.back(), "GET /metr", 9, MSG_NOSIGNAL) == 9);
+  }
+  const std::string metrics = HttpGet(node.server->metrics_port(), "/metrics");
+  CHECK(metrics.rfind("HTTP/1.1 200 OK", 0) == 0);
+  // The scrape was answered while every slow client was still being waited
+  // for (a one-at-a-time server answers it only after they time out).
+  int still_open = 0;
+  for (int fd : slow) {
+    char c;
+    const ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT);
+    still_open += n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    ::close(fd);
+  }
+  CHECK(still_open == 20);
+}
+
 std::string Slurp(const std::string& path) { return colibri::testing::ReadFile(path); }
+
+TEST_CASE("a long Compute call is interleaved with later ones and still equals the in-process executor") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kInt8);
+  // Every call's first step sleeps 300 ms first (fault injection): the small
+  // call below is queued while the long one sleeps, so it is behind it.
+  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/300);
+  // A long call: 16384 rows through expert 0, half of them through expert 1: 96 slices.
+  const int64_t n = 16384;
+  std::vector<float> rows(n * kDModel);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = std::sin(0.01 * static_cast<double>(i % 9973));
+  v1::ComputeRequest big = Request(std::vector<float>(kDModel, 0.f));
+  big.mutable_rows()->set_shape(0, n);
+  big.mutable_rows()->set_data(reinterpret_cast<const char*>(rows.data()), rows.size() * 4);
+  std::vector<int32_t> all(n), odd;
+  std::vector<float> w_all(n), w_odd;
+  for (int32_t r = 0; r < n; ++r) {
+    all[r] = r;
+    w_all[r] = 0.25f + 0.5f * static_cast<float>(r % 7) / 7.f;
+    if (r % 2 == 1) {
+      odd.push_back(r);
+      w_odd.push_back(1.f - w_all[r]);
+    }
+  }
+  v1::ExpertWork* e0 = big.mutable_experts(0);
+  e0->mutable_row_indices()->Assign(all.begin(), all.end());
+  e0->mutable_weights()->Assign(w_all.begin(), w_all.end());
+  v1::ExpertWork* e1 = big.mutable_experts(1);
+  e1->mutable_row_indices()->Assign(odd.begin(), odd.end());
+  e1->mutable_weights()->Assign(w_odd.begin(), w_odd.end());
+
+  std::atomic<int> finished{0};
+  std::atomic<int> big_done_as{0}, small_done_as{0};
+  grpc::ClientContext big_context;
+  v1::ComputeResponse big_response;
+  grpc::Status big_status;
+  std::mutex mu;
+  std::condition_variable cv;
+  node.stub->async()->Compute(&big_context, &big, &big_response, [&](grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    big_status = s;
+    big_done_as = ++finished;
+    cv.notify_all();
+  });
+  // Once the node has the long call (it counts its bytes on arrival), a small call.
+  for (int i = 0; i < 1000; ++i) {
+    if (HttpGet(node.server->metrics_port(), "/metrics").find("colibri_expert_bytes_in_total ") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  v1::ComputeResponse small;
+  const grpc::Status small_status = Call(node, Request(std::vector<float>(3 * kDModel, 0.5f)), &small);
+  small_done_as = ++finished;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return big_done_as != 0; });
+  }
+  REQUIRE(small_status.ok());
+  INFO(big_status.error_message());
+  REQUIRE(big_status.ok());
+  // Answered between the long call's slices, not after them (one call at a
+  // time would answer the long call 300 ms before the small one).
+  CHECK(small_done_as == 1);
+  CHECK(big_done_as == 2);
+
+  // The sliced answer equals one in-process RunExperts call bit for bit.
+  auto model = common::ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  auto x0 = (*model)->LoadExpert(0, 0, false);
+  auto x1 = (*model)->LoadExpert(0, 1, false);
+  REQUIRE(x0.ok());
+  REQUIRE(x1.ok());
+  auto pool = kernels::ThreadPool::Create({2, -1, false});
+  REQUIRE(pool.ok());
+  std::vector<float> local(rows.size(), 0.f);
+  kernels::Workspace ws;
+  kernels::RunExperts(**pool,
+                      {{x0->get(), all.data(), w_all.data(), n},
+                       {x1->get(), odd.data(), w_odd.data(), static_cast<int64_t>(odd.size())}},
+                      rows.data(), kDModel, local.data(), ws);
+  std::vector<float> remote(rows.size());
+  REQUIRE(big_response.output().data().size() == remote.size() * 4);
+  std::memcpy(remote.data(), big_response.output().data().data(), remote.size() * 4);
+  CHECK(remote == local);
+}
+
+TEST_CASE("Reload on the data port is refused: admin calls need the admin listener") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1");
+  v1::ReloadRequest request;
+  request.set_experts("layer:0/expert:0");  // a re-shard: what an attacker would use to take experts away
+  v1::ReloadResponse response;
+  grpc::ClientContext context;
+  const grpc::Status s = node.stub->Reload(&context, request, &response);
+  CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(s.error_message().find("admin") != std::string::npos);
+  CHECK(node.server->store().Current()->owned().size() == 2);  // nothing changed
+  // The admin listener does not serve Compute.
+  grpc::ClientContext compute_context;
+  v1::ComputeResponse out;
+  CHECK(node.admin->Compute(&compute_context, Request(std::vector<float>(kDModel, 1.0f)), &out).error_code() ==
+        grpc::StatusCode::UNIMPLEMENTED);
+}
 
 TEST_CASE("with mutual TLS only clients holding a certificate from the CA get in") {
   TempDir dir;
@@ -296,7 +433,7 @@ TEST_CASE("with mutual TLS only clients holding a certificate from the CA get in
   auto server = ExpertServer::Create(options, nullptr);
   INFO(server.status().message());
   REQUIRE(server.ok());
-  const std::string target = "127.0.0.1:" + std::to_string((*server)->port());
+  std::string target = "127.0.0.1:" + std::to_string((*server)->port());
   auto info = [&](std::shared_ptr<grpc::ChannelCredentials> credentials) {
     auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(target, credentials));
     grpc::ClientContext context;
@@ -315,6 +452,33 @@ TEST_CASE("with mutual TLS only clients holding a certificate from the CA get in
   no_client_cert.pem_root_certs = trusted.pem_root_certs;
   CHECK_FALSE(info(grpc::SslCredentials(no_client_cert)).ok());  // untrusted client refused
   CHECK_FALSE(info(grpc::InsecureChannelCredentials()).ok());    // plaintext refused
+  // Admin calls on the data port: only the certificate named in admin_identities.
+  auto reshard = [&](const std::string& who) {
+    grpc::SslCredentialsOptions c = trusted;
+    c.pem_cert_chain = Slurp(certs + "/" + who + ".crt");
+    c.pem_private_key = Slurp(certs + "/" + who + ".key");
+    auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(target, grpc::SslCredentials(c)));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ReloadRequest request;
+    request.set_experts("layer:0/expert:0");
+    v1::ReloadResponse response;
+    return stub->Reload(&context, request, &response);
+  };
+  CHECK(reshard("client").error_code() == grpc::StatusCode::PERMISSION_DENIED);  // no admin identities yet
+  (*server).reset();
+  options.admin_identities = {"colibri-test-client"};
+  server = ExpertServer::Create(options, nullptr);
+  REQUIRE(server.ok());
+  target = "127.0.0.1:" + std::to_string((*server)->port());
+  CHECK(reshard("server").error_code() == grpc::StatusCode::PERMISSION_DENIED);  // trusted, but not an admin
+  const grpc::Status admin = reshard("client");
+  INFO(admin.error_message());
+  CHECK(admin.ok());
+  options.tls_client_ca_file.clear();  // identities without client certificates mean nothing
+  CHECK(ExpertServer::Create(options, nullptr).status().message().find("admin_identities") != absl::string_view::npos);
+  options.tls_client_ca_file = certs + "/ca.crt";
+  options.admin_identities.clear();
 
   options.tls_key_file.clear();
   CHECK(ExpertServer::Create(options, nullptr).status().message().find("ServerOptions::tls_key_file") !=
@@ -399,7 +563,7 @@ TEST_CASE("GetNodeInfo describes the shard and Reload swaps weights within the m
     request.set_model_dir(model_dir);
     request.set_experts(experts);
     grpc::ClientContext context;
-    return node.stub->Reload(&context, request, response);
+    return node.admin->Reload(&context, request, response);
   };
   v1::ReloadResponse response;
   CHECK(reload(dir / "ckpt", "", &response).error_code() == grpc::StatusCode::PERMISSION_DENIED);  // outside the root
@@ -411,9 +575,17 @@ TEST_CASE("GetNodeInfo describes the shard and Reload swaps weights within the m
   CHECK(reload("", "9", &response).error_code() == grpc::StatusCode::INVALID_ARGUMENT);  // no expert 9
   {
     grpc::ClientContext context;
-    REQUIRE(node.stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+    REQUIRE(node.admin->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
   }
   CHECK(info.last_reload_error().find("expert 9") != std::string::npos);
+  CHECK(info.model_dir() == dir / "root/a");
+  {  // the data port says that the reload failed, not why nor where the model lives
+    grpc::ClientContext context;
+    REQUIRE(node.stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+  }
+  CHECK(info.last_reload_error().find("expert 9") == std::string::npos);
+  CHECK_FALSE(info.last_reload_error().empty());
+  CHECK(info.model_dir().empty());
   CHECK(info.weights_version() == 1);  // the failed reload kept the old weights
   const grpc::Status ok = reload(dir / "root/b", "", &response);
   INFO(ok.error_message());

@@ -39,8 +39,9 @@ TEST_CASE("a distributed router answers byte for byte like a local one, in every
     Model model(type);
     Proc a = StartNode(model.path, "0-2");
     Proc b = StartNode(model.path, "2-3");  // expert 2 on both nodes
-    Proc distributed =
-        StartRouter({"--model=" + model.path, "--experts-at=" + Address(a.port) + "," + Address(b.port)});
+    Proc distributed = StartRouter({"--model=" + model.path, "--experts-at=" + Address(a.port) + "," + Address(b.port),
+                                    "--admin_listen=127.0.0.1:0"});
+    const int admin_port = distributed.process->ReadPort("admin on port ");
     Proc local = StartRouter({"--local=" + model.path, "--threads=1"});
     auto remote_stub = Connect(distributed.port);
     auto local_stub = Connect(local.port);
@@ -53,6 +54,13 @@ TEST_CASE("a distributed router answers byte for byte like a local one, in every
     CHECK(status.serving());
     CHECK(status.experts(2).live_replicas() == 2);  // layer 0 expert 2
     CHECK(status.experts(3).live_replicas() == 1);
+    // Node addresses only on the admin listener; the data port names nodes by index.
+    CHECK(status.nodes(0).address() == "node-0");
+    CHECK(status.nodes(1).address() == "node-1");
+    const v1::GetClusterStatusResponse admin_status = Status(*Connect(admin_port));
+    REQUIRE(admin_status.nodes_size() == 2);
+    CHECK(admin_status.nodes(0).address() == Address(a.port));
+    CHECK(admin_status.nodes(1).address() == Address(b.port));
 
     int compared = 0;
     for (int32_t layer = 0; layer < 2; ++layer) {

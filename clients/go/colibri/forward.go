@@ -65,7 +65,7 @@ type ForwardArgs struct {
 }
 
 // Timing is the time spent in one stage of a call: "route", "dispatch",
-// "aggregate", "total", "node:<address>", "node_compute:<address>", "local".
+// "aggregate", "total", "node:node-<i>", "node_compute:node-<i>", "local".
 type Timing struct {
 	Stage    string
 	Duration time.Duration

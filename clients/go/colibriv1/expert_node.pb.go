@@ -503,7 +503,8 @@ type GetNodeInfoResponse struct {
 	// Identity of the loaded model: the checksum of its manifest.json
 	// ("xxh3_128:<32 hex digits>"); empty while nothing is loaded.
 	ModelId string `protobuf:"bytes,1,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
-	// The model directory as the operator configured it (not resolved).
+	// The model directory as the operator configured it (not resolved); admin
+	// callers only (the admin listener, or a peer named in --admin_identities).
 	ModelDir string `protobuf:"bytes,2,opt,name=model_dir,json=modelDir,proto3" json:"model_dir,omitempty"`
 	// The (layer, expert) set this node owns, one entry per layer that has at
 	// least one owned expert, ascending by layer.
@@ -533,8 +534,8 @@ type GetNodeInfoResponse struct {
 	WeightsVersion uint64 `protobuf:"varint,14,opt,name=weights_version,json=weightsVersion,proto3" json:"weights_version,omitempty"`
 	// True when mlock of the serving weights succeeded.
 	WeightsLocked bool `protobuf:"varint,15,opt,name=weights_locked,json=weightsLocked,proto3" json:"weights_locked,omitempty"`
-	// Reason of the last failed load or reload; empty if the last one
-	// succeeded.
+	// Reason of the last failed load or reload (admin callers; others get a
+	// generic text); empty if the last one succeeded.
 	LastReloadError string `protobuf:"bytes,16,opt,name=last_reload_error,json=lastReloadError,proto3" json:"last_reload_error,omitempty"`
 }
 

@@ -67,6 +67,10 @@ type ExpertNodeClient interface {
 	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
+	//	PERMISSION_DENIED    also: the caller is not an admin. Reload is served on
+	//	                     the node's admin listener (--admin_listen) and, with
+	//	                     mutual TLS, to certificates named in
+	//	                     --admin_identities; never to anyone else.
 	Reload(ctx context.Context, in *ReloadRequest, opts ...grpc.CallOption) (*ReloadResponse, error)
 }
 
@@ -159,6 +163,10 @@ type ExpertNodeServer interface {
 	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
+	//	PERMISSION_DENIED    also: the caller is not an admin. Reload is served on
+	//	                     the node's admin listener (--admin_listen) and, with
+	//	                     mutual TLS, to certificates named in
+	//	                     --admin_identities; never to anyone else.
 	Reload(context.Context, *ReloadRequest) (*ReloadResponse, error)
 	mustEmbedUnimplementedExpertNodeServer()
 }

@@ -283,9 +283,10 @@ type Timing struct {
 	unknownFields protoimpl.UnknownFields
 
 	// "route", "dispatch" (until every node answered), "aggregate", "total",
-	// and per node call "node:<address>" (the call as the router saw it; the
-	// slowest one bounds dispatch) and "node_compute:<address>" (the node's
-	// kernel time). Local mode reports its one in-process call as "local".
+	// and per node call "node:node-<i>" (the call as the router saw it; the
+	// slowest one bounds dispatch) and "node_compute:node-<i>" (the node's
+	// kernel time), where i is the node's index in GetClusterStatus.nodes
+	// (addresses are shown to admin callers only). Local mode reports its one in-process call as "local".
 	Stage string `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
 	// Duration.
 	Nanos int64 `protobuf:"varint,2,opt,name=nanos,proto3" json:"nanos,omitempty"`
@@ -746,6 +747,8 @@ type NodeStatus struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
+	// host:port for admin callers (the router's admin listener, or a peer named
+	// in --admin_identities); "node-<i>", the node's index, for everyone else.
 	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
 	// True when the node answered its last health check, serves this model
 	// and is ready.
@@ -757,7 +760,8 @@ type NodeStatus struct {
 	// Calls to the node since the router started, and how many failed.
 	Calls       int64 `protobuf:"varint,5,opt,name=calls,proto3" json:"calls,omitempty"`
 	FailedCalls int64 `protobuf:"varint,6,opt,name=failed_calls,json=failedCalls,proto3" json:"failed_calls,omitempty"`
-	// Why the node is not live (the last error), empty when live.
+	// Why the node is not live (the last error), empty when live; admin
+	// callers only (others get "down (details: admin callers)").
 	LastError string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// The node's weights_version at its last health check.
 	WeightsVersion uint64 `protobuf:"varint,8,opt,name=weights_version,json=weightsVersion,proto3" json:"weights_version,omitempty"`

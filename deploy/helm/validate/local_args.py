@@ -9,7 +9,7 @@ the router's args, and OUT_DIR/probe.txt with the first pod's readiness probe
 when it is a command (TLS on): TLS files mapped like the args, the server name
 "localhost" (the test certificates'), the port left as PORT. Each pod's args are the rendered ones, with only what
 cannot hold on one machine replaced: the model paths point at MODEL_DIR,
---listen at 127.0.0.1:0, metrics at port 0, --threads at 1, the cluster file
+--listen and --admin_listen at 127.0.0.1:0, metrics at port 0, --threads at 1, the cluster file
 and TLS files at local ones (CERTS_DIR/{node,router}/{tls.crt,tls.key,ca.crt}).
 Every other flag (experts, mlock, huge pages, --numa_node_auto, timeouts,
 TLS on/off, drain) is kept as rendered.
@@ -30,8 +30,8 @@ def local(args, role):
             a = f"--model={model}"
         elif flag == "--model_root":
             a = f"--model_root={model}/.."
-        elif flag == "--listen":
-            a = "--listen=127.0.0.1:0"
+        elif flag in ("--listen", "--admin_listen"):
+            a = f"{flag}=127.0.0.1:0"
         elif flag == "--metrics_port":
             a = "--metrics_port=0"
         elif flag == "--threads":

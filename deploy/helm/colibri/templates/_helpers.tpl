@@ -96,3 +96,15 @@ prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
+
+{{/*
+Secure by default: each side needs its TLS secret unless its plaintext opt-out is set.
+*/}}
+{{- define "colibri.requireTls" -}}
+{{- if and (not .Values.tls.nodes.secretName) (not .Values.tls.nodes.plaintext) }}
+{{- fail "TLS between the router and the expert nodes is required: set tls.nodes.secretName (deploy/README.md, Certificates), or tls.nodes.plaintext=true to run it without TLS — then anyone who can reach a pod can call it" }}
+{{- end }}
+{{- if and (not .Values.tls.clients.secretName) (not .Values.tls.clients.plaintext) }}
+{{- fail "TLS for the router's clients is required: set tls.clients.secretName (deploy/README.md, Certificates), or tls.clients.plaintext=true to serve clients without TLS — then anyone who can reach the Service can call it" }}
+{{- end }}
+{{- end }}
