@@ -6,12 +6,14 @@ namespace colibri {
 namespace common {
 
 void TuneAllocatorForServer() {
-  // Blocks below 1 GiB come from the heap (a thread arena's heaps are capped
-  // at 64 MiB, so bigger blocks there are still mapped) and the top of the
-  // heap is given back only beyond 2 GiB free. mallopt's result is advisory:
-  // on failure the defaults stay and only speed changes.
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 0x7fffffff);  // the largest value (2 GiB) mallopt takes
+  // Blocks below 32 MiB come from the heap (a decode or prefill call's
+  // buffers: 128 Mixtral tokens are 2 MiB); larger ones are mapped and go back
+  // to the system on free, and the top of a heap is given back beyond 256 MiB
+  // free — so one huge request does not leave its memory with the process.
+  // mallopt's result is advisory: on failure the defaults stay and only
+  // speed changes.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest dynamic threshold, fixed
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 }  // namespace common

@@ -33,6 +33,9 @@ ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page m
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");
 ABSL_FLAG(int64_t, max_rows, 65536, "Most token rows one Compute call may carry (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_queued_calls, 64, "Compute calls waiting for the compute thread (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "Memory budget of the Compute calls in flight (requests, f32 rows, outputs; estimated from each request "
+          "on arrival): a call beyond it gets RESOURCE_EXHAUSTED. 0: room for two calls of --max_rows rows.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "Largest request or reply in bytes; 0 derives it from d_model and --max_rows.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key).");
@@ -122,6 +125,7 @@ int main(int argc, char** argv) {
   options.admin_listen = absl::GetFlag(FLAGS_admin_listen);
   options.admin_identities = absl::GetFlag(FLAGS_admin_identities);
   options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
+  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.inject_delay_ms = absl::GetFlag(FLAGS_inject_delay_ms);
   options.inject_delay_every = absl::GetFlag(FLAGS_inject_delay_every);
 

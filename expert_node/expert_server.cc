@@ -40,6 +40,9 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.model_root = options.model_root;  // empty: Reload cannot load another directory
   service_options.check_finite = options.check_finite;
   service_options.max_queued_calls = options.max_queued_calls;
+  const int64_t d_model = s->store_->Current()->model().manifest().d_model;
+  service_options.max_inflight_bytes =
+      options.max_inflight_bytes > 0 ? options.max_inflight_bytes : 2 * (options.limits.max_rows * d_model * 4 * 4);
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.numa_node = options.store.numa_node;
@@ -59,7 +62,6 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
-  const int64_t d_model = s->store_->Current()->model().manifest().d_model;
   if (options.limits.max_rows < 1 || options.limits.max_rows > (int64_t{1} << 24) ||
       options.limits.max_row_indices < 1 || options.limits.max_row_indices > (int64_t{1} << 28)) {
     return absl::InvalidArgumentError(

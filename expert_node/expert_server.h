@@ -43,6 +43,9 @@ struct ServerOptions {
   bool check_finite = false;      // refuse NaN/Inf in request rows
   int64_t max_message_bytes = 0;  // 0: from the model shape and limits.max_rows
   int64_t max_queued_calls = 64;  // beyond: RESOURCE_EXHAUSTED
+  // Memory budget of the calls in flight (beyond: RESOURCE_EXHAUSTED); 0:
+  // room for two calls of limits.max_rows f32 rows (rows, copy, output, encoding).
+  int64_t max_inflight_bytes = 0;
   ComputeEngine::Limits limits;
   // TLS: server certificate chain and key (PEM files); with a client CA as
   // well, mutual TLS: only clients with a certificate signed by it get in.

@@ -44,10 +44,25 @@ bool InsideRoot(const std::string& path, const std::string& root) {
   return end == r.end();
 }
 
+// The memory a Compute call holds in flight, from the request alone (nothing
+// in it is trusted beyond what gRPC received): the request's rows, their f32
+// copy, the expert lists' copies, the f32 output and its encoding.
+int64_t ComputeFootprint(const v1::ComputeRequest& r, int64_t d_model) {
+  const int64_t rows_bytes = static_cast<int64_t>(r.rows().data().size());
+  const int64_t values = rows_bytes / (r.rows().dtype() == v1::DATA_TYPE_F32 ? 4 : 2);
+  int64_t indices = 0;
+  for (const v1::ExpertWork& w : r.experts()) indices += w.row_indices_size();
+  const int64_t output_rows = r.per_expert_output() ? indices : values / std::max<int64_t>(d_model, 1);
+  return rows_bytes + values * 4 + indices * 16 + output_rows * d_model * 4 * 2;
+}
+
 }  // namespace
 
 ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options options)
-    : store_(store), engine_(engine), options_(std::move(options)) {
+    : store_(store),
+      engine_(engine),
+      options_(std::move(options)),
+      budget_(options_.max_inflight_bytes, "the node's --max_inflight_bytes") {
   UpdateWeightGauges();
   compute_thread_ = std::thread([this] { ComputeLoop(); });
 }
@@ -136,13 +151,21 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   // The call's state across its slices; the request stays alive until the
   // reactor finishes. Parsing (and bf16 conversion) happens on the compute
   // thread, not on gRPC's.
+  absl::StatusOr<common::MemoryBudget::Reservation> reservation =
+      budget_.Reserve(ComputeFootprint(*request, store_->Current()->model().manifest().d_model), "this Compute call");
+  if (!reservation.ok()) {
+    Finish(reactor, "Compute", runtime::ToGrpcStatus(reservation.status()));
+    return reactor;
+  }
   struct State {
+    common::MemoryBudget::Reservation reservation;  // released when the call's last step is dropped
     std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
     int64_t queue_nanos = 0;
     ComputeInput input;
     std::unique_ptr<PreparedCall> call;
   };
   auto state = std::make_shared<State>();
+  state->reservation = *std::move(reservation);
   // One step: the first parses and prepares; each runs one slice. True when the call is finished.
   auto job = [this, context, reactor, request, response, output_dtype, state](bool run) {
     if (!run) {

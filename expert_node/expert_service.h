@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
+#include "common/memory_budget.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "expert_node/compute_engine.h"
@@ -41,6 +42,10 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     std::string model_root;  // Reload's model_dir must resolve inside it
     bool check_finite = false;
     int64_t max_queued_calls = 64;
+    // Budget for the memory of Compute calls in flight (their requests, f32
+    // rows, outputs and encodings, estimated from the request on arrival);
+    // beyond: RESOURCE_EXHAUSTED. <= 0: none.
+    int64_t max_inflight_bytes = 0;
     int threads = 0;
     std::string kernel_isa;
     int numa_node = -1;
@@ -82,6 +87,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   ExpertStore* const store_;
   ComputeEngine* const engine_;
   const Options options_;
+  common::MemoryBudget budget_;
 
   common::Mutex mu_;
   common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set

@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, cluster_file, "",
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 picks a free port (printed).");
 ABSL_FLAG(int64_t, max_tokens, 65536, "Most tokens one Forward call may carry (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int, workers, 8, "Threads running Forward calls (each waits for its nodes, so more than cores is fine).");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "Memory budget of the Forward calls being run (estimated from each request's size before parsing): a call "
+          "beyond it gets RESOURCE_EXHAUSTED. 0: room for two requests of --max_tokens tokens.");
 ABSL_FLAG(int64_t, max_queued_requests, 256, "Forward calls waiting for a worker (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "Largest client request or reply; 0 derives it from the model and "
@@ -120,6 +123,7 @@ int main(int argc, char** argv) {
   o.router.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   o.service.workers = absl::GetFlag(FLAGS_workers);
   o.service.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  o.service.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   const char* debug = std::getenv("COLIBRI_DEBUG");
   o.service.debug = debug != nullptr && std::string(debug) != "0" && std::string(debug) != "";
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

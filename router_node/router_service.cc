@@ -34,6 +34,17 @@ void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t 
   t->set_detail(detail);
 }
 
+// The memory a Forward call holds while it runs, from the request's bytes
+// (its shape is not trusted yet): the hidden states and their f32 copy, the
+// node requests (the rows once per node: at most top_k + shared nodes), their
+// per-route replies, the f32 sum and the encoded output.
+int64_t ForwardFootprint(const v1::ForwardRequest& r, const common::Manifest& m) {
+  const int64_t bytes = static_cast<int64_t>(r.hidden().data().size());
+  const int64_t values = bytes / (r.hidden().dtype() == v1::DATA_TYPE_F32 ? 4 : 2);
+  const int64_t routes = m.top_k + m.n_shared_experts;
+  return bytes + values * 4 * (3 + 2 * routes);
+}
+
 int64_t SlowestNodeNanos(const ForwardOutput& out) {
   int64_t slowest = 0;
   for (const NodeCallRecord& c : out.backend.calls) slowest = std::max(slowest, c.end_nanos - c.start_nanos);
@@ -138,7 +149,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
 
 }  // namespace
 
-RouterService::RouterService(Router* router, Options options) : router_(router), options_(std::move(options)) {
+RouterService::RouterService(Router* router, Options options)
+    : router_(router),
+      options_(std::move(options)),
+      budget_(options_.max_inflight_bytes, "the router's --max_inflight_bytes") {
   if (options_.metrics != nullptr) {
     const char* stages[5] = {"route", "dispatch", "slowest_node", "aggregate", "total"};
     for (int i = 0; i < 5; ++i) {
@@ -196,6 +210,8 @@ absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallCo
                                        v1::ForwardResponse* response) {
   if (control.cancelled()) return absl::CancelledError("cancelled before it ran");
   if (absl::Now() > control.deadline()) return absl::DeadlineExceededError("deadline passed while queued");
+  COLIBRI_ASSIGN_OR_RETURN(const common::MemoryBudget::Reservation reservation,
+                           budget_.Reserve(ForwardFootprint(request, router_->manifest()), "this Forward call"));
   COLIBRI_ASSIGN_OR_RETURN(ForwardInput in, ParseForwardRequest(request));
   COLIBRI_ASSIGN_OR_RETURN(ForwardOutput out, router_->Forward(in, control));
   v1::Tensor* t = response->mutable_output();

@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "colibri/v1/router.grpc.pb.h"
+#include "common/memory_budget.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "router_node/remote_backend.h"
@@ -33,8 +34,12 @@ namespace router_node {
 class RouterService final : public colibri::v1::Router::CallbackService {
  public:
   struct Options {
-    int workers = 8;                             // threads running Forward calls
-    int64_t max_queued_requests = 256;           // waiting for a worker; beyond: RESOURCE_EXHAUSTED
+    int workers = 8;                    // threads running Forward calls
+    int64_t max_queued_requests = 256;  // waiting for a worker; beyond: RESOURCE_EXHAUSTED
+    // Budget for the memory of Forward calls being run (estimated from each
+    // request's shape before parsing it); beyond: RESOURCE_EXHAUSTED. <= 0:
+    // none (RouterServer derives one from max_tokens).
+    int64_t max_inflight_bytes = 0;
     bool debug = false;                          // log every call's stage timings to `log` (COLIBRI_DEBUG=1)
     std::ostream* log = nullptr;                 // must outlive the service
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
@@ -79,6 +84,7 @@ class RouterService final : public colibri::v1::Router::CallbackService {
 
   Router* const router_;
   const Options options_;
+  common::MemoryBudget budget_;
   common::Histogram* stage_[5] = {};  // route, dispatch, slowest_node, aggregate, total (if metrics)
 
   common::Mutex mu_;

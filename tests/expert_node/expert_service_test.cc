@@ -398,6 +398,30 @@ TEST_CASE("a long Compute call is interleaved with later ones and still equals t
   CHECK(remote == local);
 }
 
+TEST_CASE("Compute calls beyond the node's memory budget are refused before anything is allocated") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options;
+  options.model_dir = dir / "model";
+  options.store.lock_memory = false;
+  options.threads = 1;
+  options.max_inflight_bytes = 1 << 20;  // 1 MiB
+  auto server = ExpertServer::Create(options, nullptr);
+  REQUIRE(server.ok());
+  Node node;
+  node.server = std::move(server).value();
+  node.stub = v1::ExpertNode::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials()));
+  // 2048 rows of d_model 48 in f32: 384 KiB received, ~1.5 MiB with the f32 copy and the output.
+  v1::ComputeRequest big = Request(std::vector<float>(2048 * kDModel, 0.5f));
+  v1::ComputeResponse response;
+  const grpc::Status refused = Call(node, big, &response);
+  CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(refused.error_message().find("--max_inflight_bytes") != std::string::npos);
+  // Small calls fit, again and again: refused and finished calls gave their bytes back.
+  for (int i = 0; i < 3; ++i) CHECK(Call(node, Request(std::vector<float>(3 * kDModel, 0.5f)), &response).ok());
+}
+
 TEST_CASE("Reload on the data port is refused: admin calls need the admin listener") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);

@@ -123,6 +123,17 @@ TEST_CASE("the router exports Prometheus metrics: requests, stages, tokens per e
   CHECK(metrics.find("colibri_router_live_nodes 1") != std::string::npos);
 }
 
+TEST_CASE("Forward calls beyond the router's memory budget are refused, smaller ones served") {
+  Model model(common::DType::kF32);
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=200000"});
+  auto stub = Connect(router.port);
+  v1::ForwardResponse response;
+  const grpc::Status refused = Call(*stub, Request(0, std::vector<int32_t>(256, 3), 1), &response);
+  CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(refused.error_message().find("--max_inflight_bytes") != std::string::npos);
+  for (int i = 0; i < 3; ++i) CHECK(Call(*stub, Request(0, {1, 2}, 1), &response).ok());
+}
+
 TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a stream survives one") {
   Model model(common::DType::kF32);
   Proc router = StartRouter({"--local=" + model.path, "--threads=1"});
