@@ -1,6 +1,9 @@
 #include "common/allocator.h"
 
 #include <malloc.h>
+#include <sched.h>
+
+#include <algorithm>
 
 namespace colibri {
 namespace common {
@@ -14,6 +17,14 @@ void TuneAllocatorForServer() {
   // speed changes.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest dynamic threshold, fixed
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // One arena per CPU the process may run on (glibc's default is eight):
+  // each arena keeps the freed blocks of the threads that used it, so with
+  // dozens of gRPC and worker threads the default let a router under a soak
+  // with large refused requests settle at 144 MiB instead of 61 MiB
+  // (scripts/soak.sh, docs/RELIABILITY.md), with no loss of throughput.
+  cpu_set_t cpus;
+  const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 2;
+  mallopt(M_ARENA_MAX, std::max(2, allowed));
 }
 
 }  // namespace common

@@ -1,5 +1,6 @@
 #include "expert_node/expert_service.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -115,7 +116,7 @@ void ExpertService::UpdateWeightGauges() {
 
 void ExpertService::ComputeLoop() {
   for (;;) {
-    std::function<bool(bool)> job;
+    Job job;
     bool run = false;
     {
       common::MutexLock lock(&mu_);
@@ -125,7 +126,7 @@ void ExpertService::ComputeLoop() {
       queue_.pop_front();
       run = !stopping_;
     }
-    if (!job(run)) {
+    if (!job.step(run)) {
       common::MutexLock lock(&mu_);
       queue_.push_back(std::move(job));  // round robin: its next slice after every other call's
     }
@@ -248,13 +249,21 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
       return reactor;
     }
+    // Calls whose callers gave up wait only to be answered CANCELLED (at once,
+    // when their turn comes): they do not take the room of live calls.
     if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_calls) {
-      Finish(reactor, "Compute",
-             grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
-      return reactor;
+      const auto now = std::chrono::system_clock::now();
+      const int64_t live = std::count_if(queue_.begin(), queue_.end(), [now](const Job& j) {
+        return !j.context->IsCancelled() && j.context->deadline() >= now;
+      });
+      if (live >= options_.max_queued_calls) {
+        Finish(reactor, "Compute",
+               grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
+        return reactor;
+      }
     }
-    queue_.push_back(std::move(job));
+    queue_.push_back({context, std::move(job)});
   }
   cv_.Signal();
   return reactor;

@@ -91,8 +91,12 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
   common::Mutex mu_;
   common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
-  // Calls' next steps; a step returns true when its call is finished (run=false: shutting down, finish now).
-  std::deque<std::function<bool(bool run)>> queue_ ABSL_GUARDED_BY(mu_);
+  // A call's next step; it returns true when the call is finished (run=false: shutting down, finish now).
+  struct Job {
+    grpc::CallbackServerContext* context = nullptr;  // valid until the call is finished
+    std::function<bool(bool run)> step;
+  };
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_reload_error_ ABSL_GUARDED_BY(mu_);
   bool reload_running_ ABSL_GUARDED_BY(mu_) = false;

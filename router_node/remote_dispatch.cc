@@ -31,6 +31,16 @@ bool Retriable(grpc::StatusCode code) {
   }
 }
 
+// Codes gRPC's client raises itself (connection failures, deadlines), whose
+// messages name the peer's resolved address.
+bool TransportCode(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+const char* TransportCodeText(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE ? "unavailable (not reachable, or shutting down)" : "deadline exceeded";
+}
+
 using Call = RemoteBackend::Call;
 
 // The request of one node call: the distinct rows its experts need, each once,
@@ -270,8 +280,16 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       const Call& c = *r.primary;
       topo->nodes[c.node]->failed.fetch_add(1, std::memory_order_relaxed);
       const grpc::StatusCode code = c.status.error_code();
-      const std::string what =
+      // `what` reaches the client: gRPC's own transport errors (UNAVAILABLE,
+      // DEADLINE_EXCEEDED) name the node's resolved address, so for those the
+      // client gets the code only; `detail` (the router's log, the admins'
+      // GetClusterStatus) keeps the message.
+      const std::string detail =
           absl::StrCat(c.name, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
+      const std::string what = TransportCode(code)
+                                   ? absl::StrCat(c.name, ": ", TransportCodeText(code), " (code ",
+                                                  static_cast<int>(code), ")")
+                                   : detail;
       if (control.cancelled()) {
         if (error.ok()) error = absl::CancelledError("request cancelled by the client");
       } else if (absl::Now() >= control.deadline() ||
@@ -281,7 +299,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
               absl::DeadlineExceededError(absl::StrCat("layer ", work.layer, ": deadline exceeded waiting for ", what));
         }
       } else if (Retriable(code)) {
-        if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) MarkDown(topo->nodes[c.node], what);
+        if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) MarkDown(topo->nodes[c.node], detail);
         excluded.insert(c.node);
         for (const Call* h : r.hedges) excluded.insert(h->node);
         failed.insert(failed.end(), c.plan.works.begin(), c.plan.works.end());

@@ -47,15 +47,18 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
         for (const auto& [l, e] : node.owned) {
           if (l != layer || e != expert) continue;
           const int n = static_cast<int>(&node - map.nodes().data());
-          absl::StrAppend(&why, why.empty() ? " (" : "; ", "node ", node.address, ": ",
-                          excluded.count(n) > 0 ? "failed this request" : node.last_error);
+          // Nodes by index: addresses and their errors (which name addresses) are for admins
+          // (GetClusterStatus on the admin listener) and the router's log.
+          absl::StrAppend(&why, why.empty() ? " (" : "; ", "node-", n, ": ",
+                          excluded.count(n) > 0 ? "failed this request" : "down");
         }
       }
       if (why.empty()) {
         // No node that ever answered owns it: say which nodes could not be asked.
         for (const NodeState& node : map.nodes()) {
           if (!node.live && node.owned.empty()) {
-            absl::StrAppend(&why, why.empty() ? " (not reachable: " : "; ", node.address, ": ", node.last_error);
+            const int n = static_cast<int>(&node - map.nodes().data());
+            absl::StrAppend(&why, why.empty() ? " (not reachable: " : ", ", "node-", n);
           }
         }
         why = why.empty() ? " (no configured node owns it)" : why + ")";

@@ -3,9 +3,13 @@
 # experts on both) and a router under high concurrency for --minutes: clients
 # on streams (batch 1), unary clients (batch 8 and batch 32), and clients that
 # give up (unary calls with a 2 ms deadline: DEADLINE_EXCEEDED, the router
-# cancels its node calls). Every 5 s it samples RSS, open fds and threads of
-# the router and both nodes. Pass: no failed call (abandoned ones aside), and
-# after the warm-up (the first fifth) no fd growth, at most 4 more threads
+# cancels its node calls); beside them, abusive clients (scripts/abuse_client.py:
+# malformed, oversized and cancelled calls, Reload on the data port, slow
+# connections to the gRPC and metrics ports). Every 5 s it samples RSS, open
+# fds and threads of the router and both nodes. Pass: no failed call of the
+# normal clients (abandoned ones aside), every abusive call refused as
+# documented, and
+# after the warm-up (the first fifth) to the end (3 s after the clients) no fd growth, at most 4 more threads
 # (gRPC sizes its pools to the load) and RSS within 10% (+16 MiB) of where it
 # was. Prints the figures either way.
 #
@@ -30,11 +34,19 @@ work=$proc_logs
 seconds=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }')
 "$build/tools/colibri-synth" --out "$work/ckpt" --d_model 256 --d_ff 512 --layers 4 --experts 8 --vocab 1000 >/dev/null
 "$build/tools/colibri-convert" --checkpoint "$work/ckpt" --out "$work/model" --weight_type int8 --progress=false >/dev/null
-node=("$build/expert_node/colibri-expert" --model "$work/model" --listen 127.0.0.1:0 --nomlock --threads 1)
+node=("$build/expert_node/colibri-expert" --model "$work/model" --listen 127.0.0.1:0 --nomlock --threads 1
+  --metrics_port 0)
+metrics_port() {  # printed right after the listening line
+  for _ in $(seq 1 50); do
+    grep -q 'metrics on port' "$proc_logs/$1.out" && break
+    sleep 0.1
+  done
+  grep -o 'metrics on port [0-9]*' "$proc_logs/$1.out" | grep -o '[0-9]*$'
+}
 proc_start node_a "${node[@]}" --experts 0-5; a=$port; pid_a=$last_pid
 proc_start node_b "${node[@]}" --experts 2-7; b=$port; pid_b=$last_pid
 proc_start router "$build/router_node/colibri-router" --model "$work/model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
-  --listen 127.0.0.1:0 --workers 16
+  --listen 127.0.0.1:0 --workers 16 --max_tokens 4096 --metrics_port 0
 router=127.0.0.1:$port; pid_r=$last_pid
 echo "# soak: $minutes min, router $router, nodes 127.0.0.1:$a (experts 0-5), 127.0.0.1:$b (experts 2-7)"
 
@@ -65,9 +77,20 @@ p2=$!
 p3=$!
 "${bench[@]}" --concurrency "$third" --batch_size 4 --deadline_ms 2 --seed 4 > "$work/abandon.json" 2> "$work/abandon.err" &
 p4=$!
+/usr/bin/python3 "$root/scripts/abuse_client.py" --router "$router" --nodes "127.0.0.1:$a,127.0.0.1:$b" \
+  --metrics "$(metrics_port router),$(metrics_port node_a),$(metrics_port node_b)" --seconds "$seconds" \
+  --d_model 256 --max_tokens 4096 > "$work/abuse.txt" 2>&1 &
+p5=$!
 status=0
 for p in $p1 $p2 $p3 $p4; do wait "$p" || status=1; done
+abuse_status=0
+wait "$p5" || abuse_status=1
 wait "$monitor" || true
+# The end sample: after every client (and its connections) is gone.
+sleep 3
+for p in "router $pid_r" "node_a $pid_a" "node_b $pid_b"; do echo "$((seconds + 3)) $(sample $p)"; done >> "$work/samples"
+cat "$work/abuse.txt"
+[ "$abuse_status" = 0 ] || { echo "an abusive call was not refused as documented"; status=1; }
 
 /usr/bin/python3 - "$work" "$seconds" "$status" <<'PY'
 import json, sys
@@ -102,6 +125,8 @@ for name, rows in samples.items():
     ok = ok and flat
     print(f"| {name} | {base[1]/1024:.1f} | {peak/1024:.1f} | {end[1]/1024:.1f} | {growth*100:+.1f}% | "
           f"{base[2]} / {end[2]} | {base[3]} / {end[3]} |{'' if flat else ' GREW'}")
+for name, rows in samples.items():
+    print(f"{name} RSS MiB every 5 s: " + " ".join(f"{r[1] / 1024:.0f}" for r in rows))
 print("\nPASS" if ok else "\nFAIL")
 sys.exit(0 if ok else 1)
 PY

@@ -422,6 +422,42 @@ TEST_CASE("Compute calls beyond the node's memory budget are refused before anyt
   for (int i = 0; i < 3; ++i) CHECK(Call(node, Request(std::vector<float>(3 * kDModel, 0.5f)), &response).ok());
 }
 
+TEST_CASE("calls whose callers gave up do not fill the compute queue") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options;
+  options.model_dir = dir / "model";
+  options.store.lock_memory = false;
+  options.threads = 1;
+  options.max_queued_calls = 2;
+  options.inject_delay_ms = 400;  // every call's first step sleeps: the compute thread is busy
+  auto server = ExpertServer::Create(options, nullptr);
+  REQUIRE(server.ok());
+  Node node;
+  node.server = std::move(server).value();
+  node.stub = v1::ExpertNode::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials()));
+  const v1::ComputeRequest request = Request(std::vector<float>(3 * kDModel, 0.5f));
+  auto call = [&](std::chrono::milliseconds deadline) {
+    v1::ComputeResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + deadline);
+    return node.stub->Compute(&context, request, &response);
+  };
+  // One call keeps the compute thread busy; two more wait with 50 ms deadlines and expire in the queue.
+  std::thread busy([&] { call(std::chrono::seconds(30)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::thread expiring(
+      [&] { CHECK(call(std::chrono::milliseconds(50)).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED); });
+  CHECK(call(std::chrono::milliseconds(50)).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  expiring.join();
+  // The queue holds two dead calls, yet a live one gets in (and is served once the thread is free).
+  const grpc::Status live = call(std::chrono::seconds(30));
+  INFO(live.error_message());
+  CHECK(live.ok());
+  busy.join();
+}
+
 TEST_CASE("Reload on the data port is refused: admin calls need the admin listener") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);

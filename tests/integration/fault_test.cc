@@ -74,6 +74,8 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
   INFO(failed.error_message());
   CHECK(failed.error_code() == grpc::StatusCode::UNAVAILABLE);
   CHECK(failed.error_message().find("layer 1 expert") != std::string::npos);
+  CHECK(failed.error_message().find("node-1") != std::string::npos);  // by index: no address to callers
+  CHECK(failed.error_message().find(Address(b_port)) == std::string::npos);
   CHECK(seconds < 5.0);
   // Experts on the live node still serve; health says not every expert is covered.
   CHECK(Call(*stub, only_a, &response).ok());
