@@ -1,6 +1,7 @@
 // colibri-expert: an expert node. Flags -> ServerOptions -> ExpertServer;
 // then waits for signals: SIGHUP reloads the weights, SIGTERM/SIGINT drain
 // in-flight calls and exit.
+#include <glog/logging.h>
 #include <signal.h>
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "common/allocator.h"
 #include "expert_node/expert_server.h"
 #include "runtime/flags.h"
+#include "runtime/logging.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output). Required.");
 ABSL_FLAG(std::string, experts, "all",
@@ -53,6 +55,9 @@ ABSL_FLAG(int, inject_delay_ms, 0,
           "Fault injection for tests and benchmarks: a Compute call waits this long "
           "before it runs (a slow node); 0: off.");
 ABSL_FLAG(int, inject_delay_every, 1, "With --inject_delay_ms: delay every Nth Compute call (1: all of them).");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines on stderr: text (glog's: level, time, thread, file:line, message) or json (one object per line).");
+ABSL_FLAG(std::string, log_level, "info", "Least severe level logged: info, warning or error.");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
 namespace {
@@ -80,6 +85,12 @@ int main(int argc, char** argv) {
       "node) and computes them for the router over gRPC (colibri.v1.ExpertNode), with grpc.health.v1 and server\n"
       "reflection. SIGHUP reloads the weights; SIGTERM drains and exits.\n"
       "Example: colibri-expert --model model/ --experts 0-3 --listen 0.0.0.0:50061");
+  if (absl::Status s =
+          colibri::runtime::InitLogging(argv[0], absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    std::cerr << "colibri-expert: " << s.message() << "\n";
+    return 2;
+  }
   colibri::expert_node::ServerOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model);
   if (options.model_dir.empty()) {
@@ -109,7 +120,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     options.store.numa_node = *node;
-    std::cerr << "colibri-expert: --numa_node_auto: NUMA node " << *node << std::endl;
+    LOG(INFO) << "colibri-expert: --numa_node_auto: NUMA node " << *node;
   }
   options.listen = absl::GetFlag(FLAGS_listen);
   options.model_root = absl::GetFlag(FLAGS_model_root);
@@ -137,9 +148,10 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto server = colibri::expert_node::ExpertServer::Create(options, &std::cerr);
+  colibri::runtime::LogLines log;  // the libraries' events, into glog
+  auto server = colibri::expert_node::ExpertServer::Create(options, &log);
   if (!server.ok()) {
-    std::cerr << "colibri-expert: " << colibri::runtime::NameFlags(server.status(), kOptionFlags).message() << "\n";
+    LOG(ERROR) << "colibri-expert: " << colibri::runtime::NameFlags(server.status(), kOptionFlags).message();
     return 1;
   }
   std::cout << "colibri-expert: listening on port " << (*server)->port() << std::endl;
@@ -154,10 +166,14 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
     if (sig == SIGHUP) {
       const absl::Status s = (*server)->Reload();
-      std::cerr << "colibri-expert: SIGHUP reload: " << (s.ok() ? "ok" : std::string(s.message())) << std::endl;
+      if (s.ok()) {
+        LOG(INFO) << "colibri-expert: SIGHUP reload: ok";
+      } else {
+        LOG(ERROR) << "colibri-expert: SIGHUP reload failed: " << s.message();
+      }
       continue;
     }
-    std::cerr << "colibri-expert: draining and stopping" << std::endl;
+    LOG(INFO) << "colibri-expert: draining and stopping";
     (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_drain_seconds)));
     return 0;
   }

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "expert_node/compute_request.h"
+#include "expert_node/reload_request.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_status.h"
 
@@ -32,17 +32,6 @@ void FillOutput(const ComputeOutput& out, int64_t d_model, v1::DataType dtype, v
   }
   t->set_dtype(v1::DATA_TYPE_F32);
   t->mutable_data()->assign(reinterpret_cast<const char*>(out.output.data()), out.output.size() * 4);
-}
-
-// True if `path` resolves inside `root` (both made canonical; a missing path is outside).
-bool InsideRoot(const std::string& path, const std::string& root) {
-  std::error_code ec;
-  const std::filesystem::path p = std::filesystem::canonical(path, ec);
-  if (ec) return false;
-  const std::filesystem::path r = std::filesystem::canonical(root, ec);
-  if (ec) return false;
-  auto [end, unused] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
-  return end == r.end();
 }
 
 // The memory a Compute call holds in flight, from the request alone (nothing
@@ -338,37 +327,10 @@ grpc::ServerUnaryReactor* ExpertService::ReloadAs(grpc::CallbackServerContext* c
                         "--admin_listen) or with a client certificate named in --admin_identities"));
     return reactor;
   }
-  std::string dir = request->model_dir();
-  std::error_code ec;
-  if (!dir.empty() && options_.model_root.empty()) {
-    Finish(reactor, "Reload",
-           grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "loading another model directory is disabled on this node: start it with a model root "
-                        "(ServerOptions::model_root, colibri-expert --model_root)"));
+  ReloadInput input;
+  if (absl::Status s = ParseReloadRequest(*request, options_.model_root, &input); !s.ok()) {
+    Finish(reactor, "Reload", runtime::ToGrpcStatus(s));
     return reactor;
-  }
-  // Confinement first, with one answer for "outside" and "does not exist",
-  // so a caller learns nothing about paths outside the root.
-  if (!dir.empty() && !InsideRoot(dir, options_.model_root)) {
-    Finish(reactor, "Reload",
-           grpc::Status(
-               grpc::StatusCode::PERMISSION_DENIED,
-               "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)"));
-    return reactor;
-  }
-  if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
-    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::NOT_FOUND, "model_dir is not a directory"));
-    return reactor;
-  }
-  if (!dir.empty()) dir = std::filesystem::canonical(dir, ec).string();  // what was checked is what loads
-  std::optional<ShardSpec> shard;
-  if (!request->experts().empty()) {
-    absl::StatusOr<ShardSpec> parsed = ShardSpec::Parse(request->experts());
-    if (!parsed.ok()) {
-      Finish(reactor, "Reload", runtime::ToGrpcStatus(parsed.status()));
-      return reactor;
-    }
-    shard = *parsed;
   }
   common::MutexLock lock(&mu_);
   if (stopping_) {
@@ -383,8 +345,8 @@ grpc::ServerUnaryReactor* ExpertService::ReloadAs(grpc::CallbackServerContext* c
   if (reload_thread_.joinable()) reload_thread_.join();
   reload_running_ = true;
   // Loading takes seconds: never on a gRPC thread, never on the compute thread.
-  reload_thread_ = std::thread([this, reactor, response, dir, shard] {
-    const absl::Status s = ReloadNow(dir, shard);
+  reload_thread_ = std::thread([this, reactor, response, input] {
+    const absl::Status s = ReloadNow(input.model_dir, input.shard);
     {
       common::MutexLock guard(&mu_);
       reload_running_ = false;

@@ -1,6 +1,7 @@
 // colibri-router: the router node. Flags -> RouterServerOptions ->
 // RouterServer; then waits for SIGTERM/SIGINT (drain in-flight calls, exit 0)
 // or SIGHUP (re-check the expert nodes now).
+#include <glog/logging.h>
 #include <signal.h>
 
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "common/allocator.h"
 #include "router_node/router_server.h"
 #include "runtime/flags.h"
+#include "runtime/logging.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model directory (colibri-convert's output): manifest, gates, LUTs. Required "
@@ -66,6 +68,9 @@ ABSL_FLAG(std::vector<std::string>, admin_identities, {},
           "admin view on --listen too, comma-separated.");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
 ABSL_FLAG(std::string, metrics_host, "", "IP address the metrics endpoint listens on (default: the host of --listen).");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines on stderr: text (glog's: level, time, thread, file:line, message) or json (one object per line).");
+ABSL_FLAG(std::string, log_level, "info", "Least severe level logged: info, warning or error.");
 ABSL_FLAG(int, drain_seconds, 10, "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 
 namespace {
@@ -99,6 +104,12 @@ int main(int argc, char** argv) {
       "experts in-process. COLIBRI_DEBUG=1 logs every call's stage timings to stderr.\n"
       "Examples: colibri-router --model model/ --experts_at 10.0.0.1:50061,10.0.0.2:50061 --listen 0.0.0.0:50051\n"
       "          colibri-router --local model/ --listen 127.0.0.1:50051");
+  if (absl::Status s =
+          colibri::runtime::InitLogging(argv[0], absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    std::cerr << "colibri-router: " << s.message() << "\n";
+    return 2;
+  }
   colibri::router_node::RouterServerOptions o;
   const std::string local = absl::GetFlag(FLAGS_local);
   o.local = !local.empty();
@@ -154,9 +165,10 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto server = colibri::router_node::RouterServer::Create(o, &std::cerr);
+  colibri::runtime::LogLines log;  // the libraries' events, into glog
+  auto server = colibri::router_node::RouterServer::Create(o, &log);
   if (!server.ok()) {
-    std::cerr << "colibri-router: " << colibri::runtime::NameFlags(server.status(), kOptionFlags).message() << "\n";
+    LOG(ERROR) << "colibri-router: " << colibri::runtime::NameFlags(server.status(), kOptionFlags).message();
     return 1;
   }
   std::cout << "colibri-router: listening on port " << (*server)->port() << " ("
@@ -174,7 +186,7 @@ int main(int argc, char** argv) {
       if ((*server)->remote() != nullptr) (*server)->remote()->CheckNow();
       continue;
     }
-    std::cerr << "colibri-router: draining and stopping" << std::endl;
+    LOG(INFO) << "colibri-router: draining and stopping";
     (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_drain_seconds)));
     return 0;
   }

@@ -172,7 +172,7 @@ void RemoteBackend::HealthRound() {
       absl::StatusOr<std::vector<std::string>> addresses = ReadClusterFile(options_.cluster_file);
       absl::Status s = addresses.ok() ? SetAddresses(*addresses) : addresses.status();
       if (!s.ok() && options_.log != nullptr) {
-        *options_.log << "colibri-router: cluster file not applied, keeping the nodes: " << s.message() << std::endl;
+        *options_.log << "WARNING: cluster file not applied, keeping the nodes: " << s.message() << std::endl;
       }
     }
   }
@@ -223,8 +223,8 @@ void RemoteBackend::HealthRound() {
       node.weights_version = info.weights_version();
     }
     if (was_live != node.live && options_.log != nullptr) {
-      *options_.log << "colibri-router: node " << node.address << (node.live ? " is live" : " is down: ") << error
-                    << std::endl;
+      *options_.log << (node.live ? "" : "WARNING: ") << "node " << node.address
+                    << (node.live ? " is live" : " is down: ") << error << std::endl;
     }
   }
   if (options_.metrics != nullptr) {
@@ -250,8 +250,7 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     node->live = false;
     node->last_error = error;
   }
-  if (options_.log != nullptr)
-    *options_.log << "colibri-router: node " << node->address << " is down: " << error << std::endl;
+  if (options_.log != nullptr) *options_.log << "WARNING: node " << node->address << " is down: " << error << std::endl;
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_router_failovers_total", "Nodes taken out of the map after a failed call.")
         ->Increment();

@@ -11,7 +11,7 @@ packages=(
   # libraries: gRPC, protobuf, Abseil, oneDNN, libnuma, and helpers
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libdnnl-dev ocl-icd-opencl-dev opencl-headers libnuma-dev nlohmann-json3-dev libxxhash-dev catch2
-  prometheus-cpp-dev
+  prometheus-cpp-dev libgoogle-glog-dev
   # (Debian's oneDNN is built with an OpenCL GPU runtime: its CMake config needs the OpenCL headers)
   # the independent PyTorch reference (golden vectors, cross-checks, baselines)
   python3 python3-numpy python3-torch

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # colibri-expert as a real process on 127.0.0.1 with port 0: it starts, prints
 # its port, reloads on SIGHUP, refuses a bad model with a clear message, and
-# drains and exits 0 on SIGTERM. Every process it starts is stopped on exit.
+# drains and exits 0 on SIGTERM; with --log_format json every stderr line is
+# one JSON object with a level (a failed SIGHUP reload at ERROR). Every
+# process it starts is stopped on exit.
 # Usage: expert_node_process.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -47,4 +49,29 @@ if kill -0 "$pid" 2>/dev/null; then fail "still running 10 s after SIGTERM"; fi
 wait "$pid" && status=0 || status=$?
 pid=""
 [ "$status" -eq 0 ] || fail "exit status $status after SIGTERM"
+grep -q "^I.*draining and stopping" "$tmp/err" || fail "no INFO line for the drain: $(cat "$tmp/err")"
+
+echo "--- --log_format json: one object per line, levels; a bad format is refused"
+if "$build/expert_node/colibri-expert" --model "$tmp/model" --log_format xml 2>"$tmp/err"; then fail "took --log_format xml"; fi
+grep -q -- "--log_format 'xml'" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
+cp -r "$tmp/model" "$tmp/model2"
+"$build/expert_node/colibri-expert" --model "$tmp/model2" --listen 127.0.0.1:0 --nomlock --log_format json \
+  >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+for _ in $(seq 1 100); do grep -q "listening on port" "$tmp/out" 2>/dev/null && break; sleep 0.1; done
+rm "$tmp/model2/manifest.json"  # the SIGHUP reload now fails: an ERROR line
+kill -HUP "$pid"
+for _ in $(seq 1 100); do grep -q "SIGHUP reload" "$tmp/err" && break; sleep 0.1; done
+kill -TERM "$pid"
+wait "$pid" || fail "exit status $? after SIGTERM (json)"
+pid=""
+/usr/bin/python3 - "$tmp/err" <<'PY' || fail "stderr is not one JSON object per line with the expected levels"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert all({"time", "level", "thread", "file", "line", "message"} <= set(l) for l in lines), lines
+levels = {l["level"] for l in lines if "SIGHUP reload" in l["message"]}
+assert levels == {"ERROR"}, lines
+assert any(l["level"] == "INFO" and "loaded" in l["message"] for l in lines), lines
+print(f"ok: {len(lines)} JSON lines, the failed reload at ERROR")
+PY
 echo "PASS"

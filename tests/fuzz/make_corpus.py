@@ -7,7 +7,8 @@ Valid inputs for each target, so fuzzing starts past the first checks: small
 safetensors files; a tiny model's manifest, expert, LUT and gate files with
 their selector byte (made by the build's colibri-synth/convert with the same
 shape as tests/fuzz/fuzz_model.h); Compute and Forward requests in every
-mode (serialized with message classes protoc generates from proto/); C API
+mode and Reload requests (serialized with message classes protoc generates from
+proto/); C API
 argument blobs.
 """
 import json
@@ -90,4 +91,8 @@ for routing in (1, 2, 3):
     blob = struct.pack("<iiB", 0, routing, 2) + struct.pack("<2i", 3, 9) + rows + struct.pack("<4i", 0, 1, 2, 3)
     blob += struct.pack("<4f", 0.5, 0.5, 0.7, 0.3)
     put("c_api_fuzz", f"routing_{routing}", blob)
+for name, experts, model_dir in (("reshard", "layer:0/expert:0-1", ""), ("all", "all", ""),
+                                 ("outside", "", "/etc"), ("bad_spec", "layer:9/expert:-1", "")):
+    r = expert_node_pb2.ReloadRequest(experts=experts, model_dir=model_dir)
+    put("admin_request_fuzz", name, r.SerializeToString())
 print("corpora written to", corpus)

@@ -1,0 +1,51 @@
+#include "expert_node/reload_request.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+namespace colibri {
+namespace expert_node {
+namespace {
+
+// True if `path` resolves inside `root` (both made canonical; a missing path is outside).
+bool InsideRoot(const std::string& path, const std::string& root) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::canonical(path, ec);
+  if (ec) return false;
+  const std::filesystem::path r = std::filesystem::canonical(root, ec);
+  if (ec) return false;
+  auto [end, unused] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
+  return end == r.end();
+}
+
+}  // namespace
+
+absl::Status ParseReloadRequest(const colibri::v1::ReloadRequest& request, const std::string& model_root,
+                                ReloadInput* input) {
+  const std::string& dir = request.model_dir();
+  if (!dir.empty()) {
+    if (model_root.empty()) {
+      return absl::FailedPreconditionError(
+          "loading another model directory is disabled on this node: start it with a model root "
+          "(ServerOptions::model_root, colibri-expert --model_root)");
+    }
+    if (!InsideRoot(dir, model_root)) {
+      return absl::PermissionDeniedError(
+          "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)");
+    }
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) return absl::NotFoundError("model_dir is not a directory");
+    input->model_dir = std::filesystem::canonical(dir, ec).string();
+    if (ec) return absl::NotFoundError("model_dir is not a directory");
+  }
+  if (!request.experts().empty()) {
+    absl::StatusOr<ShardSpec> parsed = ShardSpec::Parse(request.experts());
+    if (!parsed.ok()) return parsed.status();
+    input->shard = *std::move(parsed);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace expert_node
+}  // namespace colibri
