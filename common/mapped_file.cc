@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/sigbus_guard.h"
 
 namespace colibri {
 namespace common {
@@ -57,8 +58,16 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
 }
 
 MappedFile::~MappedFile() {
+  SigbusGuard::Unregister(guard_slot_);  // before the range can be mapped again by anyone
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
+
+bool MappedFile::Guard() {
+  if (guard_slot_ < 0) guard_slot_ = SigbusGuard::Register(data_, size_);
+  return guard_slot_ >= 0;
+}
+
+bool MappedFile::faulted() const { return SigbusGuard::Faulted(guard_slot_); }
 
 void MappedFile::DropPages(size_t offset, size_t length) const {
   if (data_ == nullptr || offset >= size_) return;

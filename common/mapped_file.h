@@ -30,6 +30,14 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Guards the mapping against truncation of the file (common/sigbus_guard.h):
+  // a read past the file's new end then sees zeros instead of killing the
+  // process, and faulted() turns true. For mappings that are served for a
+  // long time (weights from the page cache); callers check faulted() after
+  // using the data. False if no guard slot was free.
+  bool Guard();
+  bool faulted() const;
+
   // Drops the pages of [offset, offset+length) from this process's resident
   // set (MADV_DONTNEED); they are read again from the page cache if touched.
   // Used by streaming readers to keep peak RSS at one tensor, not one file.
@@ -41,6 +49,7 @@ class MappedFile {
   const std::string path_;
   const uint8_t* const data_;
   const size_t size_;
+  int guard_slot_ = -1;
 };
 
 }  // namespace common

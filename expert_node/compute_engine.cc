@@ -140,6 +140,15 @@ absl::StatusOr<bool> ComputeEngine::RunSlice(PreparedCall& call, int64_t slice_r
   call.compute_nanos +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   if (!completed) return absl::CancelledError("the call was abandoned during compute (cancelled or past its deadline)");
+  for (size_t i = call.next; i < end; ++i) {
+    const common::ExpertWeights& e = *call.tasks[i].expert;
+    if (e.file != nullptr && e.file->faulted()) {
+      return absl::DataLossError(absl::StrCat(
+          "layer ", e.layer, " expert ", e.expert,
+          ": its weight file shrank while the node served it from the page cache (changed in place); the node "
+          "must be reloaded with intact files"));
+    }
+  }
   call.next = end;
   return call.next == call.tasks.size();
 }

@@ -90,6 +90,9 @@ class ComputeEngine {
   // RESOURCE_EXHAUSTED (more rows or row indices than the limits). Each
   // message names the field and the value. CANCELLED when in.should_stop
   // stopped the computation (the pool is free again within one block).
+  // DATA_LOSS when a weight file served from the page cache shrank under the
+  // call (common/sigbus_guard.h: the lost pages read as zeros; the result is
+  // discarded).
   absl::StatusOr<ComputeOutput> Compute(const ComputeInput& input);
 
   // Compute in steps: Prepare validates (the same errors as Compute) and

@@ -103,6 +103,10 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     if (copy) {
       COLIBRI_RETURN_IF_ERROR(common::CopyExpertToMemory(weights.get(), {options_.hugepages, options_.numa_node}));
       copy_description = weights->copy->description();
+    } else if (weights->file != nullptr) {
+      // Served from the page cache: a file truncated in place must fail the
+      // calls that read it (DATA_LOSS), not kill the node with SIGBUS.
+      weights->file->Guard();
     }
     const auto [data, size] = Backing(*weights);
     if (locked && mlock(data, size) != 0) {

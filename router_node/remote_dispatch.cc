@@ -26,6 +26,7 @@ bool Retriable(grpc::StatusCode code) {
     case grpc::StatusCode::ABORTED:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::CANCELLED:  // not by us (checked first): e.g. the node shutting down
+    case grpc::StatusCode::DATA_LOSS:  // that node's weight file changed under it; a replica may be intact
       return true;
     default: return false;
   }
@@ -286,10 +287,9 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       // GetClusterStatus) keeps the message.
       const std::string detail =
           absl::StrCat(c.name, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
-      const std::string what = TransportCode(code)
-                                   ? absl::StrCat(c.name, ": ", TransportCodeText(code), " (code ",
-                                                  static_cast<int>(code), ")")
-                                   : detail;
+      const std::string what = TransportCode(code) ? absl::StrCat(c.name, ": ", TransportCodeText(code), " (code ",
+                                                                  static_cast<int>(code), ")")
+                                                   : detail;
       if (control.cancelled()) {
         if (error.ok()) error = absl::CancelledError("request cancelled by the client");
       } else if (absl::Now() >= control.deadline() ||

@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -456,6 +458,34 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   INFO(live.error_message());
   CHECK(live.ok());
   busy.join();
+}
+
+TEST_CASE("a weight file truncated under a node serving from the page cache fails its calls, not the node") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1");  // lock_memory = false: mapped files
+  const std::string file = dir / "model/layer_000/expert_001.bin";
+  const std::string saved = colibri::testing::ReadFile(file);
+  std::filesystem::resize_file(file, 4096);  // the header stays; every weight page is gone
+  const std::vector<float> rows(3 * kDModel, 0.5f);
+  v1::ComputeResponse response;
+  const grpc::Status lost = Call(node, Request(rows), &response);  // experts 0 and 1
+  INFO(lost.error_message());
+  CHECK(lost.error_code() == grpc::StatusCode::DATA_LOSS);
+  CHECK(lost.error_message().find("expert 1") != std::string::npos);
+  // The node lives on: expert 0 alone is served.
+  v1::ComputeRequest only0 = Request(rows);
+  only0.mutable_experts()->RemoveLast();
+  CHECK(Call(node, only0, &response).ok());
+  // With the file written back and a reload, expert 1 is served again.
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << saved;
+  }
+  v1::ReloadResponse reloaded;
+  grpc::ClientContext context;
+  REQUIRE(node.admin->Reload(&context, v1::ReloadRequest(), &reloaded).ok());
+  CHECK(Call(node, Request(rows), &response).ok());
 }
 
 TEST_CASE("Reload on the data port is refused: admin calls need the admin listener") {

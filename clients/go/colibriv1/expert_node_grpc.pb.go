@@ -39,6 +39,9 @@ type ExpertNodeClient interface {
 	//	                     size) or the compute queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
 	//	CANCELLED            the caller cancelled; the work is dropped.
+	//	DATA_LOSS            an expert's weight file shrank while the node served
+	//	                     it from the page cache (--nomlock): the call is
+	//	                     refused until the node is reloaded.
 	Compute(ctx context.Context, in *ComputeRequest, opts ...grpc.CallOption) (*ComputeResponse, error)
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.
@@ -135,6 +138,9 @@ type ExpertNodeServer interface {
 	//	                     size) or the compute queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
 	//	CANCELLED            the caller cancelled; the work is dropped.
+	//	DATA_LOSS            an expert's weight file shrank while the node served
+	//	                     it from the page cache (--nomlock): the call is
+	//	                     refused until the node is reloaded.
 	Compute(context.Context, *ComputeRequest) (*ComputeResponse, error)
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.

@@ -1,0 +1,39 @@
+#ifndef COLIBRI_COMMON_SIGBUS_GUARD_H_
+#define COLIBRI_COMMON_SIGBUS_GUARD_H_
+
+// Mapped files that may be truncated while the process reads them (weights
+// served from the page cache, --nomlock). Reading a mapped page past a
+// file's new end raises SIGBUS, which kills a process by default. A guarded
+// range instead gets that page replaced by a page of zeros (the read goes on)
+// and is marked faulted; whoever computed from it checks Faulted() afterwards
+// and discards the result. Faults outside guarded ranges keep the default
+// action (the process dies, as it should for a bug).
+//
+// Process-wide: Register installs a SIGBUS handler (SA_SIGINFO, chained to
+// no other) if it is not installed already. Register/Unregister/Faulted are thread-safe and
+// lock-free; the handler is async-signal-safe (atomics and mmap). At most
+// kSlots ranges are guarded at once; beyond that Register returns -1 and the
+// range stays unguarded.
+// REQUIRES: a range is not unmapped while a thread may still read it (the
+// owner unregisters, then unmaps, once no reader is left).
+
+#include <cstddef>
+
+namespace colibri {
+namespace common {
+
+class SigbusGuard {
+ public:
+  static constexpr int kSlots = 4096;
+
+  // The slot guarding [data, data + size), or -1 if every slot is taken.
+  static int Register(const void* data, size_t size);
+  static void Unregister(int slot);
+  // True once a SIGBUS hit the slot's range (its data is then partly zeros).
+  static bool Faulted(int slot);
+};
+
+}  // namespace common
+}  // namespace colibri
+
+#endif  // COLIBRI_COMMON_SIGBUS_GUARD_H_
