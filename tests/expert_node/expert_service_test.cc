@@ -42,17 +42,8 @@ struct Node {
   std::unique_ptr<v1::ExpertNode::Stub> admin;  // on the admin listener
 };
 
-Node Start(const std::string& model_dir, const std::string& experts, int metrics_port = -1,
-           const std::string& model_root = "", int inject_delay_ms = 0) {
-  ServerOptions options;
-  options.model_root = model_root;
-  options.inject_delay_ms = inject_delay_ms;
-  options.metrics_port = metrics_port;
-  options.metrics_host = "127.0.0.1";
-  options.model_dir = model_dir;
-  options.store.shard = *ShardSpec::Parse(experts);
-  options.store.lock_memory = false;
-  options.threads = 2;
+// A started node (and stubs for its data port and admin listener) with these options.
+Node StartWith(ServerOptions options) {
   options.admin_listen = "127.0.0.1:0";
   Node node;
   auto server = ExpertServer::Create(options, node.log.get());
@@ -65,6 +56,26 @@ Node Start(const std::string& model_dir, const std::string& experts, int metrics
   node.admin = v1::ExpertNode::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->admin_port()),
                                                            grpc::InsecureChannelCredentials()));
   return node;
+}
+
+// The options of most tests: model_dir, its shard, weights mapped, 2 threads.
+ServerOptions Options(const std::string& model_dir, const std::string& experts) {
+  ServerOptions options;
+  options.model_dir = model_dir;
+  options.store.shard = *ShardSpec::Parse(experts);
+  options.store.lock_memory = false;
+  options.threads = 2;
+  return options;
+}
+
+Node Start(const std::string& model_dir, const std::string& experts, int metrics_port = -1,
+           const std::string& model_root = "", int inject_delay_ms = 0) {
+  ServerOptions options = Options(model_dir, experts);
+  options.model_root = model_root;
+  options.inject_delay_ms = inject_delay_ms;
+  options.metrics_port = metrics_port;
+  options.metrics_host = "127.0.0.1";
+  return StartWith(options);
 }
 
 v1::ComputeRequest Request(const std::vector<float>& rows) {
@@ -403,17 +414,9 @@ TEST_CASE("a long Compute call is interleaved with later ones and still equals t
 TEST_CASE("Compute calls beyond the node's memory budget are refused before anything is allocated") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  ServerOptions options;
-  options.model_dir = dir / "model";
-  options.store.lock_memory = false;
-  options.threads = 1;
+  ServerOptions options = Options(dir / "model", "all");
   options.max_inflight_bytes = 1 << 20;  // 1 MiB
-  auto server = ExpertServer::Create(options, nullptr);
-  REQUIRE(server.ok());
-  Node node;
-  node.server = std::move(server).value();
-  node.stub = v1::ExpertNode::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials()));
+  Node node = StartWith(options);
   // 2048 rows of d_model 48 in f32: 384 KiB received, ~1.5 MiB with the f32 copy and the output.
   v1::ComputeRequest big = Request(std::vector<float>(2048 * kDModel, 0.5f));
   v1::ComputeResponse response;
@@ -427,18 +430,11 @@ TEST_CASE("Compute calls beyond the node's memory budget are refused before anyt
 TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  ServerOptions options;
-  options.model_dir = dir / "model";
-  options.store.lock_memory = false;
+  ServerOptions options = Options(dir / "model", "all");
   options.threads = 1;
   options.max_queued_calls = 2;
   options.inject_delay_ms = 400;  // every call's first step sleeps: the compute thread is busy
-  auto server = ExpertServer::Create(options, nullptr);
-  REQUIRE(server.ok());
-  Node node;
-  node.server = std::move(server).value();
-  node.stub = v1::ExpertNode::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials()));
+  Node node = StartWith(options);
   const v1::ComputeRequest request = Request(std::vector<float>(3 * kDModel, 0.5f));
   auto call = [&](std::chrono::milliseconds deadline) {
     v1::ComputeResponse response;
