@@ -1,6 +1,13 @@
 #include "runtime/metrics_server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <exception>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -33,13 +40,37 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(const std::
   const std::vector<int> ports = exposer->GetListeningPorts();
   if (ports.empty()) return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", address));
   exposer->RegisterCollectable(registry->registry());
-  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(exposer), ports[0]));
+  const std::string reach = host == "0.0.0.0" ? "127.0.0.1" : host == "::" ? "::1" : host;
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(exposer), reach, ports[0]));
 }
 
-MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int port)
-    : exposer_(std::move(exposer)), port_(port) {}
+MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::string host, int port)
+    : exposer_(std::move(exposer)), host_(std::move(host)), port_(port) {}
 
-MetricsServer::~MetricsServer() = default;
+MetricsServer::~MetricsServer() {
+  // civetweb's accept loop notices a stop only when its 2 s poll returns:
+  // connect every 10 ms until the exposer is gone, so that it returns at once.
+  std::atomic<bool> stopped{false};
+  std::thread waker([this, &stopped] {
+    addrinfo hints = {};
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* address = nullptr;
+    if (::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &address) != 0) return;
+    while (!stopped.load()) {
+      const int fd = ::socket(address->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        (void)::connect(fd, address->ai_addr, address->ai_addrlen);
+        ::close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::freeaddrinfo(address);
+  });
+  exposer_.reset();
+  stopped = true;
+  waker.join();
+}
 
 }  // namespace runtime
 }  // namespace colibri

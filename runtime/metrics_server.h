@@ -6,8 +6,9 @@
 // kMetricsThreads worker threads and gives a client kMetricsRequestTimeoutMs
 // to send its request, so idle or slow clients each hold one worker for at
 // most that long: a scrape is not delayed while fewer than kMetricsThreads - 1
-// of them are connected. Stops on destruction (within about 2 s, civetweb's
-// poll quantum, even with clients connected).
+// of them are connected. Stops on destruction, within about that timeout
+// even with such clients connected (a worker waits for a request that long;
+// civetweb's accept loop, which polls in 2 s steps, is woken by connecting).
 
 #include <memory>
 #include <string>
@@ -23,7 +24,7 @@ namespace colibri {
 namespace runtime {
 
 inline constexpr int kMetricsThreads = 32;
-inline constexpr int kMetricsRequestTimeoutMs = 5000;
+inline constexpr int kMetricsRequestTimeoutMs = 1000;
 
 // The address metrics listen on: `metrics_host` if set, else the host of the
 // gRPC address `listen` (host:port, [v6]:port): metrics are as reachable as
@@ -42,9 +43,10 @@ class MetricsServer {
   int port() const { return port_; }
 
  private:
-  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int port);
+  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::string host, int port);
 
   std::unique_ptr<prometheus::Exposer> exposer_;
+  const std::string host_;  // where a client can reach the listener (a wildcard becomes loopback)
   const int port_;
 };
 

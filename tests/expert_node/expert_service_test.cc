@@ -311,8 +311,9 @@ TEST_CASE("slow metrics clients do not hold up a scrape") {
   }
   const std::string metrics = HttpGet(node.server->metrics_port(), "/metrics");
   CHECK(metrics.rfind("HTTP/1.1 200 OK", 0) == 0);
-  // The scrape was answered while every slow client was still being waited
-  // for (a one-at-a-time server answers it only after they time out).
+  // The scrape was answered while slow clients were still being waited for
+  // (a one-at-a-time server answers it only after every one of them timed
+  // out; here they time out 1 s after connecting, so normally all 20 remain).
   int still_open = 0;
   for (int fd : slow) {
     char c;
@@ -320,7 +321,7 @@ TEST_CASE("slow metrics clients do not hold up a scrape") {
     still_open += n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
     ::close(fd);
   }
-  CHECK(still_open == 20);
+  CHECK(still_open > 0);
 }
 
 std::string Slurp(const std::string& path) { return colibri::testing::ReadFile(path); }
