@@ -60,6 +60,10 @@ struct ExpertWork {
 struct LayerWork {
   int32_t layer = 0;
   const float* x = nullptr;  // [num_tokens][d_model], f32; lives until Compute returns
+  // The same rows as the client sent them when that was bf16 (x is their
+  // exact widening), else null: remote backends send these, half the bytes,
+  // and the nodes widen them to the same f32 values.
+  const uint16_t* x_bf16 = nullptr;
   int64_t num_tokens = 0;
   int64_t num_slots = 0;            // num_tokens * top_k
   std::vector<ExpertWork> experts;  // ascending expert id, each non-empty

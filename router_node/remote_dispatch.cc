@@ -63,14 +63,20 @@ void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& mod
       }
     }
   }
+  // Rows in the client's dtype when it sent bf16 (the node widens them to the
+  // same f32 values), else f32.
   v1::Tensor* t = req.mutable_rows();
-  t->set_dtype(v1::DATA_TYPE_F32);
+  const bool bf16 = work.x_bf16 != nullptr;
+  const size_t row_bytes = d_model * (bf16 ? sizeof(uint16_t) : sizeof(float));
+  t->set_dtype(bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32);
   t->add_shape(static_cast<int64_t>(rows.size()));
   t->add_shape(d_model);
   std::string* data = t->mutable_data();
-  data->resize(rows.size() * d_model * sizeof(float));
+  data->resize(rows.size() * row_bytes);
   for (size_t i = 0; i < rows.size(); ++i) {
-    std::memcpy(&(*data)[i * d_model * sizeof(float)], work.x + rows[i] * d_model, d_model * sizeof(float));
+    const void* src = bf16 ? static_cast<const void*>(work.x_bf16 + rows[i] * d_model)
+                           : static_cast<const void*>(work.x + rows[i] * d_model);
+    std::memcpy(&(*data)[i * row_bytes], src, row_bytes);
   }
   for (const int w : call->plan.works) {
     const ExpertWork& src = work.experts[w];

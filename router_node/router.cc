@@ -230,6 +230,7 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
   LayerWork work;
   work.layer = in.layer;
   work.x = x.data();
+  if (in.hidden_dtype == common::DType::kBF16) work.x_bf16 = static_cast<const uint16_t*>(in.hidden);
   work.num_tokens = in.num_tokens;
   work.num_slots = in.num_tokens * width;
   work.request_id = in.request_id;

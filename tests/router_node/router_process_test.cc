@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "colibri/v1/router.grpc.pb.h"
+#include "common/half.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/integration/cluster.h"
 #include "tests/test_util.h"
@@ -78,6 +79,21 @@ TEST_CASE("a distributed router answers byte for byte like a local one, in every
           CHECK(remote.output().data() == in_process.output().data());
           CHECK(std::vector<int32_t>(remote.routes().expert_ids().begin(), remote.routes().expert_ids().end()) ==
                 std::vector<int32_t>(in_process.routes().expert_ids().begin(), in_process.routes().expert_ids().end()));
+          // bf16 hidden states travel to the nodes as bf16 and still give the local bytes.
+          v1::ForwardRequest bf = request;
+          bf.mutable_hidden()->set_dtype(v1::DATA_TYPE_BF16);
+          std::string half(bf.hidden().data().size() / 2, '\0');
+          for (size_t i = 0; i < half.size() / 2; ++i) {
+            float f;
+            std::memcpy(&f, request.hidden().data().data() + 4 * i, 4);
+            const uint16_t h = common::FloatToBf16(f);
+            std::memcpy(&half[2 * i], &h, 2);
+          }
+          bf.mutable_hidden()->set_data(half);
+          v1::ForwardResponse remote_bf, local_bf;
+          REQUIRE(Call(*remote_stub, bf, &remote_bf).ok());
+          REQUIRE(Call(*local_stub, bf, &local_bf).ok());
+          CHECK(remote_bf.output().data() == local_bf.output().data());
           // The same routes sent by the client give the same bytes again.
           request.set_routing(v1::ROUTING_MODE_CLIENT);
           *request.mutable_routes() = remote.routes();
