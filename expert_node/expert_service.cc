@@ -162,7 +162,6 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
       return true;
     }
-    const int64_t d_model = store_->Current()->model().manifest().d_model;
     if (state->call == nullptr) {
       if (context->IsCancelled()) {
         Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
@@ -180,6 +179,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
               .count();
       ComputeInput& input = state->input;
       input.check_finite = options_.check_finite;
+      const int64_t d_model = store_->Current()->model().manifest().d_model;
       if (absl::Status s = ParseComputeRequest(*request, d_model, engine_->limits(), &input); !s.ok()) {
         Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
         return true;
@@ -203,8 +203,10 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     }
     if (!*done) return false;  // the next slice after the other calls' turns
     const ComputeInput& input = state->input;
+    // The call's own weight set's width: a reload since its first step may have changed the model.
+    const int64_t call_d_model = state->call->set->model().manifest().d_model;
     const ComputeOutput out = ComputeEngine::Finish(*state->call);
-    FillOutput(out, d_model, output_dtype, response->mutable_output());
+    FillOutput(out, call_d_model, output_dtype, response->mutable_output());
     if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
       const common::Labels layer = {{"layer", std::to_string(input.layer)}};
       m->GetHistogram("colibri_expert_compute_seconds", "Kernel time of a Compute call.", layer,
