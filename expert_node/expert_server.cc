@@ -42,7 +42,10 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.max_queued_calls = options.max_queued_calls;
   const int64_t d_model = s->store_->Current()->model().manifest().d_model;
   service_options.max_inflight_bytes =
-      options.max_inflight_bytes > 0 ? options.max_inflight_bytes : 2 * (options.limits.max_rows * d_model * 4 * 4);
+      options.max_inflight_bytes > 0
+          ? options.max_inflight_bytes
+          : 2 * ExpertService::Footprint(options.limits.max_rows * d_model * 4, options.limits.max_rows * d_model, 0,
+                                         options.limits.max_rows, d_model);
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.numa_node = options.store.numa_node;

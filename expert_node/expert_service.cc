@@ -34,19 +34,22 @@ void FillOutput(const ComputeOutput& out, int64_t d_model, v1::DataType dtype, v
   t->mutable_data()->assign(reinterpret_cast<const char*>(out.output.data()), out.output.size() * 4);
 }
 
-// The memory a Compute call holds in flight, from the request alone (nothing
-// in it is trusted beyond what gRPC received): the request's rows, their f32
-// copy, the expert lists' copies, the f32 output and its encoding.
+// From the request alone: nothing in it is trusted beyond what gRPC received.
 int64_t ComputeFootprint(const v1::ComputeRequest& r, int64_t d_model) {
   const int64_t rows_bytes = static_cast<int64_t>(r.rows().data().size());
   const int64_t values = rows_bytes / (r.rows().dtype() == v1::DATA_TYPE_F32 ? 4 : 2);
   int64_t indices = 0;
   for (const v1::ExpertWork& w : r.experts()) indices += w.row_indices_size();
   const int64_t output_rows = r.per_expert_output() ? indices : values / std::max<int64_t>(d_model, 1);
-  return rows_bytes + values * 4 + indices * 16 + output_rows * d_model * 4 * 2;
+  return ExpertService::Footprint(rows_bytes, values, indices, output_rows, d_model);
 }
 
 }  // namespace
+
+int64_t ExpertService::Footprint(int64_t rows_bytes, int64_t values, int64_t indices, int64_t output_rows,
+                                 int64_t d_model) {
+  return rows_bytes + values * 4 + indices * 16 + output_rows * d_model * 4 * 2;
+}
 
 ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options options)
     : store_(store),

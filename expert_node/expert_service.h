@@ -57,6 +57,12 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     int inject_delay_every = 1;  // ... every this many calls (1: all)
   };
 
+  // The memory a Compute call holds in flight: its rows as received
+  // (`rows_bytes`, `values` values), their f32 copy, the expert lists'
+  // copies (`indices` row indices and weights), the f32 output of
+  // `output_rows` rows and its encoding.
+  static int64_t Footprint(int64_t rows_bytes, int64_t values, int64_t indices, int64_t output_rows, int64_t d_model);
+
   // `store` and `engine` must outlive the service.
   ExpertService(ExpertStore* store, ComputeEngine* engine, Options options);
   ~ExpertService() override;  // finishes queued calls with UNAVAILABLE, joins threads

@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   options.service.log = log;
   if (options.service.max_inflight_bytes <= 0) {  // room for two requests of max_tokens f32 hidden states
     const common::Manifest& m = s->router_->manifest();
-    options.service.max_inflight_bytes =
-        2 * options.router.max_tokens * m.d_model * 4 * (4 + 2 * (m.top_k + m.n_shared_experts));
+    const int64_t values = options.router.max_tokens * m.d_model;
+    options.service.max_inflight_bytes = 2 * RouterService::Footprint(values * 4, values, m);
   }
   s->service_ = std::make_unique<RouterService>(s->router_, options.service);
 

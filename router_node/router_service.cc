@@ -34,15 +34,10 @@ void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t 
   t->set_detail(detail);
 }
 
-// The memory a Forward call holds while it runs, from the request's bytes
-// (its shape is not trusted yet): the hidden states and their f32 copy, the
-// node requests (the rows once per node: at most top_k + shared nodes), their
-// per-route replies, the f32 sum and the encoded output.
+// From the request's bytes alone: its shape is not trusted yet.
 int64_t ForwardFootprint(const v1::ForwardRequest& r, const common::Manifest& m) {
   const int64_t bytes = static_cast<int64_t>(r.hidden().data().size());
-  const int64_t values = bytes / (r.hidden().dtype() == v1::DATA_TYPE_F32 ? 4 : 2);
-  const int64_t routes = m.top_k + m.n_shared_experts;
-  return bytes + values * 4 * (3 + 2 * routes);
+  return RouterService::Footprint(bytes, bytes / (r.hidden().dtype() == v1::DATA_TYPE_F32 ? 4 : 2), m);
 }
 
 int64_t SlowestNodeNanos(const ForwardOutput& out) {
@@ -148,6 +143,11 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
 };
 
 }  // namespace
+
+int64_t RouterService::Footprint(int64_t hidden_bytes, int64_t values, const common::Manifest& m) {
+  const int64_t routes = m.top_k + m.n_shared_experts;
+  return hidden_bytes + values * 4 * (3 + 2 * routes);
+}
 
 RouterService::RouterService(Router* router, Options options)
     : router_(router),

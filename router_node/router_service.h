@@ -64,6 +64,12 @@ class RouterService final : public colibri::v1::Router::CallbackService {
                                              const colibri::v1::GetClusterStatusRequest* request,
                                              colibri::v1::GetClusterStatusResponse* response) override;
 
+  // The memory a Forward call holds while it runs, for `values` hidden values
+  // received as `hidden_bytes`: the hidden states and their f32 copy, the node
+  // requests (the rows once per node: at most top_k + shared nodes), their
+  // per-route replies, the f32 sum and the encoded output.
+  static int64_t Footprint(int64_t hidden_bytes, int64_t values, const common::Manifest& m);
+
   // Runs one request on the calling thread: parse, forward, fill `response`.
   // Used by the workers for both RPCs.
   absl::Status RunForward(const colibri::v1::ForwardRequest& request, CallControl& control,
