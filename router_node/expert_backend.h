@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,17 +35,21 @@ class CallControl {
 
   absl::Time deadline() const { return deadline_; }
   bool cancelled() const;
-  // Marks the request cancelled and runs every registered hook once.
+  // Marks the request cancelled and runs every registered hook once, on this
+  // thread, outside the control's lock (a hook may call RemoveHook).
   void Cancel();
-  // Runs `hook` on Cancel() — at once if already cancelled. The returned id
-  // removes it; RemoveHook returns only when the hook is not running.
+  // Runs `hook` on Cancel() — at once, on this thread, if already cancelled.
+  // The returned id removes it. RemoveHook returns only when no hook is
+  // running, except on the thread running the hooks (where it does not wait).
   int AddHook(std::function<void()> hook);
   void RemoveHook(int id);
 
  private:
   const absl::Time deadline_;
   mutable common::Mutex mu_;
+  common::CondVar hooks_done_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread::id running_ ABSL_GUARDED_BY(mu_);  // the thread running the hooks, if any
   int next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);
 };
@@ -101,6 +106,20 @@ class ExpertBackend {
   // `stats` (may be null) receives what was done. Thread-safe.
   virtual absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control,
                                BackendStats* stats) = 0;
+
+  // The same, ending with done(status) instead of returning: `work`,
+  // `contributions`, `control` and `stats` must live until `done` runs,
+  // which is exactly once, on this thread or on another (for the remote
+  // backend: the thread that delivered the last node reply). The default
+  // calls Compute on this thread.
+  virtual void ComputeAsync(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats,
+                            std::function<void(absl::Status)> done) {
+    done(Compute(work, contributions, control, stats));
+  }
+
+  // True when ComputeAsync returns before the experts have run (it only
+  // sends them work), so it may be called from a thread that must not block.
+  virtual bool asynchronous() const { return false; }
 
   // "local" or "distributed".
   virtual std::string kind() const = 0;

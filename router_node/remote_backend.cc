@@ -83,7 +83,18 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   return b;
 }
 
-RemoteBackend::~RemoteBackend() { Stop(); }
+RemoteBackend::~RemoteBackend() {
+  Stop();
+  // Node calls cancelled after their layer was answered may still be ending:
+  // their callbacks count them in this backend's metrics.
+  common::MutexLock lock(&calls_mu_);
+  while (outstanding_calls_ > 0) calls_cv_.Wait(&calls_mu_);
+}
+
+void RemoteBackend::CallStarted() {
+  common::MutexLock lock(&calls_mu_);
+  ++outstanding_calls_;
+}
 
 void RemoteBackend::Stop() {
   {
@@ -112,24 +123,28 @@ absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& address
       topo->nodes.push_back(it->second);
       continue;
     }
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
-    args.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
-    // A node that comes back is reconnected within a second, not after minutes of backoff.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
     auto node = std::make_shared<Node>();
     node->address = a;
-    node->stub = v1::ExpertNode::NewStub(
-        grpc::CreateCustomChannel(a, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args));
+    node->channel = options_.connect ? options_.connect(a) : Connect(a);
     topo->nodes.push_back(std::move(node));
   }
   if (topo->nodes.empty()) return absl::InvalidArgumentError("no expert node addresses");
   topology_ = std::move(topo);
   Rebuild();
   return absl::OkStatus();
+}
+
+std::unique_ptr<NodeChannel> RemoteBackend::Connect(const std::string& address) const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
+  args.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
+  // A node that comes back is reconnected within a second, not after minutes of backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
+  return std::make_unique<GrpcNodeChannel>(
+      grpc::CreateCustomChannel(address, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args));
 }
 
 void RemoteBackend::Rebuild() {
@@ -186,12 +201,12 @@ void RemoteBackend::HealthRound() {
   absl::BlockingCounter done(static_cast<int>(probes.size()));
   v1::GetNodeInfoRequest request;
   for (size_t i = 0; i < probes.size(); ++i) {
-    probes[i].context.set_deadline(absl::ToChronoTime(absl::Now() + options_.health_timeout));
-    topo->nodes[i]->stub->async()->GetNodeInfo(&probes[i].context, &request, &probes[i].response,
-                                               [&probes, &done, i](grpc::Status s) {
-                                                 probes[i].status = std::move(s);
-                                                 done.DecrementCount();
-                                               });
+    probes[i].context.set_deadline(absl::ToChronoTime(clock_->Now() + options_.health_timeout));
+    topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response,
+                                         [&probes, &done, i](grpc::Status s) {
+                                           probes[i].status = std::move(s);
+                                           done.DecrementCount();
+                                         });
   }
   done.Wait();
   int live = 0;
@@ -277,7 +292,5 @@ std::vector<NodeStatusView> RemoteBackend::Nodes() const {
   return out;
 }
 
-// Completion of a layer's node calls: callbacks mark calls done under mu, the
-// dispatching thread waits on conditions over them.
 }  // namespace router_node
 }  // namespace colibri

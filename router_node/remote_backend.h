@@ -42,9 +42,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "router_node/expert_backend.h"
+#include "router_node/node_channel.h"
 #include "router_node/shard_map.h"
 
 namespace colibri {
@@ -76,6 +78,10 @@ struct RemoteOptions {
   std::string tls_server_name;
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the backend
   std::ostream* log = nullptr;                 // node up/down events; optional; must outlive the backend
+  // Tests: how to reach a node (default: a gRPC channel with the options
+  // above) and the clock for hedging and deadlines (default: the wall clock).
+  NodeConnector connect;
+  common::Clock* clock = nullptr;  // must outlive the backend
 };
 
 // A node as GetClusterStatus shows it.
@@ -98,13 +104,18 @@ class RemoteBackend final : public ExpertBackend {
   // unset model shape, an empty list or an address that is not host:port, or
   // bad TLS options or files; NOT_FOUND for a cluster file that cannot be read.
   static absl::StatusOr<std::unique_ptr<RemoteBackend>> Create(const RemoteOptions& options);
-  ~RemoteBackend() override;  // Stop()s
+  ~RemoteBackend() override;  // Stop()s, then waits for the replies of cancelled node calls
 
   // Stops the health watcher (the map stays as it is; no listener is called
   // after Stop returns). Idempotent.
   void Stop();
 
   absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats) override;
+  // `done` runs on the thread that delivers the last reply needed (or on
+  // this one when nothing could be sent). Never blocks.
+  void ComputeAsync(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats,
+                    std::function<void(absl::Status)> done) override;
+  bool asynchronous() const override { return true; }
   std::string kind() const override { return "distributed"; }
 
   // Runs a health round now (also re-reads the cluster file) and returns
@@ -122,24 +133,28 @@ class RemoteBackend final : public ExpertBackend {
   int64_t hedges() const { return hedges_.load(std::memory_order_relaxed); }
   int64_t hedge_wins() const { return hedge_wins_.load(std::memory_order_relaxed); }
 
-  struct Call;  // one Compute call in flight (remote_backend_internal.h)
+  struct Call;      // one Compute call in flight (remote_backend_internal.h)
+  class Dispatch;   // one layer's calls (remote_dispatch.cc)
 
  private:
   struct Node;
   struct Topology;
-  struct Tracker;
-  explicit RemoteBackend(RemoteOptions options) : options_(std::move(options)) {}
+  explicit RemoteBackend(RemoteOptions options)
+      : options_(std::move(options)), clock_(options_.clock != nullptr ? options_.clock : common::Clock::Real()) {}
 
+  std::unique_ptr<NodeChannel> Connect(const std::string& address) const;
   absl::Status SetAddresses(const std::vector<std::string>& addresses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HealthRound();
   void Rebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDown(const std::shared_ptr<Node>& node, const std::string& error);
   std::shared_ptr<const Topology> topology() const;
-  // Adds a finished call to `stats` (may be null) and the metrics.
-  void Record(const Call& call, int attempt, BackendStats* stats);
+  // Counts a node call starting; CallEnded counts it ended and records it in the metrics.
+  void CallStarted();
+  void CallEnded(const Call& call);
 
   // Constant after construction.
   const RemoteOptions options_;
+  common::Clock* const clock_;
   std::shared_ptr<void> credentials_;  // grpc::ChannelCredentials, kept opaque in this header
 
   mutable common::Mutex mu_;
@@ -154,6 +169,9 @@ class RemoteBackend final : public ExpertBackend {
   std::atomic<int64_t> retries_{0};
   std::atomic<int64_t> hedges_{0};
   std::atomic<int64_t> hedge_wins_{0};
+  common::Mutex calls_mu_;
+  common::CondVar calls_cv_;
+  int64_t outstanding_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;  // started, callback not finished
   std::thread watcher_;
 };
 

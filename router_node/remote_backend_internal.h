@@ -27,7 +27,7 @@ namespace v1 = colibri::v1;
 
 struct RemoteBackend::Node {
   std::string address;
-  std::unique_ptr<v1::ExpertNode::Stub> stub;
+  std::unique_ptr<NodeChannel> channel;
   std::atomic<int> in_flight{0};
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> failed{0};
@@ -47,9 +47,11 @@ struct RemoteBackend::Topology {
 // One Compute call in flight.
 struct RemoteBackend::Call {
   int node = 0;
+  std::shared_ptr<Node> node_ref;
+  int attempt = 0;     // 0 the first try, 1 the retry
   bool hedge = false;  // sent because the planned call was slow
-  // Guarded by the layer's Tracker::mu (a comment, not ABSL_GUARDED_BY: a
-  // Call does not point to its Tracker, so the analysis could not name it).
+  // Written once by the call's callback under its Dispatch's lock (a comment,
+  // not ABSL_GUARDED_BY: the analysis cannot name that lock from here).
   bool done = false;
   std::string address;
   std::string name;  // "node-<index>": how replies and errors name the node (addresses are for admins)

@@ -1,16 +1,21 @@
-// RemoteBackend::Compute: one layer's node calls — plan, send (all in
+// RemoteBackend::ComputeAsync: one layer's node calls — plan, send (all in
 // flight at once), hedge slow calls, retry failed ones once on other
-// replicas, scatter the per-expert rows to their slots. The node set and
-// health checks are in remote_backend.cc.
+// replicas, scatter the per-expert rows to their slots — as a Dispatch
+// driven by what happens to it: node replies, the hedge timer, the client's
+// cancellation, each on the thread that delivers it. Nothing waits; the
+// layer's `done` runs on the thread of the reply that settles it. The node
+// set and health checks are in remote_backend.cc.
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
 #include "router_node/remote_backend.h"
 #include "router_node/remote_backend_internal.h"
 
@@ -110,167 +115,168 @@ absl::Status ScatterReply(const LayerWork& work, int64_t d_model, const Call& ca
 
 }  // namespace
 
-struct RemoteBackend::Tracker {
-  common::Mutex mu;
-  common::CondVar cv;  // signalled (under mu) whenever a call finishes
-  // Waits until `ready()` (evaluated under mu) or `until`; true if ready.
-  bool WaitUntil(const std::function<bool()>& ready, absl::Time until) {
-    common::MutexLock lock(&mu);
-    while (!ready()) {
-      if (until == absl::InfiniteFuture()) {
-        cv.Wait(&mu);
-        continue;
-      }
-      const absl::Duration left = until - absl::Now();
-      if (left <= absl::ZeroDuration() || cv.WaitWithTimeout(&mu, left)) return ready();
-    }
-    return true;
+class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
+ public:
+  Dispatch(RemoteBackend* backend, const LayerWork& work, float* contributions, CallControl& control,
+           BackendStats* stats, std::function<void(absl::Status)> done)
+      : backend_(backend),
+        options_(backend->options_),
+        clock_(backend->clock_),
+        topo_(backend->topology()),
+        start_(std::chrono::steady_clock::now()),
+        work_(work),
+        contributions_(contributions),
+        control_(control),
+        stats_(stats),
+        done_(std::move(done)) {
+    pending_.resize(work.experts.size());
+    for (size_t i = 0; i < pending_.size(); ++i) pending_[i] = static_cast<int>(i);
   }
-};
 
-absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions, CallControl& control,
-                                    BackendStats* stats) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::shared_ptr<const Topology> topo = topology();
-  std::vector<int> pending(work.experts.size());
-  for (size_t i = 0; i < pending.size(); ++i) pending[i] = static_cast<int>(i);
-  std::set<int> excluded;
-  std::string first_failure;
-  std::string retry_failure;
-  Tracker tracker;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    std::vector<int> load(topo->nodes.size());
-    for (size_t n = 0; n < load.size(); ++n) load[n] = topo->nodes[n]->in_flight.load(std::memory_order_relaxed);
-    absl::StatusOr<std::vector<NodeCall>> plan =
-        PlanNodeCalls(*topo->map, work.layer, work.experts, pending, load, excluded);
-    if (!plan.ok()) {
-      return first_failure.empty() ? plan.status()
-                                   : absl::UnavailableError(absl::StrCat(plan.status().message(), "; ", first_failure));
+  void Start() {
+    hook_ = control_.AddHook([weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->CancelAll();
+    });
+    std::vector<Call*> to_start;
+    absl::Status s;
+    {
+      common::MutexLock lock(&mu_);
+      s = PlanAttempt(&to_start);
+      if (!s.ok()) Decide();
     }
-    if (control.cancelled()) return absl::CancelledError("request cancelled by the client");
-    const absl::Time deadline = std::min(control.deadline(), absl::Now() + options_.node_timeout);
-    // When the client's deadline is the sooner one, a DEADLINE_EXCEEDED is the
-    // client's — never a reason to take a node out (gRPC's clock may call it
-    // a moment before absl::Now() reaches the deadline).
-    const bool client_deadline = deadline == control.deadline();
+    if (!s.ok()) return Finish(s);
+    Send(to_start);
+  }
 
-    // Every call of this attempt; races: a planned call and the hedge calls
-    // that may answer for its experts instead.
-    std::vector<std::unique_ptr<Call>> calls;
-    struct Race {
-      Call* primary;
-      std::vector<Call*> hedges;
-    };
-    std::vector<Race> races;
-    auto issue = [&](NodeCall nc, bool hedge) {
-      auto call = std::make_unique<Call>();
-      call->node = nc.node;
-      call->address = topo->nodes[nc.node]->address;
-      call->name = absl::StrCat("node-", nc.node);
-      call->plan = std::move(nc);
-      call->hedge = hedge;
-      BuildRequest(work, options_.d_model, options_.model_id, call.get());
-      call->context.set_deadline(absl::ToChronoTime(deadline));
-      Node& node = *topo->nodes[call->node];
+ private:
+  // A planned call and the hedges that may answer for its experts instead.
+  struct Race {
+    Call* primary;
+    std::vector<Call*> hedges;
+  };
+
+  // Plans pending_ on the live replicas not excluded and makes the attempt's
+  // calls (returned in `to_start`; sent by the caller after unlocking).
+  absl::Status PlanAttempt(std::vector<Call*>* to_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
+    absl::StatusOr<std::vector<NodeCall>> plan =
+        PlanNodeCalls(*topo_->map, work_.layer, work_.experts, pending_, Load(), excluded_);
+    if (!plan.ok()) {
+      return first_failure_.empty() ? plan.status()
+                                    : absl::UnavailableError(absl::StrCat(plan.status().message(), "; ", first_failure_));
+    }
+    const absl::Time now = clock_->Now();
+    deadline_ = std::min(control_.deadline(), now + options_.node_timeout);
+    // When the client's deadline is the sooner one, a DEADLINE_EXCEEDED is
+    // the client's — never a reason to take a node out (gRPC's clock may call
+    // it a moment before Now() reaches the deadline).
+    client_deadline_ = deadline_ == control_.deadline();
+    races_.clear();
+    for (NodeCall& nc : *plan) {
+      races_.push_back({NewCall(std::move(nc), false), {}});
+      to_start->push_back(races_.back().primary);
+    }
+    if (attempt_ == 0 && options_.hedge_after > absl::ZeroDuration()) {
+      hedge_timer_ = clock_->At(now + options_.hedge_after, [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->Hedge();
+      });
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int> Load() const {
+    std::vector<int> load(topo_->nodes.size());
+    for (size_t n = 0; n < load.size(); ++n) load[n] = topo_->nodes[n]->in_flight.load(std::memory_order_relaxed);
+    return load;
+  }
+
+  Call* NewCall(NodeCall nc, bool hedge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto call = std::make_unique<Call>();
+    call->node = nc.node;
+    call->node_ref = topo_->nodes[nc.node];
+    call->address = call->node_ref->address;
+    call->name = absl::StrCat("node-", nc.node);
+    call->plan = std::move(nc);
+    call->attempt = attempt_;
+    call->hedge = hedge;
+    BuildRequest(work_, options_.d_model, options_.model_id, call.get());
+    call->context.set_deadline(absl::ToChronoTime(deadline_));
+    call->start_nanos = NanosSince(start_);
+    calls_.push_back(std::move(call));
+    return calls_.back().get();
+  }
+
+  // Sends calls made under the lock. Their callbacks keep this alive.
+  void Send(const std::vector<Call*>& calls) {
+    for (Call* c : calls) {
+      Node& node = *c->node_ref;
       node.in_flight.fetch_add(1, std::memory_order_relaxed);
       node.calls.fetch_add(1, std::memory_order_relaxed);
-      call->start_nanos = NanosSince(start);
-      Call* raw = call.get();
-      {
-        common::MutexLock lock(&tracker.mu);
-        calls.push_back(std::move(call));
-      }
-      node.stub->async()->Compute(&raw->context, &raw->request, &raw->response,
-                                  [raw, &node, &tracker, start](grpc::Status s) {
-                                    node.in_flight.fetch_sub(1, std::memory_order_relaxed);
-                                    common::MutexLock lock(&tracker.mu);
-                                    raw->status = std::move(s);
-                                    raw->end_nanos = NanosSince(start);
-                                    raw->done = true;
-                                    tracker.cv.SignalAll();  // under mu: the waiter may free the tracker after
-                                  });
-      return raw;
-    };
-    for (NodeCall& nc : *plan) races.push_back({issue(std::move(nc), false), {}});
-    const int hook = control.AddHook([&calls, &tracker] {
-      common::MutexLock lock(&tracker.mu);
-      for (auto& c : calls) c->context.TryCancel();
-    });
-    // A race is settled when its planned call succeeded, when all its hedges
-    // did, or when everything in it has finished.
-    auto settled = [](const Race& r) {
-      bool hedges_done = true, hedges_ok = !r.hedges.empty();
-      for (const Call* h : r.hedges) {
-        hedges_done = hedges_done && h->done;
-        hedges_ok = hedges_ok && h->done && h->status.ok();
-      }
-      return (r.primary->done && r.primary->status.ok()) || hedges_ok || (r.primary->done && hedges_done);
-    };
-    auto all_settled = [&] {
-      for (const Race& r : races) {
-        if (!settled(r)) return false;
-      }
-      return true;
-    };
-    const bool hedging = options_.hedge_after > absl::ZeroDuration() && attempt == 0;
-    if (!tracker.WaitUntil(all_settled, hedging ? absl::Now() + options_.hedge_after : absl::InfiniteFuture())) {
-      // Hedge: the work of every call still out goes to other replicas too.
-      std::vector<std::pair<size_t, std::vector<int>>> slow;
-      {
-        common::MutexLock lock(&tracker.mu);
-        for (size_t i = 0; i < races.size(); ++i) {
-          if (!races[i].primary->done) slow.push_back({i, races[i].primary->plan.works});
-        }
-      }
-      for (auto& [i, works] : slow) {
-        std::set<int> avoid = excluded;
-        avoid.insert(races[i].primary->node);
-        absl::StatusOr<std::vector<NodeCall>> alternative =
-            PlanNodeCalls(*topo->map, work.layer, work.experts, works, load, avoid);
-        if (!alternative.ok()) continue;  // no other replica: wait for the slow one
-        std::vector<Call*> hedges;
-        for (NodeCall& nc : *alternative) hedges.push_back(issue(std::move(nc), true));
-        {
-          common::MutexLock lock(&tracker.mu);
-          races[i].hedges = std::move(hedges);
-        }
-        hedges_.fetch_add(1, std::memory_order_relaxed);
-        if (options_.metrics != nullptr) {
-          options_.metrics->GetCounter("colibri_router_hedges_total", "Node calls hedged on another replica.")
-              ->Increment();
-        }
-      }
-      tracker.WaitUntil(all_settled, absl::InfiniteFuture());
+      backend_->CallStarted();
+      node.channel->Compute(&c->context, &c->request, &c->response,
+                            [self = shared_from_this(), c](grpc::Status s) { self->OnReply(c, std::move(s)); });
     }
-    control.RemoveHook(hook);
-    // The losers of settled races are not needed: cancel, and wait until
-    // every callback has run (they point into this frame).
-    {
-      common::MutexLock lock(&tracker.mu);
-      for (auto& c : calls) {
-        if (!c->done) c->context.TryCancel();
-      }
-    }
-    tracker.WaitUntil(
-        [&] {
-          for (const auto& c : calls) {
-            if (!c->done) return false;
-          }
-          return true;
-        },
-        absl::InfiniteFuture());
+  }
 
+  void Cancel(const std::vector<Call*>& calls) {
+    for (Call* c : calls) c->node_ref->channel->Cancel(&c->context);
+  }
+
+  void OnReply(Call* call, grpc::Status status) {
+    call->node_ref->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    std::vector<Call*> to_start, to_cancel;
+    std::optional<absl::Status> result;
+    {
+      common::MutexLock lock(&mu_);
+      call->status = std::move(status);
+      call->end_nanos = NanosSince(start_);
+      call->done = true;
+      if (!decided_ && AllSettled()) {
+        for (const auto& c : calls_) {
+          if (!c->done) to_cancel.push_back(c.get());  // the losers of settled races
+        }
+        result = Settle(&to_start);
+        if (result.has_value()) Decide();
+      }
+    }
+    backend_->CallEnded(*call);
+    Cancel(to_cancel);
+    if (result.has_value()) {
+      Finish(*result);
+    } else {
+      Send(to_start);
+    }
+  }
+
+  // A race is settled when its planned call succeeded, when all its hedges
+  // did, or when everything in it has ended.
+  static bool Settled(const Race& r) {
+    bool hedges_done = true, hedges_ok = !r.hedges.empty();
+    for (const Call* h : r.hedges) {
+      hedges_done = hedges_done && h->done;
+      hedges_ok = hedges_ok && h->done && h->status.ok();
+    }
+    return (r.primary->done && r.primary->status.ok()) || hedges_ok || (r.primary->done && hedges_done);
+  }
+  bool AllSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::all_of(races_.begin(), races_.end(), Settled);
+  }
+
+  // The attempt's races are settled: scatter the answers and classify the
+  // failures. The layer's result, or nullopt when a retry was planned (its
+  // calls in `to_start`).
+  std::optional<absl::Status> Settle(std::vector<Call*>* to_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    hedge_timer_.reset();
     std::vector<int> failed;
     absl::Status error;
-    for (const auto& c : calls) Record(*c, attempt, stats);
-    for (const Race& r : races) {
+    for (const Race& r : races_) {
       std::vector<const Call*> winners;
       if (r.primary->status.ok()) {
         winners = {r.primary};
       } else if (!r.hedges.empty() &&
                  std::all_of(r.hedges.begin(), r.hedges.end(), [](const Call* h) { return h->status.ok(); })) {
         winners.assign(r.hedges.begin(), r.hedges.end());
-        hedge_wins_.fetch_add(1, std::memory_order_relaxed);
+        backend_->hedge_wins_.fetch_add(1, std::memory_order_relaxed);
         if (options_.metrics != nullptr) {
           options_.metrics->GetCounter("colibri_router_hedge_wins_total", "Hedged calls answered by the hedge.")
               ->Increment();
@@ -278,83 +284,189 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
       }
       if (!winners.empty()) {
         for (const Call* w : winners) {
-          absl::Status s = ScatterReply(work, options_.d_model, *w, contributions);
+          absl::Status s = ScatterReply(work_, options_.d_model, *w, contributions_);
           if (!s.ok() && error.ok()) error = s;
         }
         continue;
       }
-      // Nothing in the race answered: classify the planned call's failure.
-      const Call& c = *r.primary;
-      topo->nodes[c.node]->failed.fetch_add(1, std::memory_order_relaxed);
-      const grpc::StatusCode code = c.status.error_code();
-      // `what` reaches the client: gRPC's own transport errors (UNAVAILABLE,
-      // DEADLINE_EXCEEDED) name the node's resolved address, so for those the
-      // client gets the code only; `detail` (the router's log, the admins'
-      // GetClusterStatus) keeps the message.
-      const std::string detail =
-          absl::StrCat(c.name, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
-      const std::string what = TransportCode(code) ? absl::StrCat(c.name, ": ", TransportCodeText(code), " (code ",
-                                                                  static_cast<int>(code), ")")
-                                                   : detail;
-      if (control.cancelled()) {
-        if (error.ok()) error = absl::CancelledError("request cancelled by the client");
-      } else if (absl::Now() >= control.deadline() ||
-                 (client_deadline && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
-        if (error.ok()) {
-          error =
-              absl::DeadlineExceededError(absl::StrCat("layer ", work.layer, ": deadline exceeded waiting for ", what));
-        }
-      } else if (Retriable(code)) {
-        if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) MarkDown(topo->nodes[c.node], detail);
-        excluded.insert(c.node);
-        for (const Call* h : r.hedges) excluded.insert(h->node);
-        failed.insert(failed.end(), c.plan.works.begin(), c.plan.works.end());
-        if (first_failure.empty()) first_failure = absl::StrCat("first try failed on ", what);
-        retry_failure = what;
-      } else if (error.ok()) {
-        error = absl::InternalError(absl::StrCat("layer ", work.layer, ": ", what));
-      }
+      absl::Status s = Classify(r, &failed);
+      if (!s.ok() && error.ok()) error = s;
     }
     if (!error.ok()) return error;
     if (failed.empty()) return absl::OkStatus();
-    if (attempt == 1) {
+    if (attempt_ == 1) {
       std::string experts;
-      for (const int w : failed) absl::StrAppend(&experts, experts.empty() ? "" : ",", work.experts[w].expert);
-      return absl::UnavailableError(absl::StrCat("layer ", work.layer, " expert ", experts,
-                                                 ": failed on every replica tried (", first_failure,
-                                                 "; retry failed on ", retry_failure, ")"));
+      for (const int w : failed) absl::StrAppend(&experts, experts.empty() ? "" : ",", work_.experts[w].expert);
+      return absl::UnavailableError(absl::StrCat("layer ", work_.layer, " expert ", experts,
+                                                 ": failed on every replica tried (", first_failure_,
+                                                 "; retry failed on ", retry_failure_, ")"));
     }
     std::sort(failed.begin(), failed.end());
-    pending = std::move(failed);
-    retries_.fetch_add(1, std::memory_order_relaxed);
-    if (stats != nullptr) ++stats->retries;
+    pending_ = std::move(failed);
+    attempt_ = 1;
+    backend_->retries_.fetch_add(1, std::memory_order_relaxed);
+    if (stats_ != nullptr) ++stats_->retries;
     if (options_.metrics != nullptr) {
       options_.metrics->GetCounter("colibri_router_retries_total", "Node calls retried on another replica.")
           ->Increment();
     }
+    absl::Status s = PlanAttempt(to_start);
+    if (!s.ok()) return s;
+    return std::nullopt;
   }
-  return absl::InternalError("unreachable");
+
+  // Nothing in the race answered: why its planned call failed. OK with its
+  // works added to `failed` when they may be retried elsewhere.
+  absl::Status Classify(const Race& r, std::vector<int>* failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Call& c = *r.primary;
+    c.node_ref->failed.fetch_add(1, std::memory_order_relaxed);
+    const grpc::StatusCode code = c.status.error_code();
+    // `what` reaches the client: gRPC's own transport errors (UNAVAILABLE,
+    // DEADLINE_EXCEEDED) name the node's resolved address, so for those the
+    // client gets the code only; `detail` (the router's log, the admins'
+    // GetClusterStatus) keeps the message.
+    const std::string detail =
+        absl::StrCat(c.name, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
+    const std::string what =
+        TransportCode(code)
+            ? absl::StrCat(c.name, ": ", TransportCodeText(code), " (code ", static_cast<int>(code), ")")
+            : detail;
+    if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
+    if (clock_->Now() >= control_.deadline() || (client_deadline_ && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+      return absl::DeadlineExceededError(absl::StrCat("layer ", work_.layer, ": deadline exceeded waiting for ", what));
+    }
+    if (!Retriable(code)) return absl::InternalError(absl::StrCat("layer ", work_.layer, ": ", what));
+    if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) backend_->MarkDown(c.node_ref, detail);
+    excluded_.insert(c.node);
+    for (const Call* h : r.hedges) excluded_.insert(h->node);
+    failed->insert(failed->end(), c.plan.works.begin(), c.plan.works.end());
+    if (first_failure_.empty()) first_failure_ = absl::StrCat("first try failed on ", what);
+    retry_failure_ = what;
+    return absl::OkStatus();
+  }
+
+  // The hedge timer: the work of every planned call still out goes to
+  // other replicas too.
+  void Hedge() {
+    std::vector<Call*> to_start;
+    {
+      common::MutexLock lock(&mu_);
+      if (decided_ || attempt_ != 0) return;
+      const std::vector<int> load = Load();
+      for (Race& r : races_) {
+        if (r.primary->done || !r.hedges.empty()) continue;
+        std::set<int> avoid = excluded_;
+        avoid.insert(r.primary->node);
+        absl::StatusOr<std::vector<NodeCall>> alternative =
+            PlanNodeCalls(*topo_->map, work_.layer, work_.experts, r.primary->plan.works, load, avoid);
+        if (!alternative.ok()) continue;  // no other replica: wait for the slow one
+        for (NodeCall& nc : *alternative) {
+          r.hedges.push_back(NewCall(std::move(nc), true));
+          to_start.push_back(r.hedges.back());
+        }
+        backend_->hedges_.fetch_add(1, std::memory_order_relaxed);
+        if (options_.metrics != nullptr) {
+          options_.metrics->GetCounter("colibri_router_hedges_total", "Node calls hedged on another replica.")
+              ->Increment();
+        }
+      }
+    }
+    Send(to_start);
+  }
+
+  void CancelAll() {
+    std::vector<Call*> to_cancel;
+    {
+      common::MutexLock lock(&mu_);
+      if (decided_) return;
+      for (const auto& c : calls_) {
+        if (!c->done) to_cancel.push_back(c.get());
+      }
+    }
+    Cancel(to_cancel);
+  }
+
+  // The layer's result is known: record the calls (those still out as
+  // cancelled) while `stats_` is valid. Late replies change nothing after.
+  void Decide() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    decided_ = true;
+    hedge_timer_.reset();
+    if (stats_ == nullptr) return;
+    const int64_t now = NanosSince(start_);
+    for (const auto& c : calls_) {
+      NodeCallRecord r;
+      r.node = c->name;
+      r.start_nanos = c->start_nanos;
+      r.end_nanos = c->done ? c->end_nanos : now;
+      r.rows = c->request.rows().shape_size() > 0 ? c->request.rows().shape(0) : 0;
+      r.experts = c->request.experts_size();
+      for (const v1::ExpertWork& w : c->request.experts()) {
+        absl::StrAppend(&r.experts_list, r.experts_list.empty() ? "" : ",", w.expert());
+      }
+      r.attempt = c->attempt;
+      r.hedge = c->hedge;
+      r.code = c->done ? static_cast<absl::StatusCode>(c->status.error_code()) : absl::StatusCode::kCancelled;
+      if (c->done) {
+        for (const v1::StageTiming& t : c->response.timings()) {
+          if (t.stage() == "compute") r.node_compute_nanos = t.nanos();
+        }
+      }
+      stats_->calls.push_back(std::move(r));
+    }
+  }
+
+  // Outside the lock, once: unhook from the control and answer.
+  void Finish(const absl::Status& status) {
+    control_.RemoveHook(hook_);
+    std::function<void(absl::Status)> done = std::move(done_);
+    done(status);  // work_, contributions_, control_ and stats_ may be gone after this
+  }
+
+  RemoteBackend* const backend_;
+  const RemoteOptions& options_;
+  common::Clock* const clock_;
+  const std::shared_ptr<const Topology> topo_;
+  const std::chrono::steady_clock::time_point start_;
+  const LayerWork& work_;
+  float* const contributions_;
+  CallControl& control_;
+  BackendStats* const stats_;
+  std::function<void(absl::Status)> done_;
+  int hook_ = -1;  // set by Start before any call is made
+
+  common::Mutex mu_;
+  bool decided_ ABSL_GUARDED_BY(mu_) = false;
+  int attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> pending_ ABSL_GUARDED_BY(mu_);  // works of the next attempt
+  std::set<int> excluded_ ABSL_GUARDED_BY(mu_);    // nodes that failed a call of this layer
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_);       // of the current attempt's calls
+  bool client_deadline_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);  // every call of every attempt
+  std::vector<Race> races_ ABSL_GUARDED_BY(mu_);                   // the current attempt's
+  std::unique_ptr<common::Clock::Timer> hedge_timer_ ABSL_GUARDED_BY(mu_);
+  std::string first_failure_ ABSL_GUARDED_BY(mu_);
+  std::string retry_failure_ ABSL_GUARDED_BY(mu_);
+};
+
+void RemoteBackend::ComputeAsync(const LayerWork& work, float* contributions, CallControl& control,
+                                 BackendStats* stats, std::function<void(absl::Status)> done) {
+  if (work.experts.empty()) return done(absl::OkStatus());
+  std::make_shared<Dispatch>(this, work, contributions, control, stats, std::move(done))->Start();
 }
 
-void RemoteBackend::Record(const Call& c, int attempt, BackendStats* stats) {
-  if (stats != nullptr) {
-    NodeCallRecord r;
-    r.node = c.name;
-    r.start_nanos = c.start_nanos;
-    r.end_nanos = c.end_nanos;
-    r.rows = c.request.rows().shape_size() > 0 ? c.request.rows().shape(0) : 0;
-    r.experts = c.request.experts_size();
-    for (const v1::ExpertWork& w : c.request.experts()) {
-      absl::StrAppend(&r.experts_list, r.experts_list.empty() ? "" : ",", w.expert());
-    }
-    r.attempt = attempt;
-    r.hedge = c.hedge;
-    r.code = static_cast<absl::StatusCode>(c.status.error_code());
-    for (const v1::StageTiming& t : c.response.timings()) {
-      if (t.stage() == "compute") r.node_compute_nanos = t.nanos();
-    }
-    stats->calls.push_back(std::move(r));
-  }
+absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions, CallControl& control,
+                                    BackendStats* stats) {
+  absl::Notification finished;
+  absl::Status result;
+  ComputeAsync(work, contributions, control, stats, [&](absl::Status s) {
+    result = std::move(s);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
+}
+
+void RemoteBackend::CallEnded(const Call& c) {
   if (options_.metrics != nullptr) {
     options_.metrics
         ->GetCounter("colibri_router_node_calls_total", "Compute calls to expert nodes by node and status code.",
@@ -365,6 +477,8 @@ void RemoteBackend::Record(const Call& c, int attempt, BackendStats* stats) {
                        {{"node", c.address}}, common::LatencyBuckets())
         ->Observe((c.end_nanos - c.start_nanos) * 1e-9);
   }
+  common::MutexLock lock(&calls_mu_);
+  if (--outstanding_calls_ == 0) calls_cv_.SignalAll();
 }
 
 }  // namespace router_node

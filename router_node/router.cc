@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 
 namespace colibri {
@@ -180,8 +181,19 @@ absl::StatusOr<common::Routes> Router::Route(const ForwardInput& in, const float
   return absl::InvalidArgumentError("routing: unknown mode");
 }
 
-absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallControl& control) {
-  const auto start = std::chrono::steady_clock::now();
+struct Router::Pending {
+  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point dispatch;
+  std::vector<float> x;  // the hidden states in f32
+  ForwardOutput out;
+  common::Routes with_shared;       // the routes with the shared experts, if the model has any
+  const common::Routes* routes;     // the routes computed: out.routes or with_shared
+  LayerWork work;
+  std::vector<float> slots;         // [num_slots][d_model]
+};
+
+absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
+  p->start = std::chrono::steady_clock::now();
   const common::Manifest& m = manifest();
   if (in.layer < 0 || in.layer >= m.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", in.layer, " is outside [0, ", m.n_layers, ")"));
@@ -209,77 +221,102 @@ absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallContro
                                                    ", ", m.d_model, "] of ", common::DTypeName(in.hidden_dtype), " is ",
                                                    in.num_tokens * m.d_model * element));
   }
-  std::vector<float> x(in.num_tokens * m.d_model);
-  ToF32(in, x.data());
+  p->x.resize(in.num_tokens * m.d_model);
+  ToF32(in, p->x.data());
 
-  ForwardOutput out;
+  ForwardOutput& out = p->out;
   out.output_dtype = in.output_dtype;
-  COLIBRI_ASSIGN_OR_RETURN(out.routes, Route(in, x.data()));
+  COLIBRI_ASSIGN_OR_RETURN(out.routes, Route(in, p->x.data()));
   // Every token's shared experts follow its routed ones (out.routes keeps
   // the routed ones only: they are what a client sends and gets back).
-  common::Routes with_shared;
   if (m.n_shared_experts > 0) {
-    with_shared = common::AppendSharedExperts(out.routes, m.n_experts, m.n_shared_experts,
-                                              routing_[in.layer]->shared_gate, m.d_model, x.data());
+    p->with_shared = common::AppendSharedExperts(out.routes, m.n_experts, m.n_shared_experts,
+                                                 routing_[in.layer]->shared_gate, m.d_model, p->x.data());
   }
-  const common::Routes& routes = m.n_shared_experts > 0 ? with_shared : out.routes;
+  p->routes = m.n_shared_experts > 0 ? &p->with_shared : &out.routes;
+  const common::Routes& routes = *p->routes;
   const int64_t width = routes.top_k;  // slots per token
-  out.timings.route_nanos = NanosSince(start);
+  out.timings.route_nanos = NanosSince(p->start);
 
   // Plan: each (token, rank) is a slot; group slots by expert, ascending.
-  LayerWork work;
+  LayerWork& work = p->work;
   work.layer = in.layer;
-  work.x = x.data();
+  work.x = p->x.data();
   if (in.hidden_dtype == common::DType::kBF16) work.x_bf16 = static_cast<const uint16_t*>(in.hidden);
   work.num_tokens = in.num_tokens;
   work.num_slots = in.num_tokens * width;
   work.request_id = in.request_id;
-  {
-    std::vector<int32_t> index(m.total_experts(), -1);  // expert -> position in work.experts
-    std::vector<int32_t> order;
-    for (const int32_t e : routes.expert_ids) {
-      if (index[e] < 0) {
-        index[e] = 0;
-        order.push_back(e);
-      }
-    }
-    std::sort(order.begin(), order.end());
-    for (size_t i = 0; i < order.size(); ++i) index[order[i]] = static_cast<int32_t>(i);
-    work.experts.resize(order.size());
-    for (size_t i = 0; i < order.size(); ++i) work.experts[i].expert = order[i];
-    for (int64_t s = 0; s < work.num_slots; ++s) {
-      ExpertWork& w = work.experts[index[routes.expert_ids[s]]];
-      w.rows.push_back(static_cast<int32_t>(s / width));
-      w.weights.push_back(routes.weights[s]);
-      w.slots.push_back(static_cast<int32_t>(s));
+  std::vector<int32_t> index(m.total_experts(), -1);  // expert -> position in work.experts
+  std::vector<int32_t> order;
+  for (const int32_t e : routes.expert_ids) {
+    if (index[e] < 0) {
+      index[e] = 0;
+      order.push_back(e);
     }
   }
-
-  const auto dispatch = std::chrono::steady_clock::now();
-  std::vector<float> slots(work.num_slots * m.d_model, 0.f);
-  if (!work.experts.empty()) {
-    COLIBRI_RETURN_IF_ERROR(backend_->Compute(work, slots.data(), control, &out.backend));
+  std::sort(order.begin(), order.end());
+  for (size_t i = 0; i < order.size(); ++i) index[order[i]] = static_cast<int32_t>(i);
+  work.experts.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) work.experts[i].expert = order[i];
+  for (int64_t s = 0; s < work.num_slots; ++s) {
+    ExpertWork& w = work.experts[index[routes.expert_ids[s]]];
+    w.rows.push_back(static_cast<int32_t>(s / width));
+    w.weights.push_back(routes.weights[s]);
+    w.slots.push_back(static_cast<int32_t>(s));
   }
-  out.timings.dispatch_nanos = NanosSince(dispatch);
+  p->slots.assign(work.num_slots * m.d_model, 0.f);
+  return absl::OkStatus();
+}
 
-  // Aggregate: each token's slots in route order, the shared experts last.
+ForwardOutput Router::Aggregate(Pending& p) {
+  ForwardOutput& out = p.out;
+  out.timings.dispatch_nanos = NanosSince(p.dispatch);
+  // Each token's slots in route order, the shared experts last.
   const auto aggregate = std::chrono::steady_clock::now();
-  std::vector<float> y(in.num_tokens * m.d_model);
-  for (int64_t t = 0; t < in.num_tokens; ++t) {
-    float* dst = y.data() + t * m.d_model;
-    const float* src = slots.data() + t * width * m.d_model;
-    std::memcpy(dst, src, m.d_model * sizeof(float));
+  const int64_t d_model = manifest().d_model;
+  const int64_t width = p.routes->top_k;
+  const int64_t num_tokens = p.work.num_tokens;
+  std::vector<float> y(num_tokens * d_model);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* dst = y.data() + t * d_model;
+    const float* src = p.slots.data() + t * width * d_model;
+    std::memcpy(dst, src, d_model * sizeof(float));
     for (int64_t j = 1; j < width; ++j) {
-      const float* s = src + j * m.d_model;
-      for (int64_t c = 0; c < m.d_model; ++c) dst[c] += s[c];
+      const float* s = src + j * d_model;
+      for (int64_t c = 0; c < d_model; ++c) dst[c] += s[c];
     }
   }
-  FromF32(y, in.output_dtype, &out.output);
-  CountRoutes(in.layer, routes);
+  FromF32(y, out.output_dtype, &out.output);
+  CountRoutes(p.work.layer, *p.routes);
   requests_.fetch_add(1, std::memory_order_relaxed);
   out.timings.aggregate_nanos = NanosSince(aggregate);
-  out.timings.total_nanos = NanosSince(start);
-  return out;
+  out.timings.total_nanos = NanosSince(p.start);
+  return std::move(out);
+}
+
+void Router::ForwardAsync(const ForwardInput& in, CallControl& control,
+                          std::function<void(absl::StatusOr<ForwardOutput>)> done) {
+  auto p = std::make_shared<Pending>();
+  absl::Status s = Prepare(in, p.get());
+  if (!s.ok()) return done(std::move(s));
+  p->dispatch = std::chrono::steady_clock::now();
+  if (p->work.experts.empty()) return done(Aggregate(*p));
+  backend_->ComputeAsync(p->work, p->slots.data(), control, &p->out.backend,
+                         [this, p, done = std::move(done)](absl::Status status) {
+                           if (!status.ok()) return done(std::move(status));
+                           done(Aggregate(*p));
+                         });
+}
+
+absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallControl& control) {
+  absl::Notification finished;
+  absl::StatusOr<ForwardOutput> result;
+  ForwardAsync(in, control, [&](absl::StatusOr<ForwardOutput> r) {
+    result = std::move(r);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
 }
 
 }  // namespace router_node

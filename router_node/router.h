@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,12 @@ class Router {
   // weight; non-finite hidden values in gate mode; output dtype);
   // RESOURCE_EXHAUSTED over max_tokens; the backend's errors otherwise.
   absl::StatusOr<ForwardOutput> Forward(const ForwardInput& input, CallControl& control);
+  // The same, ending with done(result): on this thread for a bad request or
+  // a synchronous backend, else on the thread of the last node reply, which
+  // also aggregates. `input`'s memory and `control` must live until `done`
+  // runs. Blocks only as long as the backend's ComputeAsync does.
+  void ForwardAsync(const ForwardInput& input, CallControl& control,
+                    std::function<void(absl::StatusOr<ForwardOutput>)> done);
 
   const common::Manifest& manifest() const { return model_->manifest(); }
   const std::string& model_id() const { return model_->model_id(); }
@@ -111,7 +118,10 @@ class Router {
   int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
 
  private:
+  struct Pending;  // a Forward between sending its work and aggregating
   Router(std::unique_ptr<common::ModelDir> model, ExpertBackend* backend, const RouterOptions& options);
+  absl::Status Prepare(const ForwardInput& input, Pending* p) const;
+  ForwardOutput Aggregate(Pending& p);
   absl::StatusOr<common::Routes> Route(const ForwardInput& input, const float* x) const;
   void CountRoutes(int32_t layer, const common::Routes& routes);
 

@@ -54,6 +54,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
       : service_(service), request_(request), response_(response), control_(DeadlineOf(context)) {}
 
   void Start() {
+    if (service_->RunsInline(*request_)) return Run();
     if (!service_->Submit([this] { Run(); })) {
       Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
     }
@@ -63,7 +64,9 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  void Run() { Done(service_->RunForward(*request_, control_, response_)); }
+  void Run() {
+    service_->StartForward(*request_, control_, response_, [this](absl::Status s) { Done(s); });
+  }
   void Done(const absl::Status& s) {
     service_->CountCall("Forward", s.code());
     Finish(runtime::ToGrpcStatus(s));
@@ -75,8 +78,8 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   CallControl control_;
 };
 
-// ForwardStream: read a request, run it on a worker, write its reply, read the
-// next — in order, one at a time. Deleted when gRPC is done with it.
+// ForwardStream: read a request, run it, write its reply, read the next — in
+// order, one at a time. Deleted when gRPC is done with it.
 class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse> {
  public:
   StreamReactor(RouterService* service, grpc::CallbackServerContext* context)
@@ -89,6 +92,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
       Finish(grpc::Status::OK);
       return;
     }
+    if (service_->RunsInline(request_)) return Run();
     if (!service_->Submit([this] { Run(); })) {
       Reply(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
     }
@@ -103,26 +107,33 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
     StartRead(&request_);
   }
   void OnCancel() override {
-    common::MutexLock lock(&mu_);
-    cancelled_ = true;
-    if (current_ != nullptr) current_->Cancel();
+    std::shared_ptr<CallControl> current;
+    {
+      common::MutexLock lock(&mu_);
+      cancelled_ = true;
+      current = current_;
+    }
+    if (current != nullptr) current->Cancel();  // outside mu_: the request may end inside Cancel
   }
   void OnDone() override { delete this; }
 
  private:
   void Run() {
-    auto control = std::make_unique<CallControl>(deadline_);
+    auto control = std::make_shared<CallControl>(deadline_);
+    bool cancelled;
     {
       common::MutexLock lock(&mu_);
-      if (cancelled_) control->Cancel();
-      current_ = control.get();
+      cancelled = cancelled_;
+      current_ = control;
     }
-    const absl::Status s = service_->RunForward(request_, *control, reply_.mutable_response());
-    {
-      common::MutexLock lock(&mu_);
-      current_ = nullptr;
-    }
-    Reply(s);
+    if (cancelled) control->Cancel();
+    service_->StartForward(request_, *control, reply_.mutable_response(), [this, control](absl::Status s) {
+      {
+        common::MutexLock lock(&mu_);
+        current_ = nullptr;
+      }
+      Reply(s);
+    });
   }
   void Reply(const absl::Status& s) {
     service_->CountCall("ForwardStream", s.code());
@@ -139,7 +150,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
   v1::ForwardStreamResponse reply_;
   common::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  CallControl* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::shared_ptr<CallControl> current_ ABSL_GUARDED_BY(mu_);  // the request being run
 };
 
 }  // namespace
@@ -206,14 +217,36 @@ void RouterService::CountCall(const char* method, absl::StatusCode code) {
       ->Increment();
 }
 
-absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallControl& control,
-                                       v1::ForwardResponse* response) {
-  if (control.cancelled()) return absl::CancelledError("cancelled before it ran");
-  if (absl::Now() > control.deadline()) return absl::DeadlineExceededError("deadline passed while queued");
-  COLIBRI_ASSIGN_OR_RETURN(const common::MemoryBudget::Reservation reservation,
-                           budget_.Reserve(ForwardFootprint(request, router_->manifest()), "this Forward call"));
-  COLIBRI_ASSIGN_OR_RETURN(ForwardInput in, ParseForwardRequest(request));
-  COLIBRI_ASSIGN_OR_RETURN(ForwardOutput out, router_->Forward(in, control));
+bool RouterService::RunsInline(const v1::ForwardRequest& request) const {
+  if (!router_->backend().asynchronous()) return false;
+  const common::Manifest& m = router_->manifest();
+  // The work before the first node call: widening the hidden states, and for
+  // gate routing the logits (d_model x n_experts per token).
+  int64_t work = static_cast<int64_t>(request.hidden().data().size()) / 2;
+  if (request.routing() == v1::ROUTING_MODE_GATE) work *= m.n_experts;
+  return work <= options_.inline_work;
+}
+
+void RouterService::StartForward(const v1::ForwardRequest& request, CallControl& control,
+                                 v1::ForwardResponse* response, std::function<void(absl::Status)> done) {
+  if (control.cancelled()) return done(absl::CancelledError("cancelled before it ran"));
+  if (absl::Now() > control.deadline()) return done(absl::DeadlineExceededError("deadline passed while queued"));
+  absl::StatusOr<common::MemoryBudget::Reservation> reservation =
+      budget_.Reserve(ForwardFootprint(request, router_->manifest()), "this Forward call");
+  if (!reservation.ok()) return done(reservation.status());
+  auto in = std::make_shared<absl::StatusOr<ForwardInput>>(ParseForwardRequest(request));
+  if (!in->ok()) return done(in->status());
+  auto held = std::make_shared<common::MemoryBudget::Reservation>(std::move(*reservation));
+  router_->ForwardAsync(**in, control,
+                        [this, &request, response, in, held, done = std::move(done)](absl::StatusOr<ForwardOutput> out) {
+                          if (!out.ok()) return done(out.status());
+                          Respond(request, **in, *out, response);
+                          done(absl::OkStatus());
+                        });
+}
+
+void RouterService::Respond(const v1::ForwardRequest& request, const ForwardInput& in, ForwardOutput& out,
+                            v1::ForwardResponse* response) {
   v1::Tensor* t = response->mutable_output();
   t->set_dtype(static_cast<v1::DataType>(out.output_dtype));
   t->add_shape(in.num_tokens);
@@ -231,7 +264,6 @@ absl::Status RouterService::RunForward(const v1::ForwardRequest& request, CallCo
     }
   }
   Record(out, in.num_tokens, in.request_id, in.layer);
-  return absl::OkStatus();
 }
 
 void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer) {

@@ -3,9 +3,12 @@
 
 // Transport for the Router service (proto/colibri/v1/router.proto): parse a
 // request into the core's types (pointing into the request, no copy of the
-// hidden states), hand it to the service's worker threads — never blocking
-// gRPC's — run Router::Forward, convert the status once, finish. Cancelling a
-// call cancels its node calls.
+// hidden states), route it and send its node calls, then — on the thread of
+// the last node reply — aggregate, convert the status once and finish. A
+// request whose routing is cheap (Options::inline_work) starts on gRPC's
+// thread, the others on the service's workers; gRPC's threads never wait
+// for a node. In local mode (experts computed in this process) every
+// request runs on a worker. Cancelling a call cancels its node calls.
 //
 // GetClusterStatus names nodes by their index ("node-0", …) and says only
 // whether they are down, unless the caller is an admin: a caller of the
@@ -36,6 +39,11 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   struct Options {
     int workers = 8;                    // threads running Forward calls
     int64_t max_queued_requests = 256;  // waiting for a worker; beyond: RESOURCE_EXHAUSTED
+    // Distributed mode: a request whose routing touches at most this many
+    // values (T x d_model, times n_experts for gate routing) is routed on
+    // gRPC's thread — no hand-over to a worker; about 1M is well under a
+    // millisecond. 0: every request goes to a worker.
+    int64_t inline_work = 1 << 20;
     // Budget for the memory of Forward calls being run (estimated from each
     // request's shape before parsing it); beyond: RESOURCE_EXHAUSTED. <= 0:
     // none (RouterServer derives one from max_tokens).
@@ -70,10 +78,14 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // per-route replies, the f32 sum and the encoded output.
   static int64_t Footprint(int64_t hidden_bytes, int64_t values, const common::Manifest& m);
 
-  // Runs one request on the calling thread: parse, forward, fill `response`.
-  // Used by the workers for both RPCs.
-  absl::Status RunForward(const colibri::v1::ForwardRequest& request, CallControl& control,
-                          colibri::v1::ForwardResponse* response);
+  // Starts one request on the calling thread (parse, route, send) and ends
+  // with done(status) once `response` is filled, on this thread or on the
+  // thread of the last node reply. `request`, `control` and `response` must
+  // live until `done` runs. Used by both RPCs.
+  void StartForward(const colibri::v1::ForwardRequest& request, CallControl& control,
+                    colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
+  // True when `request` may start on gRPC's thread (see Options::inline_work).
+  bool RunsInline(const colibri::v1::ForwardRequest& request) const;
   // Queues `job` for a worker; false if the queue is full or the service is
   // stopping (then `job` is not run).
   bool Submit(std::function<void()> job);
@@ -87,6 +99,9 @@ class RouterService final : public colibri::v1::Router::CallbackService {
 
   void WorkerLoop();
   void Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer);
+  // Fills `response` from `out` (whose output it moves) and records the call.
+  void Respond(const colibri::v1::ForwardRequest& request, const ForwardInput& in, ForwardOutput& out,
+               colibri::v1::ForwardResponse* response);
 
   Router* const router_;
   const Options options_;
