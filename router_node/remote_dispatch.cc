@@ -271,10 +271,11 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     absl::Status error;
     for (const Race& r : races_) {
       std::vector<const Call*> winners;
-      if (r.primary->status.ok()) {
+      // (A call still out has no status yet: its default one reads OK.)
+      if (r.primary->done && r.primary->status.ok()) {
         winners = {r.primary};
-      } else if (!r.hedges.empty() &&
-                 std::all_of(r.hedges.begin(), r.hedges.end(), [](const Call* h) { return h->status.ok(); })) {
+      } else if (!r.hedges.empty() && std::all_of(r.hedges.begin(), r.hedges.end(),
+                                                  [](const Call* h) { return h->done && h->status.ok(); })) {
         winners.assign(r.hedges.begin(), r.hedges.end());
         backend_->hedge_wins_.fetch_add(1, std::memory_order_relaxed);
         if (options_.metrics != nullptr) {

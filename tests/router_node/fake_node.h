@@ -1,0 +1,271 @@
+#ifndef COLIBRI_TESTS_ROUTER_NODE_FAKE_NODE_H_
+#define COLIBRI_TESTS_ROUTER_NODE_FAKE_NODE_H_
+
+// In-process stand-ins for the remote backend's two seams: a clock that
+// moves only when the test says, and an expert node whose replies the test
+// scripts. Together they drive retries, hedging and deadlines without a
+// process, a socket or a sleep.
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "router_node/node_channel.h"
+
+namespace colibri {
+namespace testing {
+
+// Now() moves only in Advance, which runs the timers that come due, in time
+// order, on the calling thread.
+class FakeClock final : public common::Clock {
+ public:
+  absl::Time Now() override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+
+  std::unique_ptr<Timer> At(absl::Time at, std::function<void()> fn) override {
+    absl::MutexLock lock(&mu_);
+    const int64_t id = next_id_++;
+    timers_.emplace(std::make_pair(at, id), std::move(fn));
+    return std::make_unique<Handle>(this, std::make_pair(at, id));
+  }
+
+  void Advance(absl::Duration d) {
+    absl::Time until;
+    {
+      absl::MutexLock lock(&mu_);
+      until = now_ + d;
+    }
+    for (;;) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock lock(&mu_);
+        if (timers_.empty() || timers_.begin()->first.first > until) {
+          now_ = until;
+          return;
+        }
+        now_ = std::max(now_, timers_.begin()->first.first);
+        fn = std::move(timers_.begin()->second);
+        timers_.erase(timers_.begin());
+      }
+      fn();
+    }
+  }
+
+ private:
+  using Key = std::pair<absl::Time, int64_t>;
+  class Handle final : public Timer {
+   public:
+    Handle(FakeClock* clock, Key key) : clock_(clock), key_(key) {}
+    ~Handle() override {
+      absl::MutexLock lock(&clock_->mu_);
+      clock_->timers_.erase(key_);
+    }
+
+   private:
+    FakeClock* const clock_;
+    const Key key_;
+  };
+
+  absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1000000);
+  std::map<Key, std::function<void()>> timers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// An expert node that owns experts of layer 0 and answers Compute calls as
+// scripted: each call takes the next reply of the script (kAnswer once the
+// script is empty). An answer has, for each requested expert and row,
+// d_model values of `marker * 100 + expert`: tests read who answered which
+// slot. A hanging call ends when cancelled (CANCELLED), when the clock passes
+// its deadline (DEADLINE_EXCEEDED), or when the test releases it.
+class FakeNode {
+ public:
+  enum Kind { kAnswer, kFail, kHang, kWrongShape };
+  struct Reply {
+    Kind kind = kAnswer;
+    grpc::StatusCode code = grpc::StatusCode::OK;  // kFail
+  };
+
+  FakeNode(FakeClock* clock, int marker, std::vector<int> experts, std::string model_id, int d_model, int n_experts)
+      : clock_(clock),
+        marker_(marker),
+        experts_(std::move(experts)),
+        model_id_(std::move(model_id)),
+        d_model_(d_model),
+        n_experts_(n_experts) {}
+
+  void Script(std::vector<Reply> replies) {
+    absl::MutexLock lock(&mu_);
+    script_.assign(replies.begin(), replies.end());
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  int cancelled() {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  int hanging() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(hung_.size());
+  }
+  // Answers every hanging call (on this thread).
+  void ReleaseAll() {
+    std::vector<std::unique_ptr<Pending>> hung;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [context, p] : hung_) hung.push_back(std::move(p));
+      hung_.clear();
+    }
+    for (auto& p : hung) {
+      Answer(*p->request, p->response, false);
+      p->done(grpc::Status::OK);
+    }
+  }
+
+  // A NodeChannel onto this node (the backend owns it; the node outlives it).
+  std::unique_ptr<router_node::NodeChannel> Channel() { return std::make_unique<ChannelImpl>(this); }
+
+ private:
+  struct Pending {
+    const colibri::v1::ComputeRequest* request;
+    colibri::v1::ComputeResponse* response;
+    router_node::NodeChannel::Done done;
+    std::unique_ptr<common::Clock::Timer> deadline;
+  };
+
+  class ChannelImpl final : public router_node::NodeChannel {
+   public:
+    explicit ChannelImpl(FakeNode* node) : node_(node) {}
+    void Compute(grpc::ClientContext* context, const colibri::v1::ComputeRequest* request,
+                 colibri::v1::ComputeResponse* response, Done done) override {
+      node_->Compute(context, request, response, std::move(done));
+    }
+    void GetNodeInfo(grpc::ClientContext*, const colibri::v1::GetNodeInfoRequest*,
+                     colibri::v1::GetNodeInfoResponse* response, Done done) override {
+      node_->Info(response);
+      done(grpc::Status::OK);
+    }
+    void Cancel(grpc::ClientContext* context) override { node_->Cancel(context); }
+
+   private:
+    FakeNode* const node_;
+  };
+
+  void Info(colibri::v1::GetNodeInfoResponse* r) const {
+    r->set_model_id(model_id_);
+    r->set_state(colibri::v1::LOAD_STATE_READY);
+    r->set_d_model(d_model_);
+    r->set_n_layers(1);
+    r->set_n_experts(n_experts_);
+    colibri::v1::OwnedExperts* o = r->add_owned();
+    o->set_layer(0);
+    for (const int e : experts_) o->add_experts(e);
+  }
+
+  void Answer(const colibri::v1::ComputeRequest& request, colibri::v1::ComputeResponse* response, bool wrong) const {
+    int64_t rows = 0;
+    for (const auto& w : request.experts()) rows += w.row_indices_size();
+    if (wrong) ++rows;
+    colibri::v1::Tensor* t = response->mutable_output();
+    t->set_dtype(colibri::v1::DATA_TYPE_F32);
+    t->add_shape(rows);
+    t->add_shape(d_model_);
+    std::vector<float> values;
+    for (const auto& w : request.experts()) {
+      values.insert(values.end(), w.row_indices_size() * d_model_, static_cast<float>(marker_ * 100 + w.expert()));
+    }
+    values.resize(rows * d_model_);
+    t->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  }
+
+  void Compute(grpc::ClientContext* context, const colibri::v1::ComputeRequest* request,
+               colibri::v1::ComputeResponse* response, router_node::NodeChannel::Done done) {
+    Reply reply;
+    {
+      absl::MutexLock lock(&mu_);
+      ++calls_;
+      if (!script_.empty()) {
+        reply = script_.front();
+        script_.pop_front();
+      }
+      if (cancel_early_.erase(context) > 0) {
+        ++cancelled_;
+        reply = {kFail, grpc::StatusCode::CANCELLED};
+      } else if (reply.kind == kHang) {
+        auto p = std::make_unique<Pending>();
+        p->request = request;
+        p->response = response;
+        p->done = std::move(done);
+        // The deadline timer fires inside FakeClock::Advance, after this returns.
+        p->deadline = clock_->At(absl::FromChrono(context->deadline()), [this, context] {
+          Finish(context, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded"));
+        });
+        hung_[context] = std::move(p);
+        return;
+      }
+    }
+    if (reply.kind == kFail) return done(grpc::Status(reply.code, "scripted failure"));
+    Answer(*request, response, reply.kind == kWrongShape);
+    done(grpc::Status::OK);
+  }
+
+  void Cancel(grpc::ClientContext* context) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (hung_.count(context) == 0) {
+        cancel_early_.insert(context);  // not started yet (or ended: then never looked up again)
+        return;
+      }
+      ++cancelled_;
+    }
+    Finish(context, grpc::Status(grpc::StatusCode::CANCELLED, "Cancelled"));
+  }
+
+  // Ends a hanging call with `status`.
+  void Finish(grpc::ClientContext* context, grpc::Status status) {
+    std::unique_ptr<Pending> p;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = hung_.find(context);
+      if (it == hung_.end()) return;
+      p = std::move(it->second);
+      hung_.erase(it);
+    }
+    router_node::NodeChannel::Done done = std::move(p->done);
+    p.reset();  // its deadline timer too (this may be that timer's function: Clock allows it)
+    done(std::move(status));
+  }
+
+  FakeClock* const clock_;
+  const int marker_;
+  const std::vector<int> experts_;
+  const std::string model_id_;
+  const int d_model_;
+  const int n_experts_;
+
+  absl::Mutex mu_;
+  std::deque<Reply> script_ ABSL_GUARDED_BY(mu_);
+  std::map<grpc::ClientContext*, std::unique_ptr<Pending>> hung_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> cancel_early_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace testing
+}  // namespace colibri
+
+#endif  // COLIBRI_TESTS_ROUTER_NODE_FAKE_NODE_H_

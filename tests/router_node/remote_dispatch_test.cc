@@ -1,0 +1,328 @@
+// RemoteBackend's layer calls against scripted fake nodes and a manual clock
+// (tests/router_node/fake_node.h): retry on another replica for every
+// retryable code, refusal of the others, hedging, the client's deadline vs
+// the node timeout, cancellation of every call in flight, a reply of the
+// wrong shape. No process, socket or sleep: time moves when the test says.
+
+#include <catch2/catch.hpp>
+#include <optional>
+
+#include "router_node/remote_backend.h"
+#include "tests/router_node/fake_node.h"
+
+namespace colibri {
+namespace router_node {
+namespace {
+
+using colibri::testing::FakeClock;
+using colibri::testing::FakeNode;
+using Reply = FakeNode::Reply;
+
+constexpr int kDModel = 4;
+constexpr int kExperts = 4;
+
+// Nodes named n0, n1, … with markers 1, 2, … owning the experts given, and a
+// backend over them with a 100 ms node timeout (and `hedge_after` if set).
+struct Cluster {
+  explicit Cluster(const std::vector<std::vector<int>>& owned, absl::Duration hedge_after = absl::ZeroDuration()) {
+    RemoteOptions o;
+    for (size_t i = 0; i < owned.size(); ++i) {
+      o.addresses.push_back("n" + std::to_string(i) + ":1");
+      nodes.push_back(std::make_unique<FakeNode>(&clock, static_cast<int>(i) + 1, owned[i], "m", kDModel, kExperts));
+    }
+    o.model_id = "m";
+    o.n_layers = 1;
+    o.n_experts = kExperts;
+    o.d_model = kDModel;
+    o.node_timeout = absl::Milliseconds(100);
+    o.hedge_after = hedge_after;
+    o.health_interval = absl::Hours(1);  // the map changes only through failed calls
+    o.clock = &clock;
+    o.connect = [this](const std::string& address) { return nodes[address[1] - '0']->Channel(); };
+    auto b = RemoteBackend::Create(o);
+    REQUIRE(b.ok());
+    backend = std::move(*b);
+  }
+  bool live(int node) const { return backend->Nodes()[node].live; }
+
+  FakeClock clock;
+  std::vector<std::unique_ptr<FakeNode>> nodes;
+  std::unique_ptr<RemoteBackend> backend;
+};
+
+// Two tokens, top-2: token 0 → experts 0, 1; token 1 → experts 2, 3.
+struct Layer {
+  Layer() {
+    work.x = x.data();
+    work.num_tokens = 2;
+    work.num_slots = 4;
+    for (int e = 0; e < kExperts; ++e) work.experts.push_back({e, {e / 2}, {1.f}, {e}});
+  }
+  // Who answered slot s: the marker of the node (value / 100).
+  int answered_by(int slot) const { return static_cast<int>(out[slot * kDModel]) / 100; }
+
+  std::vector<float> x = std::vector<float>(2 * kDModel, 1.f);
+  LayerWork work;
+  std::vector<float> out = std::vector<float>(4 * kDModel, -1.f);
+  BackendStats stats;
+};
+
+// A layer call in flight: its result once `done`.
+struct Pending {
+  void Start(Cluster& c, Layer& l, absl::Time deadline = absl::InfiniteFuture()) {
+    control = std::make_unique<CallControl>(deadline);
+    c.backend->ComputeAsync(l.work, l.out.data(), *control, &l.stats, [this](absl::Status s) { result = s; });
+  }
+  std::unique_ptr<CallControl> control;
+  std::optional<absl::Status> result;
+};
+
+TEST_CASE("a call failing with a retryable code is retried once on another replica", "[remote_dispatch]") {
+  const grpc::StatusCode code = GENERATE(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED,
+                                         grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::ABORTED,
+                                         grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::CANCELLED,
+                                         grpc::StatusCode::DATA_LOSS);
+  CAPTURE(code);
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->Script({{FakeNode::kFail, code}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  REQUIRE(p.result.has_value());
+  REQUIRE(p.result->ok());
+  for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 2);
+  CHECK(l.stats.retries == 1);
+  REQUIRE(l.stats.calls.size() == 2);
+  CHECK(l.stats.calls[0].attempt == 0);
+  CHECK(l.stats.calls[1].attempt == 1);
+  CHECK(c.backend->retries() == 1);
+  // Busy is not broken: only RESOURCE_EXHAUSTED leaves the node in the map.
+  CHECK(c.live(0) == (code == grpc::StatusCode::RESOURCE_EXHAUSTED));
+}
+
+TEST_CASE("other codes from a node are INTERNAL errors naming it, not retried", "[remote_dispatch]") {
+  const grpc::StatusCode code =
+      GENERATE(grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::INTERNAL, grpc::StatusCode::NOT_FOUND);
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->Script({{FakeNode::kFail, code}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  REQUIRE(p.result.has_value());
+  CHECK(p.result->code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(p.result->message()), Catch::Contains("node-0") && Catch::Contains("scripted failure"));
+  CHECK(c.nodes[1]->calls() == 0);
+  CHECK(c.live(0));
+}
+
+TEST_CASE("a retry that fails too, or has no replica left, is UNAVAILABLE saying what was tried",
+          "[remote_dispatch]") {
+  SECTION("the retry fails") {
+    Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+    c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+    c.nodes[1]->Script({{FakeNode::kFail, grpc::StatusCode::ABORTED}});
+    Layer l;
+    Pending p;
+    p.Start(c, l);
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(p.result->message()),
+               Catch::Contains("failed on every replica tried") && Catch::Contains("node-0") &&
+                   Catch::Contains("node-1"));
+  }
+  SECTION("no other replica") {
+    Cluster c({{0, 1, 2, 3}});
+    c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+    Layer l;
+    Pending p;
+    p.Start(c, l);
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(p.result->message()), Catch::Contains("first try failed on node-0"));
+  }
+}
+
+TEST_CASE("only the failed node's experts are retried", "[remote_dispatch]") {
+  // n0 owns 0-1, n1 owns 2-3, n2 owns everything (a spare).
+  Cluster c({{0, 1}, {2, 3}, {0, 1, 2, 3}});
+  c.nodes[1]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  REQUIRE(p.result.has_value());
+  REQUIRE(p.result->ok());
+  CHECK(l.answered_by(0) == 1);
+  CHECK(l.answered_by(1) == 1);
+  CHECK(l.answered_by(2) == 3);
+  CHECK(l.answered_by(3) == 3);
+  CHECK(c.nodes[0]->calls() == 1);
+}
+
+TEST_CASE("hedging: a slow call's work also goes to another replica and the first answer wins",
+          "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::Milliseconds(10));
+  SECTION("the hedge answers first") {
+    c.nodes[0]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l);
+    c.clock.Advance(absl::Milliseconds(9));
+    CHECK(!p.result.has_value());
+    CHECK(c.nodes[1]->calls() == 0);
+    c.clock.Advance(absl::Milliseconds(1));  // hedge_after: n1 gets the work and answers
+    REQUIRE(p.result.has_value());
+    REQUIRE(p.result->ok());
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 2);
+    CHECK(c.nodes[0]->cancelled() == 1);  // the slow call is not left running
+    CHECK(c.nodes[0]->hanging() == 0);
+    CHECK(c.backend->hedges() == 1);
+    CHECK(c.backend->hedge_wins() == 1);
+    CHECK(c.live(0));  // slow is not down
+    REQUIRE(l.stats.calls.size() == 2);
+    CHECK(l.stats.calls[1].hedge);
+  }
+  SECTION("both slow: the planned call answers first") {
+    c.nodes[0]->Script({{FakeNode::kHang}});
+    c.nodes[1]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l);
+    c.clock.Advance(absl::Milliseconds(10));
+    CHECK(c.nodes[1]->hanging() == 1);
+    CHECK(!p.result.has_value());
+    c.nodes[0]->ReleaseAll();
+    REQUIRE(p.result.has_value());
+    REQUIRE(p.result->ok());
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 1);
+    CHECK(c.nodes[1]->cancelled() == 1);
+    CHECK(c.backend->hedge_wins() == 0);
+  }
+  SECTION("both slow past the node timeout: both are out, the retry goes elsewhere") {
+    Cluster c3({{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}}, absl::Milliseconds(10));
+    c3.nodes[0]->Script({{FakeNode::kHang}});
+    c3.nodes[1]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c3, l);
+    c3.clock.Advance(absl::Milliseconds(10));
+    CHECK(!p.result.has_value());
+    c3.clock.Advance(absl::Milliseconds(90));  // the node timeout of both calls
+    REQUIRE(p.result.has_value());
+    REQUIRE(p.result->ok());
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 3);
+    CHECK(!c3.live(0));
+    CHECK(l.stats.retries == 1);
+  }
+  SECTION("no other replica: no hedge, the slow call is awaited") {
+    Cluster c1({{0, 1, 2, 3}}, absl::Milliseconds(10));
+    c1.nodes[0]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c1, l);
+    c1.clock.Advance(absl::Milliseconds(50));
+    CHECK(!p.result.has_value());
+    c1.nodes[0]->ReleaseAll();
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->ok());
+    CHECK(c1.backend->hedges() == 0);
+  }
+}
+
+TEST_CASE("the client's deadline ends the layer, while a node timeout is the node's fault", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  SECTION("client deadline sooner than the node timeout: DEADLINE_EXCEEDED, no node taken out") {
+    c.nodes[0]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l, c.clock.Now() + absl::Milliseconds(50));
+    c.clock.Advance(absl::Milliseconds(49));
+    CHECK(!p.result.has_value());
+    c.clock.Advance(absl::Milliseconds(1));
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(c.live(0));
+    CHECK(c.nodes[1]->calls() == 0);
+  }
+  SECTION("node timeout first: the node is out and the work retried") {
+    c.nodes[0]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l, c.clock.Now() + absl::Seconds(1));
+    c.clock.Advance(absl::Milliseconds(100));
+    REQUIRE(p.result.has_value());
+    REQUIRE(p.result->ok());
+    CHECK(l.answered_by(0) == 2);
+    CHECK(!c.live(0));
+  }
+  SECTION("the retry runs into the client's deadline") {
+    c.nodes[0]->Script({{FakeNode::kHang}});
+    c.nodes[1]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l, c.clock.Now() + absl::Milliseconds(150));
+    c.clock.Advance(absl::Milliseconds(100));  // n0's node timeout: retried on n1, whose deadline is the client's
+    CHECK(!p.result.has_value());
+    c.clock.Advance(absl::Milliseconds(50));
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(!c.live(0));
+    CHECK(c.live(1));
+  }
+}
+
+TEST_CASE("cancelling the request cancels every node call in flight", "[remote_dispatch]") {
+  Cluster c({{0, 1}, {2, 3}}, absl::Milliseconds(10));
+  c.nodes[0]->Script({{FakeNode::kHang}});
+  c.nodes[1]->Script({{FakeNode::kHang}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  CHECK(c.nodes[0]->hanging() == 1);
+  CHECK(c.nodes[1]->hanging() == 1);
+  p.control->Cancel();
+  REQUIRE(p.result.has_value());
+  CHECK(p.result->code() == absl::StatusCode::kCancelled);
+  CHECK(c.nodes[0]->cancelled() == 1);
+  CHECK(c.nodes[1]->cancelled() == 1);
+  CHECK(c.live(0));
+  CHECK(c.live(1));
+  c.clock.Advance(absl::Seconds(1));  // no hedge timer or retry after the end
+  CHECK(c.nodes[0]->calls() == 1);
+  CHECK(c.nodes[1]->calls() == 1);
+}
+
+TEST_CASE("a request cancelled before it starts sends nothing", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}});
+  Layer l;
+  Pending p;
+  p.control = std::make_unique<CallControl>();
+  p.control->Cancel();
+  c.backend->ComputeAsync(l.work, l.out.data(), *p.control, &l.stats, [&](absl::Status s) { p.result = s; });
+  REQUIRE(p.result.has_value());
+  CHECK(p.result->code() == absl::StatusCode::kCancelled);
+  CHECK(c.nodes[0]->calls() == 0);
+}
+
+TEST_CASE("a reply of the wrong shape is INTERNAL naming the node", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->Script({{FakeNode::kWrongShape}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  REQUIRE(p.result.has_value());
+  CHECK(p.result->code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(p.result->message()), Catch::Contains("node-0: reply for layer 0 is not [4, 4] f32"));
+}
+
+TEST_CASE("the blocking Compute returns what the layer call ended with", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+  Layer l;
+  CallControl control;
+  REQUIRE(c.backend->Compute(l.work, l.out.data(), control, &l.stats).ok());
+  CHECK(l.answered_by(3) == 2);
+}
+
+}  // namespace
+}  // namespace router_node
+}  // namespace colibri
