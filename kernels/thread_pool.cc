@@ -61,11 +61,22 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
   }
   const int n = options.num_threads > 0 ? options.num_threads : static_cast<int>(std::max<size_t>(1, cpus.size()));
   if (!options.pin) cpus.clear();
-  return std::unique_ptr<ThreadPool>(new ThreadPool(std::move(cpus), n));
+  return std::unique_ptr<ThreadPool>(new ThreadPool(std::move(cpus), n, options.caller_joins));
 }
 
-ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads) : cpus_(std::move(cpus)) {
-  for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins)
+    : cpus_(std::move(cpus)), num_threads_(num_threads), caller_joins_(caller_joins) {
+  for (int i = caller_joins ? 1 : 0; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+void ThreadPool::Pin(int index) const {
+  if (!cpus_.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus_[index % cpus_.size()], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
+  }
+  omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
 }
 
 ThreadPool::~ThreadPool() {
@@ -96,13 +107,7 @@ absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
 }
 
 void ThreadPool::WorkerLoop(int index) {
-  if (!cpus_.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus_[index % cpus_.size()], &set);
-    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
-  }
-  omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
+  Pin(index);
   uint64_t seen = 0;
   for (;;) {
     // Spin briefly for the next job, then sleep. After the first few
@@ -137,12 +142,23 @@ void ThreadPool::WorkerLoop(int index) {
 
 void ThreadPool::Run(const std::function<void(int)>& job) {
   common::MutexLock run_lock(&run_mu_);
-  common::MutexLock lock(&mu_);
-  job_ = &job;
-  remaining_ = size();
-  ++generation_;
-  published_generation_.store(generation_, std::memory_order_release);
+  if (caller_joins_) {
+    thread_local const ThreadPool* pinned_for = nullptr;
+    if (pinned_for != this) {
+      Pin(0);
+      pinned_for = this;
+    }
+  }
+  {
+    common::MutexLock lock(&mu_);
+    job_ = &job;
+    remaining_ = static_cast<int>(workers_.size());
+    ++generation_;
+    published_generation_.store(generation_, std::memory_order_release);
+  }
   start_cv_.SignalAll();
+  if (caller_joins_) job(0);
+  common::MutexLock lock(&mu_);
   while (remaining_ != 0) done_cv_.Wait(&mu_);
   job_ = nullptr;
 }

@@ -10,8 +10,12 @@
 // work with its OpenMP team limited to the one calling thread, so oneDNN's
 // threads never compete with ours.
 //
-// Run() is thread-safe (jobs from several callers are serialized). The caller
-// waits; it never computes, so a gRPC thread never runs kernels.
+// Run() is thread-safe (jobs from several callers are serialized). By
+// default the caller waits and never computes, so a gRPC thread never runs
+// kernels. With Options::caller_joins the caller does worker 0's share
+// itself — for an owner with a thread of its own that only runs jobs (the
+// expert node's compute thread): one thread fewer to wake per job, and no
+// wake-up of the caller when the job ends.
 
 #include <atomic>
 #include <functional>
@@ -32,6 +36,9 @@ class ThreadPool {
     int num_threads = 0;  // 0: one per CPU allowed (of the NUMA node, if set)
     int numa_node = -1;   // >= 0: pin to that node's CPUs (libnuma)
     bool pin = true;      // pin worker i to the i-th allowed CPU (round robin)
+    // Run's caller is worker 0 (pinned like it on its first Run); only
+    // num_threads - 1 threads are started.
+    bool caller_joins = false;
   };
 
   // INVALID_ARGUMENT for a NUMA node that does not exist or has no CPUs
@@ -48,7 +55,7 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int size() const { return static_cast<int>(workers_.size()); }
+  int size() const { return num_threads_; }
   // The CPUs workers are pinned to (empty when not pinned).
   const std::vector<int>& cpus() const { return cpus_; }
 
@@ -60,10 +67,13 @@ class ThreadPool {
   void Barrier();
 
  private:
-  explicit ThreadPool(std::vector<int> cpus, int num_threads);
+  ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins);
+  void Pin(int index) const;  // the calling thread, to worker `index`'s CPU
   void WorkerLoop(int index);
 
   std::vector<int> cpus_;
+  const int num_threads_;
+  const bool caller_joins_;
   std::vector<std::thread> workers_;
 
   common::Mutex run_mu_;  // one job at a time

@@ -89,7 +89,7 @@ TEST_CASE("the expert executor matches the reference layer for every weight type
   REQUIRE(tools::WriteSyntheticCheckpoint(synth, log).ok());
   auto pool1 = ThreadPool::Create({1, -1, false});
   auto pool2 = ThreadPool::Create({2, -1, true});
-  auto pool3 = ThreadPool::Create({3, -1, false});
+  auto pool3 = ThreadPool::Create({3, -1, false, /*caller_joins=*/true});  // as an expert node runs it
   REQUIRE(pool1.ok());
   REQUIRE(pool2.ok());
   REQUIRE(pool3.ok());
