@@ -2,8 +2,10 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -53,8 +55,17 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
       }
     }
   }
+  const bool grouped = in.num_output_rows > 0;
+  if (in.num_output_rows < 0 || (grouped && in.per_expert_output)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_output_rows = ", in.num_output_rows,
+                                                   " must be >= 0, and 0 with per_expert_output"));
+  }
   std::vector<kernels::ExpertTask> tasks;
   std::vector<int32_t>& slots = call->slots;
+  struct Entry {
+    int32_t output_row, rank, index;
+  };
+  std::vector<Entry> entries;  // grouped output
   std::set<int32_t> experts_seen;
   int64_t indices = 0;
   for (size_t w = 0; w < in.experts.size(); ++w) {
@@ -72,6 +83,20 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
       return absl::InvalidArgumentError(absl::StrCat("experts[", w, "] (expert ", work.expert,
                                                      "): ", work.row_indices.size(), " row indices but ",
                                                      work.weights.size(), " weights"));
+    }
+    if (work.output_rows.size() != (grouped ? work.row_indices.size() : 0) ||
+        work.ranks.size() != work.output_rows.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "experts[", w, "] (expert ", work.expert, "): ", work.output_rows.size(), " output_rows and ",
+          work.ranks.size(), " ranks; ", grouped ? "one each per row index with num_output_rows" : "none without num_output_rows"));
+    }
+    for (size_t i = 0; i < work.output_rows.size(); ++i) {
+      if (work.output_rows[i] < 0 || work.output_rows[i] >= in.num_output_rows || work.ranks[i] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("experts[", w, "]: output_rows[", i, "] = ", work.output_rows[i],
+                                                       " (must be in [0, ", in.num_output_rows, ")), ranks[", i,
+                                                       "] = ", work.ranks[i], " (must be >= 0)"));
+      }
+      entries.push_back({work.output_rows[i], work.ranks[i], static_cast<int32_t>(indices + i)});
     }
     indices += static_cast<int64_t>(work.row_indices.size());
     if (indices > limits_.max_row_indices) {
@@ -96,7 +121,27 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
           {*weights, work.row_indices.data(), work.weights.data(), static_cast<int64_t>(work.row_indices.size())});
     }
   }
-  if (in.per_expert_output) {
+  if (grouped) {
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.output_row != b.output_row ? a.output_row < b.output_row : a.rank < b.rank;
+    });
+    call->fold_start.assign(in.num_output_rows + 1, 0);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (i > 0 && entries[i].output_row == entries[i - 1].output_row && entries[i].rank == entries[i - 1].rank) {
+        return absl::InvalidArgumentError(absl::StrCat("output row ", entries[i].output_row, ": rank ",
+                                                       entries[i].rank, " given twice"));
+      }
+      ++call->fold_start[entries[i].output_row + 1];
+      call->fold_order.push_back(entries[i].index);
+    }
+    for (int64_t o = 0; o < in.num_output_rows; ++o) {
+      if (call->fold_start[o + 1] == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("output row ", o, " of ", in.num_output_rows, " is named by no entry"));
+      }
+      call->fold_start[o + 1] += call->fold_start[o];
+    }
+  }
+  if (in.per_expert_output || grouped) {
     slots.resize(indices);
     for (int64_t i = 0; i < indices; ++i) slots[i] = static_cast<int32_t>(i);
     int64_t first = 0;
@@ -112,7 +157,7 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
       madvise(const_cast<uint8_t*>(t.expert->file->data()), t.expert->file->size(), MADV_WILLNEED);
     }
   }
-  call->output.assign((in.per_expert_output ? indices : in.num_rows) * m.d_model, 0.f);
+  call->output.assign((in.per_expert_output || grouped ? indices : in.num_rows) * m.d_model, 0.f);
   call->tasks = kernels::ExecutionOrder(tasks);
   call->rows = in.rows.data();
   call->should_stop = in.should_stop;
@@ -155,7 +200,25 @@ absl::StatusOr<bool> ComputeEngine::RunSlice(PreparedCall& call, int64_t slice_r
 
 ComputeOutput ComputeEngine::Finish(PreparedCall& call) {
   ComputeOutput out;
-  out.output = std::move(call.output);
+  if (call.fold_start.empty()) {
+    out.output = std::move(call.output);
+  } else {
+    // Each output row: its entries in rank order, the first copied and the
+    // others added one by one (the router's fold over a route).
+    const int64_t d = call.set->model().manifest().d_model;
+    const int64_t rows = static_cast<int64_t>(call.fold_start.size()) - 1;
+    out.output.resize(rows * d);
+    for (int64_t o = 0; o < rows; ++o) {
+      float* dst = out.output.data() + o * d;
+      const int32_t* e = call.fold_order.data() + call.fold_start[o];
+      const int32_t n = call.fold_start[o + 1] - call.fold_start[o];
+      std::memcpy(dst, call.output.data() + int64_t{e[0]} * d, d * sizeof(float));
+      for (int32_t i = 1; i < n; ++i) {
+        const float* src = call.output.data() + int64_t{e[i]} * d;
+        for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
+      }
+    }
+  }
   out.weights_version = call.set->version();
   out.compute_nanos = call.compute_nanos;
   return out;

@@ -35,6 +35,10 @@ struct ExpertWork {
   int32_t expert = 0;
   std::vector<int32_t> row_indices;  // into ComputeInput::rows
   std::vector<float> weights;        // one per row index
+  // Grouped output only (ComputeInput::num_output_rows > 0): per row index
+  // the output row it is added into, and its rank (the order of additions).
+  std::vector<int32_t> output_rows;
+  std::vector<int32_t> ranks;
 };
 
 struct ComputeInput {
@@ -49,6 +53,10 @@ struct ComputeInput {
   // experts[0]'s row indices first — each exactly weight · FFN(row), so the
   // router can sum a token's experts in route order whatever the shard map.
   bool per_expert_output = false;
+  // > 0 (per_expert_output false): grouped output — num_output_rows rows,
+  // row o the entries with output_rows o added in ascending rank, the first
+  // copied (proto/colibri/v1/expert_node.proto, ComputeRequest).
+  int64_t num_output_rows = 0;
   // Polled while computing (kernels::ExecutorOptions::should_stop); true
   // abandons the call: Compute returns CANCELLED. Null: never.
   std::function<bool()> should_stop;
@@ -58,7 +66,11 @@ struct ComputeInput {
 // into its ComputeInput, which must outlive it.
 struct PreparedCall {
   std::shared_ptr<const WeightSet> set;
-  std::vector<int32_t> slots;              // per_expert_output: output row of each (expert, row index)
+  std::vector<int32_t> slots;              // per-entry output: output row of each (expert, row index)
+  // Grouped output: entries (indices into the per-entry output) in the
+  // order they are folded, and where each output row's run of them starts.
+  std::vector<int32_t> fold_order;
+  std::vector<int32_t> fold_start;  // [num_output_rows + 1]
   std::vector<kernels::ExpertTask> tasks;  // kernels::ExecutionOrder of the call's tasks
   size_t next = 0;                         // first task not yet run
   const float* rows = nullptr;

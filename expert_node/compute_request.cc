@@ -58,6 +58,7 @@ absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_mo
   input->layer = request.layer();
   input->model_id = request.model_id();
   input->per_expert_output = request.per_expert_output();
+  input->num_output_rows = request.num_output_rows();
   int64_t indices = 0;
   for (const v1::ExpertWork& w : request.experts()) indices += w.row_indices_size();
   if (indices > limits.max_row_indices) {
@@ -67,8 +68,11 @@ absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_mo
   if (!s.ok()) return s;
   input->experts.clear();
   for (const v1::ExpertWork& w : request.experts()) {
-    input->experts.push_back(
-        {w.expert(), {w.row_indices().begin(), w.row_indices().end()}, {w.weights().begin(), w.weights().end()}});
+    input->experts.push_back({w.expert(),
+                              {w.row_indices().begin(), w.row_indices().end()},
+                              {w.weights().begin(), w.weights().end()},
+                              {w.output_rows().begin(), w.output_rows().end()},
+                              {w.ranks().begin(), w.ranks().end()}});
   }
   return absl::OkStatus();
 }

@@ -47,6 +47,10 @@ ABSL_FLAG(int, node_timeout_ms, 5000,
 ABSL_FLAG(int, hedge_after_ms, 0,
           "Hedged calls: when a node has not answered a layer call within this, send its "
           "work to another replica too and take the first answer (0: off; set near the nodes' p95 latency).");
+ABSL_FLAG(std::string, node_replies, "exact",
+          "What nodes send back: exact (a token's route prefix on one node as one summed row, other entries one "
+          "row each: the local engine's bits for any shard map), partial (one row per token and node: fewest "
+          "bytes, exact only when a token's experts sit on one node), per_expert (one row per token and expert).");
 ABSL_FLAG(int, health_interval_ms, 500, "How often every expert node is asked GetNodeInfo (health and shard map).");
 ABSL_FLAG(int, health_timeout_ms, 1000, "Deadline of one health check.");
 ABSL_FLAG(std::string, node_tls_ca, "", "PEM CA: call the expert nodes over TLS, checking their certificates.");
@@ -141,6 +145,12 @@ int main(int argc, char** argv) {
   o.remote.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
   o.remote.health_interval = absl::Milliseconds(absl::GetFlag(FLAGS_health_interval_ms));
   o.remote.hedge_after = absl::Milliseconds(absl::GetFlag(FLAGS_hedge_after_ms));
+  if (const auto replies = colibri::router_node::ParseNodeReplies(absl::GetFlag(FLAGS_node_replies))) {
+    o.remote.replies = *replies;
+  } else {
+    std::cerr << "colibri-router: --node_replies must be exact, partial or per_expert\n";
+    return 2;
+  }
   o.remote.health_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_health_timeout_ms));
   o.remote.tls_ca_file = absl::GetFlag(FLAGS_node_tls_ca);
   o.remote.tls_cert_file = absl::GetFlag(FLAGS_node_tls_cert);

@@ -7,7 +7,10 @@
 // (RemoteBackend: ExpertNode calls over gRPC). Both write each (token, expert)
 // result to its own slot, exactly weight · FFN_e(x[row]); the core then sums a
 // token's slots in route order, so the answer does not depend on the backend
-// or on how experts are spread over nodes.
+// or on how experts are spread over nodes. A backend may also fill a run of
+// one token's slots with their sum: the run's fold (in route order) in its
+// first slot and -0.0 in the others — x + -0.0 is x for every float, so the
+// core's fold then gives the same bits as if each slot had been written.
 
 #include <cstdint>
 #include <functional>
@@ -70,7 +73,10 @@ struct LayerWork {
   // and the nodes widen them to the same f32 values.
   const uint16_t* x_bf16 = nullptr;
   int64_t num_tokens = 0;
-  int64_t num_slots = 0;            // num_tokens * top_k
+  int64_t num_slots = 0;            // num_tokens * top_k (slots per token: routed + shared experts)
+  // The caller rounds each token's sum to bf16: a backend that returns a
+  // token's whole sum (below) may return it already rounded.
+  bool bf16_output = false;
   std::vector<ExpertWork> experts;  // ascending expert id, each non-empty
   std::string request_id;
 };

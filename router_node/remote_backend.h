@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -41,6 +42,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -51,6 +53,21 @@
 
 namespace colibri {
 namespace router_node {
+
+// What nodes send back for a layer call (docs/ROUTER.md, "Node replies").
+enum class NodeReplies {
+  kPerExpert,  // one row per (token, expert): the router folds every route
+  // A node holding the start of a token's route (ranks 0..m) returns their
+  // sum (its fold is the router's); every other entry one row. Answers are
+  // the local engine's bits for any shard map.
+  kExact,
+  // One row per (token, node): the fewest bytes. The local engine's bits when
+  // every token's route is a prefix on one node plus single entries on the
+  // others (e.g. all its experts on one node); otherwise within rounding.
+  kPartial,
+};
+// "per_expert", "exact", "partial"; nullopt for anything else.
+std::optional<NodeReplies> ParseNodeReplies(absl::string_view name);
 
 struct RemoteOptions {
   std::vector<std::string> addresses;  // host:port of each expert node
@@ -66,6 +83,7 @@ struct RemoteOptions {
   // replica as well and take whichever answers first (the other is
   // cancelled). Off by default; set it near the nodes' p95 call latency.
   absl::Duration hedge_after = absl::ZeroDuration();
+  NodeReplies replies = NodeReplies::kExact;
   absl::Duration health_interval = absl::Milliseconds(500);
   absl::Duration health_timeout = absl::Seconds(1);  // per GetNodeInfo
   int64_t max_message_bytes = 1 << 30;               // per node call, both ways

@@ -56,6 +56,10 @@ struct RemoteBackend::Call {
   std::string address;
   std::string name;  // "node-<index>": how replies and errors name the node (addresses are for admins)
   NodeCall plan;
+  // The reply's rows: row o fills the slots group_slots[group_start[o] ..
+  // group_start[o + 1]) — the first gets the row, the others -0.0.
+  std::vector<int32_t> group_slots;
+  std::vector<int32_t> group_start;
   grpc::ClientContext context;
   v1::ComputeRequest request;
   v1::ComputeResponse response;

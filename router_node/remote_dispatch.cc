@@ -15,6 +15,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/half.h"
 #include "absl/synchronization/notification.h"
 #include "router_node/remote_backend.h"
 #include "router_node/remote_backend_internal.h"
@@ -50,14 +51,14 @@ const char* TransportCodeText(grpc::StatusCode code) {
 using Call = RemoteBackend::Call;
 
 // The request of one node call: the distinct rows its experts need, each once,
-// and per expert the positions of its rows in that list.
-void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& model_id, Call* call) {
+// and per expert the positions of its rows in that list; with grouped
+// replies, per entry its reply row and rank (docs/ROUTER.md, "Node replies").
+void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& model_id, NodeReplies replies,
+                  Call* call) {
   v1::ComputeRequest& req = call->request;
   req.set_layer(work.layer);
   req.set_model_id(model_id);
   req.set_request_id(work.request_id);
-  req.set_output_dtype(v1::DATA_TYPE_F32);
-  req.set_per_expert_output(true);
   std::vector<int32_t> position(work.num_tokens, -1);
   std::vector<int32_t> rows;
   for (const int w : call->plan.works) {
@@ -91,24 +92,100 @@ void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& mod
     for (const int32_t r : src.rows) dst->add_row_indices(position[r]);
     dst->mutable_weights()->Add(src.weights.begin(), src.weights.end());
   }
+
+  // Reply groups. An entry is (expert, token) with its slot t * width + rank.
+  call->group_slots.clear();
+  call->group_start.assign(1, 0);
+  if (replies == NodeReplies::kPerExpert) {
+    req.set_per_expert_output(true);
+    req.set_output_dtype(v1::DATA_TYPE_F32);
+    for (const int w : call->plan.works) {
+      for (const int32_t slot : work.experts[w].slots) {
+        call->group_slots.push_back(slot);
+        call->group_start.push_back(static_cast<int32_t>(call->group_slots.size()));
+      }
+    }
+    return;
+  }
+  const int64_t width = work.num_slots / std::max<int64_t>(work.num_tokens, 1);
+  // Per token of the call (by its row position), which ranks this call holds.
+  std::vector<std::vector<char>> held(rows.size(), std::vector<char>(width, 0));
+  for (const int w : call->plan.works) {
+    for (const int32_t slot : work.experts[w].slots) held[position[slot / width]][slot % width] = 1;
+  }
+  // Per (row position, rank): the reply row of that entry.
+  std::vector<std::vector<int32_t>> reply_row(rows.size(), std::vector<int32_t>(width, -1));
+  bool complete = true;  // every group is a whole token's route
+  int32_t next = 0;
+  for (size_t p = 0; p < rows.size(); ++p) {
+    int64_t prefix = 0;  // ranks 0..prefix-1 all held here
+    while (prefix < width && held[p][prefix]) ++prefix;
+    int64_t count = 0;
+    for (int64_t j = 0; j < width; ++j) count += held[p][j];
+    complete = complete && count == width;
+    const int32_t shared = replies == NodeReplies::kPartial || prefix > 0 ? next++ : -1;
+    for (int64_t j = 0; j < width; ++j) {
+      if (!held[p][j]) continue;
+      const bool in_group = replies == NodeReplies::kPartial || j < prefix;
+      const int32_t o = in_group ? shared : next++;
+      reply_row[p][j] = o;
+    }
+  }
+  // Reply rows are numbered in token order, a token's group first: collect
+  // each row's slots in rank order.
+  std::vector<std::vector<int32_t>> slots_of(next);
+  for (size_t p = 0; p < rows.size(); ++p) {
+    for (int64_t j = 0; j < width; ++j) {
+      if (reply_row[p][j] >= 0) slots_of[reply_row[p][j]].push_back(static_cast<int32_t>(rows[p] * width + j));
+    }
+  }
+  for (const auto& g : slots_of) {
+    call->group_slots.insert(call->group_slots.end(), g.begin(), g.end());
+    call->group_start.push_back(static_cast<int32_t>(call->group_slots.size()));
+  }
+  req.set_num_output_rows(next);
+  // A whole token's sum may come back rounded to the client's bf16: the
+  // router's own rounding of it would give the same bits.
+  req.set_output_dtype(complete && work.bf16_output ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32);
+  for (int i = 0; i < req.experts_size(); ++i) {
+    v1::ExpertWork* dst = req.mutable_experts(i);
+    const ExpertWork& src = work.experts[call->plan.works[i]];
+    for (size_t k = 0; k < src.slots.size(); ++k) {
+      const int32_t slot = src.slots[k];
+      dst->add_output_rows(reply_row[position[slot / width]][slot % width]);
+      dst->add_ranks(static_cast<int32_t>(slot % width));
+    }
+  }
 }
 
-// Copies a reply's per-expert rows to their slots.
+// Copies a reply's rows to their slots: each row to its group's first slot
+// (widened from bf16 if it came so), -0.0 to the group's other slots.
 absl::Status ScatterReply(const LayerWork& work, int64_t d_model, const Call& call, float* contributions) {
-  int64_t expected = 0;
-  for (const int w : call.plan.works) expected += static_cast<int64_t>(work.experts[w].rows.size());
+  const int64_t expected = static_cast<int64_t>(call.group_start.size()) - 1;
+  const v1::DataType dtype = call.request.output_dtype() == v1::DATA_TYPE_BF16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32;
+  const int64_t element = dtype == v1::DATA_TYPE_BF16 ? 2 : 4;
   const v1::Tensor& t = call.response.output();
-  if (t.dtype() != v1::DATA_TYPE_F32 || t.shape_size() != 2 || t.shape(0) != expected || t.shape(1) != d_model ||
-      static_cast<int64_t>(t.data().size()) != expected * d_model * 4) {
-    return absl::InternalError(
-        absl::StrCat(call.name, ": reply for layer ", work.layer, " is not [", expected, ", ", d_model, "] f32"));
+  if (t.dtype() != dtype || t.shape_size() != 2 || t.shape(0) != expected || t.shape(1) != d_model ||
+      static_cast<int64_t>(t.data().size()) != expected * d_model * element) {
+    return absl::InternalError(absl::StrCat(call.name, ": reply for layer ", work.layer, " is not [", expected, ", ",
+                                            d_model, "] ", dtype == v1::DATA_TYPE_BF16 ? "bf16" : "f32"));
   }
   const char* src = t.data().data();
-  for (const int w : call.plan.works) {
-    for (const int32_t slot : work.experts[w].slots) {
-      std::memcpy(contributions + static_cast<int64_t>(slot) * d_model, src, d_model * sizeof(float));
-      src += d_model * sizeof(float);
+  for (int64_t o = 0; o < expected; ++o) {
+    const int32_t* g = call.group_slots.data() + call.group_start[o];
+    const int32_t n = call.group_start[o + 1] - call.group_start[o];
+    float* dst = contributions + int64_t{g[0]} * d_model;
+    if (element == 4) {
+      std::memcpy(dst, src, d_model * sizeof(float));
+    } else {
+      for (int64_t c = 0; c < d_model; ++c) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * c, 2);
+        dst[c] = common::Bf16ToFloat(h);
+      }
     }
+    src += d_model * element;
+    for (int32_t i = 1; i < n; ++i) std::fill_n(contributions + int64_t{g[i]} * d_model, d_model, -0.0f);
   }
   return absl::OkStatus();
 }
@@ -199,7 +276,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     call->plan = std::move(nc);
     call->attempt = attempt_;
     call->hedge = hedge;
-    BuildRequest(work_, options_.d_model, options_.model_id, call.get());
+    BuildRequest(work_, options_.d_model, options_.model_id, options_.replies, call.get());
     call->context.set_deadline(absl::ToChronoTime(deadline_));
     call->start_nanos = NanosSince(start_);
     calls_.push_back(std::move(call));
@@ -448,6 +525,13 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   std::string first_failure_ ABSL_GUARDED_BY(mu_);
   std::string retry_failure_ ABSL_GUARDED_BY(mu_);
 };
+
+std::optional<NodeReplies> ParseNodeReplies(absl::string_view name) {
+  if (name == "per_expert") return NodeReplies::kPerExpert;
+  if (name == "exact") return NodeReplies::kExact;
+  if (name == "partial") return NodeReplies::kPartial;
+  return std::nullopt;
+}
 
 void RemoteBackend::ComputeAsync(const LayerWork& work, float* contributions, CallControl& control,
                                  BackendStats* stats, std::function<void(absl::Status)> done) {

@@ -245,6 +245,7 @@ absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
   if (in.hidden_dtype == common::DType::kBF16) work.x_bf16 = static_cast<const uint16_t*>(in.hidden);
   work.num_tokens = in.num_tokens;
   work.num_slots = in.num_tokens * width;
+  work.bf16_output = in.output_dtype == common::DType::kBF16;
   work.request_id = in.request_id;
   std::vector<int32_t> index(m.total_experts(), -1);  // expert -> position in work.experts
   std::vector<int32_t> order;

@@ -156,6 +156,37 @@ TEST_CASE("an expert node answers Compute over gRPC exactly like the in-process 
   REQUIRE(Call(node, bf, &bf_response).ok());
   CHECK(bf_response.output().dtype() == v1::DATA_TYPE_BF16);
   CHECK(bf_response.output().data().size() == rows.size() * 2);
+
+  // Grouped output folds the per-entry rows in rank order, bit for bit.
+  v1::ComputeRequest per_entry = Request(rows);
+  per_entry.mutable_experts(1)->add_row_indices(0);  // expert 1: rows 1 and 0
+  per_entry.mutable_experts(1)->add_weights(0.25f);
+  per_entry.set_per_expert_output(true);
+  v1::ComputeResponse entries;
+  REQUIRE(Call(node, per_entry, &entries).ok());
+  REQUIRE(entries.output().data().size() == 4 * kDModel * 4);
+  std::vector<float> e(4 * kDModel);  // (e0,r0), (e0,r2), (e1,r1), (e1,r0)
+  std::memcpy(e.data(), entries.output().data().data(), e.size() * 4);
+  v1::ComputeRequest grouped = per_entry;
+  grouped.set_per_expert_output(false);
+  grouped.set_num_output_rows(3);
+  // Row 0: (e1,r0) rank 0 then (e0,r0) rank 1; row 1: (e0,r2); row 2: (e1,r1).
+  for (int v : {0, 1}) grouped.mutable_experts(0)->add_output_rows(v);
+  for (int v : {1, 0}) grouped.mutable_experts(0)->add_ranks(v);
+  for (int v : {2, 0}) grouped.mutable_experts(1)->add_output_rows(v);
+  for (int v : {0, 0}) grouped.mutable_experts(1)->add_ranks(v);
+  v1::ComputeResponse folded;
+  REQUIRE(Call(node, grouped, &folded).ok());
+  REQUIRE(folded.output().data().size() == 3 * kDModel * 4);
+  std::vector<float> got(3 * kDModel), want(3 * kDModel);
+  std::memcpy(got.data(), folded.output().data().data(), got.size() * 4);
+  for (int c = 0; c < kDModel; ++c) {
+    want[c] = e[3 * kDModel + c];
+    want[c] += e[c];
+    want[kDModel + c] = e[kDModel + c];
+    want[2 * kDModel + c] = e[2 * kDModel + c];
+  }
+  CHECK(got == want);
 }
 
 TEST_CASE("an expert node reports SERVING over grpc.health.v1 once loaded, and NOT_SERVING after shutdown") {
@@ -619,6 +650,33 @@ TEST_CASE("an expert node refuses bad Compute requests with the documented statu
   r = Request(rows);
   *r.add_experts() = r.experts(0);
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "listed twice");
+  // Grouped output: (e0,r0) and (e0,r2) into row 0, (e1,r1) into row 1.
+  v1::ComputeRequest g = Request(rows);
+  g.set_num_output_rows(2);
+  for (int v : {0, 0}) g.mutable_experts(0)->add_output_rows(v);
+  for (int v : {0, 1}) g.mutable_experts(0)->add_ranks(v);
+  g.mutable_experts(1)->add_output_rows(1);
+  g.mutable_experts(1)->add_ranks(0);
+  v1::ComputeResponse grouped;
+  CHECK(Call(node, g, &grouped).ok());
+  r = g;
+  r.set_per_expert_output(true);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "0 with per_expert_output");
+  r = g;
+  r.mutable_experts(1)->clear_ranks();
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "1 output_rows and 0 ranks");
+  r = g;
+  r.mutable_experts(1)->set_output_rows(0, 5);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "output_rows[0] = 5 (must be in [0, 2))");
+  r = g;
+  r.set_num_output_rows(3);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "output row 2 of 3 is named by no entry");
+  r = g;
+  r.mutable_experts(0)->set_ranks(1, 0);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "output row 0: rank 0 given twice");
+  r = Request(rows);
+  r.mutable_experts(0)->add_output_rows(0);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "none without num_output_rows");
   // The node still serves after all that.
   v1::ComputeResponse ok;
   CHECK(Call(node, Request(rows), &ok).ok());

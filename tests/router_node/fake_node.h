@@ -176,20 +176,39 @@ class FakeNode {
     for (const int e : experts_) o->add_experts(e);
   }
 
+  // Per entry (expert, row index) the value marker * 100 + expert; grouped
+  // requests get each output row's entries summed (in any order: the values
+  // are small integers, so every order gives the same float).
   void Answer(const colibri::v1::ComputeRequest& request, colibri::v1::ComputeResponse* response, bool wrong) const {
-    int64_t rows = 0;
-    for (const auto& w : request.experts()) rows += w.row_indices_size();
-    if (wrong) ++rows;
-    colibri::v1::Tensor* t = response->mutable_output();
-    t->set_dtype(colibri::v1::DATA_TYPE_F32);
-    t->add_shape(rows);
-    t->add_shape(d_model_);
-    std::vector<float> values;
+    std::vector<float> entries;
+    std::vector<float> grouped(request.num_output_rows(), 0.f);
     for (const auto& w : request.experts()) {
-      values.insert(values.end(), w.row_indices_size() * d_model_, static_cast<float>(marker_ * 100 + w.expert()));
+      for (int i = 0; i < w.row_indices_size(); ++i) {
+        const float v = static_cast<float>(marker_ * 100 + w.expert());
+        entries.push_back(v);
+        if (request.num_output_rows() > 0) grouped[w.output_rows(i)] += v;
+      }
     }
-    values.resize(rows * d_model_);
-    t->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+    std::vector<float>& per_row = request.num_output_rows() > 0 ? grouped : entries;
+    if (wrong) per_row.push_back(0.f);
+    const bool bf16 = request.output_dtype() == colibri::v1::DATA_TYPE_BF16;
+    colibri::v1::Tensor* t = response->mutable_output();
+    t->set_dtype(bf16 ? colibri::v1::DATA_TYPE_BF16 : colibri::v1::DATA_TYPE_F32);
+    t->add_shape(static_cast<int64_t>(per_row.size()));
+    t->add_shape(d_model_);
+    std::string* data = t->mutable_data();
+    for (const float v : per_row) {
+      for (int c = 0; c < d_model_; ++c) {
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        if (bf16) {
+          const uint16_t h = static_cast<uint16_t>(bits >> 16);  // exact: the values are small integers
+          data->append(reinterpret_cast<const char*>(&h), 2);
+        } else {
+          data->append(reinterpret_cast<const char*>(&bits), 4);
+        }
+      }
+    }
   }
 
   void Compute(grpc::ClientContext* context, const colibri::v1::ComputeRequest* request,

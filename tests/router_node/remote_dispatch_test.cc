@@ -5,6 +5,7 @@
 // wrong shape. No process, socket or sleep: time moves when the test says.
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <optional>
 
 #include "router_node/remote_backend.h"
@@ -23,8 +24,10 @@ constexpr int kExperts = 4;
 
 // Nodes named n0, n1, … with markers 1, 2, … owning the experts given, and a
 // backend over them with a 100 ms node timeout (and `hedge_after` if set).
+// Per-expert replies unless told: every slot then names the node that computed it.
 struct Cluster {
-  explicit Cluster(const std::vector<std::vector<int>>& owned, absl::Duration hedge_after = absl::ZeroDuration()) {
+  explicit Cluster(const std::vector<std::vector<int>>& owned, absl::Duration hedge_after = absl::ZeroDuration(),
+                   NodeReplies replies = NodeReplies::kPerExpert) {
     RemoteOptions o;
     for (size_t i = 0; i < owned.size(); ++i) {
       o.addresses.push_back("n" + std::to_string(i) + ":1");
@@ -36,6 +39,7 @@ struct Cluster {
     o.d_model = kDModel;
     o.node_timeout = absl::Milliseconds(100);
     o.hedge_after = hedge_after;
+    o.replies = replies;
     o.health_interval = absl::Hours(1);  // the map changes only through failed calls
     o.clock = &clock;
     o.connect = [this](const std::string& address) { return nodes[address[1] - '0']->Channel(); };
@@ -312,6 +316,57 @@ TEST_CASE("a reply of the wrong shape is INTERNAL naming the node", "[remote_dis
   REQUIRE(p.result.has_value());
   CHECK(p.result->code() == absl::StatusCode::kInternal);
   CHECK_THAT(std::string(p.result->message()), Catch::Contains("node-0: reply for layer 0 is not [4, 4] f32"));
+}
+
+TEST_CASE("grouped replies: a group's sum lands in its first slot and -0.0 in the others", "[remote_dispatch]") {
+  // Token 0 → experts 0 (rank 0), 1 (rank 1); token 1 → experts 3 (rank 0), 2 (rank 1).
+  auto layer = [] {
+    auto l = std::make_unique<Layer>();
+    l->work.experts = {{0, {0}, {1.f}, {0}}, {1, {0}, {1.f}, {1}}, {2, {1}, {1.f}, {3}}, {3, {1}, {1.f}, {2}}};
+    return l;
+  };
+  auto value = [](const Layer& l, int slot) { return l.out[slot * kDModel]; };
+  auto negative_zero = [](const Layer& l, int slot) {
+    return l.out[slot * kDModel] == 0.f && std::signbit(l.out[slot * kDModel]);
+  };
+  SECTION("exact: the node holding ranks 0..m of a token sums them; other entries stay single") {
+    Cluster c({{0, 1, 3}, {2}}, absl::ZeroDuration(), NodeReplies::kExact);
+    auto l = layer();
+    Pending p;
+    p.Start(c, *l);
+    REQUIRE(p.result.has_value());
+    REQUIRE(p.result->ok());
+    CHECK(value(*l, 0) == 100 + 101);  // n0: experts 0 and 1 of token 0, summed
+    CHECK(negative_zero(*l, 1));
+    CHECK(value(*l, 2) == 103);  // token 1 rank 0 on n0 ...
+    CHECK(value(*l, 3) == 202);  // ... rank 1 on n1
+  }
+  SECTION("exact: a node without rank 0 of a token returns each entry") {
+    Cluster c({{1, 2}, {0, 3}}, absl::ZeroDuration(), NodeReplies::kExact);
+    auto l = layer();
+    Pending p;
+    p.Start(c, *l);
+    REQUIRE(p.result.has_value());
+    REQUIRE(p.result->ok());
+    CHECK(value(*l, 0) == 200);  // expert 0 on n1 (rank 0 alone)
+    CHECK(value(*l, 1) == 101);
+    CHECK(value(*l, 2) == 203);
+    CHECK(value(*l, 3) == 102);
+  }
+  SECTION("partial: one row per token and node, bf16 when the client rounds and the token is whole") {
+    Cluster c({{0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kPartial);
+    auto l = layer();
+    l->work.bf16_output = true;
+    Pending p;
+    p.Start(c, *l);
+    REQUIRE(p.result.has_value());
+    REQUIRE(p.result->ok());
+    CHECK(value(*l, 0) == 201);
+    CHECK(negative_zero(*l, 1));
+    CHECK(value(*l, 2) == 205);
+    CHECK(negative_zero(*l, 3));
+    REQUIRE(l->stats.calls.size() == 1);
+  }
 }
 
 TEST_CASE("the blocking Compute returns what the layer call ended with", "[remote_dispatch]") {
