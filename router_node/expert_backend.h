@@ -93,6 +93,8 @@ struct NodeCallRecord {
   bool hedge = false;        // a hedge: sent because the planned call was slow
   absl::StatusCode code = absl::StatusCode::kOk;
   int64_t node_compute_nanos = 0;  // the node's own kernel time, when known
+  int64_t bytes_sent = 0;          // the serialized request and reply (remote calls)
+  int64_t bytes_received = 0;
 };
 
 struct BackendStats {

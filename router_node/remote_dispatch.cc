@@ -484,7 +484,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       r.attempt = c->attempt;
       r.hedge = c->hedge;
       r.code = c->done ? static_cast<absl::StatusCode>(c->status.error_code()) : absl::StatusCode::kCancelled;
+      r.bytes_sent = static_cast<int64_t>(c->request.ByteSizeLong());
       if (c->done) {
+        r.bytes_received = static_cast<int64_t>(c->response.ByteSizeLong());
         for (const v1::StageTiming& t : c->response.timings()) {
           if (t.stage() == "compute") r.node_compute_nanos = t.nanos();
         }

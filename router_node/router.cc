@@ -98,8 +98,8 @@ std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
   for (const NodeCallRecord& c : out.backend.calls) {
     const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
                                             c.hedge ? " hedge" : "");
-    spans.push_back(
-        {absl::StrCat("node:", c.node), t.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos, detail});
+    spans.push_back({absl::StrCat("node:", c.node), t.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos, detail,
+                     c.rows, c.bytes_sent, c.bytes_received});
     spans.push_back({absl::StrCat("node_compute:", c.node), t.route_nanos + c.end_nanos - c.node_compute_nanos,
                      c.node_compute_nanos, detail});
   }

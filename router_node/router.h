@@ -77,6 +77,9 @@ struct TimingSpan {
   int64_t start_nanos = 0;
   int64_t nanos = 0;
   std::string detail;  // node calls: "experts 0,3 rows 5" (+ " retry", " hedge")
+  int64_t rows = 0;    // node calls: rows sent, and the messages' bytes
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
 };
 std::vector<TimingSpan> TimingSpans(const ForwardOutput& output);
 

@@ -25,13 +25,15 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
   return absl::FromChrono(d);
 }
 
-void AddTiming(v1::ForwardResponse* response, const std::string& stage, int64_t start, int64_t nanos,
-               const std::string& detail) {
+void AddTiming(v1::ForwardResponse* response, const TimingSpan& span) {
   v1::Timing* t = response->add_timings();
-  t->set_stage(stage);
-  t->set_start_nanos(start);
-  t->set_nanos(nanos);
-  t->set_detail(detail);
+  t->set_stage(span.stage);
+  t->set_start_nanos(span.start_nanos);
+  t->set_nanos(span.nanos);
+  t->set_detail(span.detail);
+  t->set_rows(span.rows);
+  t->set_bytes_sent(span.bytes_sent);
+  t->set_bytes_received(span.bytes_received);
 }
 
 // From the request's bytes alone: its shape is not trusted yet.
@@ -259,9 +261,7 @@ void RouterService::Respond(const v1::ForwardRequest& request, const ForwardInpu
     r->mutable_weights()->Add(out.routes.weights.begin(), out.routes.weights.end());
   }
   if (request.return_timings()) {
-    for (const TimingSpan& span : TimingSpans(out)) {
-      AddTiming(response, span.stage, span.start_nanos, span.nanos, span.detail);
-    }
+    for (const TimingSpan& span : TimingSpans(out)) AddTiming(response, span);
   }
   Record(out, in.num_tokens, in.request_id, in.layer);
 }

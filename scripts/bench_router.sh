@@ -10,10 +10,13 @@
 #
 # Usage: bash scripts/bench_router.sh [--tokens 1,8,128] [--repeat 30] [--routing lut|gate]
 #                                     [--node_threads 1] [--layout split|replicated] [--small]
+#                                     [--bf16] [--gap_us 2000] [--node_replies exact|partial|per_expert]
 # --node_threads 2 runs each node with two threads instead (both nodes share both CPUs).
 # --layout replicated: both nodes own all 8 experts (one answers each layer call, with
 # --node_threads 2 the same compute as the engine: what is left is the cost of distribution).
 # --small: a d_model 1024 / d_ff 2816 layer (quick smoke run).
+# --bf16: hidden states and output in bf16; --gap_us: the pause before each call;
+# --node_replies: the router's flag of that name.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tokens=1,8,128
@@ -23,6 +26,8 @@ node_threads=1
 layout=split
 shape=(--d_model 4096 --d_ff 14336)
 name=mixtral_8x7b_layer
+bench_args=()
+router_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tokens) tokens=$2; shift 2 ;;
@@ -31,7 +36,10 @@ while [ $# -gt 0 ]; do
     --node_threads) node_threads=$2; shift 2 ;;
     --layout) layout=$2; shift 2 ;;
     --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --bf16) bench_args+=(--bf16); shift ;;
+    --gap_us) bench_args+=(--gap_us "$2"); shift 2 ;;
+    --node_replies) router_args+=(--node_replies "$2"); shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bench_router: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -55,12 +63,12 @@ else
   proc_start node_b "${node[@]}" --experts $experts_b; b=$port
 fi
 proc_start router env COLIBRI_DEBUG=${COLIBRI_DEBUG:-0} "$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
-  --listen 127.0.0.1:0
+  --listen 127.0.0.1:0 "${router_args[@]}"
 router_port=$port
 router_pid=$last_pid
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# nodes: A experts $experts_a on 127.0.0.1:$a, B experts $experts_b on 127.0.0.1:$b, $node_threads thread(s) each"
 "$build/tools/colibri-bench" router --model "$model" --router "127.0.0.1:$router_port" --router_pid "$router_pid" \
-  --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads "${COLIBRI_BENCH_ENGINE_THREADS:-0}"
+  --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads "${COLIBRI_BENCH_ENGINE_THREADS:-0}" "${bench_args[@]}"
 [ "${COLIBRI_DEBUG:-0}" != 0 ] && cat "$proc_logs/router.err" >&2
 exit 0

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "colibri/v1/router.grpc.pb.h"
+#include "common/half.h"
 #include "common/status_macros.h"
 #include "router_node/engine.h"
 #include "router_node/forward_request.h"
@@ -89,25 +91,36 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
   if (engine != nullptr && info.model_id() != engine->router().model_id()) {
     return absl::FailedPreconditionError("the router serves another model than --model");
   }
-  // The floor of one gRPC hop on this machine: an empty call's round trip.
-  std::vector<double> ping_us;
-  for (int i = 0; i < 200; ++i) {
-    grpc::ClientContext context;
-    v1::GetModelInfoResponse unused;
-    const auto start = Clock::now();
-    if (!stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &unused).ok()) break;
-    ping_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-  }
+  // The floor of one gRPC hop on this machine: an empty call's round trip,
+  // back to back and after the calls' pause.
+  auto ping = [&](int64_t gap_us) {
+    std::vector<double> us;
+    for (int i = 0; i < 200; ++i) {
+      if (gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+      grpc::ClientContext context;
+      v1::GetModelInfoResponse unused;
+      const auto start = Clock::now();
+      if (!stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &unused).ok()) break;
+      us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    }
+    return us;
+  };
+  const std::vector<double> ping_us = ping(0);
+  const std::vector<double> spaced_ping_us = ping(o.gap_us);
   const int64_t d_model = info.d_model();
   out << "# colibri-bench router: " << o.router << " (" << info.backend() << ", " << info.weight_type() << ", d_model "
       << d_model << ", d_ff " << info.d_ff() << ", " << info.n_experts() << " experts, top-" << info.top_k()
       << ") vs the in-process engine; layer " << o.layer << ", " << common::RoutingModeName(o.routing) << " routing, "
-      << o.repeat << " calls per row, times in microseconds\n";
+      << (o.bf16 ? "bf16" : "f32") << " in and out, " << o.repeat << " calls per row " << o.gap_us
+      << " us apart, times in microseconds\n";
   out << "# an empty gRPC round trip to the router (GetModelInfo): p50 "
       << static_cast<int64_t>(Percentile(ping_us, 0.5)) << " us, p99 "
-      << static_cast<int64_t>(Percentile(ping_us, 0.99)) << " us\n";
+      << static_cast<int64_t>(Percentile(ping_us, 0.99)) << " us back to back; p50 "
+      << static_cast<int64_t>(Percentile(spaced_ping_us, 0.5)) << " us, p99 "
+      << static_cast<int64_t>(Percentile(spaced_ping_us, 0.99)) << " us " << o.gap_us << " us apart\n";
   out << "# T | engine p50 | engine p99 | router p50 | router p99 | added p50 | added % | slowest node call | "
-         "its compute | route+aggregate | router overhead in dispatch | router CPU/call | identical\n";
+         "its compute | route+aggregate | router overhead in dispatch | router CPU/call | node bytes/call | "
+         "minimum | identical\n";
   std::mt19937_64 rng(o.seed);
   for (const int64_t T : o.tokens) {
     std::normal_distribution<float> normal(0.f, 1.f);
@@ -115,32 +128,44 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     for (float& v : x) v = normal(rng);
     std::vector<int32_t> ids(T);
     for (int32_t& id : ids) id = static_cast<int32_t>(rng() % info.vocab_size());
+    std::string hidden(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+    if (o.bf16) {
+      hidden.resize(x.size() * 2);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint16_t h = common::FloatToBf16(x[i]);
+        std::memcpy(&hidden[2 * i], &h, 2);
+      }
+    }
+    const int64_t element = o.bf16 ? 2 : 4;
     v1::ForwardRequest request;
     request.set_layer(o.layer);
     request.mutable_token_ids()->Add(ids.begin(), ids.end());
-    request.mutable_hidden()->set_dtype(v1::DATA_TYPE_F32);
+    request.mutable_hidden()->set_dtype(o.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32);
     request.mutable_hidden()->add_shape(T);
     request.mutable_hidden()->add_shape(d_model);
-    request.mutable_hidden()->set_data(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+    request.mutable_hidden()->set_data(hidden);
+    request.set_output_dtype(o.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32);
     request.set_routing(router_node::ToProtoRoutingMode(o.routing));
     request.set_return_timings(true);
     router_node::ForwardInput in;
     in.layer = o.layer;
     in.token_ids = ids;
-    in.hidden = x.data();
-    in.hidden_bytes = static_cast<int64_t>(x.size() * 4);
+    in.hidden = hidden.data();
+    in.hidden_bytes = static_cast<int64_t>(hidden.size());
+    in.hidden_dtype = o.bf16 ? common::DType::kBF16 : common::DType::kF32;
+    in.output_dtype = in.hidden_dtype;
     in.num_tokens = T;
     in.cols = d_model;
     in.routing = o.routing;
 
-    std::vector<double> local_us, remote_us, own_us, overhead_us, node_us, compute_us;
+    std::vector<double> local_us, remote_us, own_us, overhead_us, node_us, compute_us, bytes, minimum;
     std::string local_bytes, remote_bytes;
     double cpu_start = 0;
     for (int i = 0; i < o.warmup + o.repeat; ++i) {
       const bool timed = i >= o.warmup;
       // Calls are spaced so that neither side's idle workers (which spin
       // ~200 us after a job) still hold the CPUs when the other side starts.
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::this_thread::sleep_for(std::chrono::microseconds(o.gap_us));
       if (i == o.warmup && o.router_pid > 0) cpu_start = CpuSeconds(o.router_pid);
       if (engine != nullptr) {
         const auto start = Clock::now();
@@ -149,7 +174,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
         if (timed) local_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
         local_bytes = std::move(r->output);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::this_thread::sleep_for(std::chrono::microseconds(o.gap_us));
       v1::ForwardResponse response;
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -164,6 +189,16 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       overhead_us.push_back((Timing(response, "dispatch") - node) / 1e3);
       node_us.push_back(node / 1e3);
       compute_us.push_back(compute / 1e3);
+      double sent = 0, least = 0;
+      for (const v1::Timing& t : response.timings()) {
+        if (t.stage().rfind("node:", 0) != 0) continue;
+        sent += static_cast<double>(t.bytes_sent() + t.bytes_received());
+        if (t.detail().find(" retry") == std::string::npos && t.detail().find(" hedge") == std::string::npos) {
+          least += static_cast<double>(t.rows() * d_model * 2 * element);  // its rows in, and back as one sum each
+        }
+      }
+      bytes.push_back(sent);
+      minimum.push_back(least);
       remote_bytes = response.output().data();
     }
     // Includes the router's health checks during the run (a few per second).
@@ -171,11 +206,14 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     const double l50 = Percentile(local_us, 0.5), r50 = Percentile(remote_us, 0.5);
     char line[512];
     std::snprintf(line, sizeof(line),
-                  "%lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f%% | %.0f | %.0f | %.0f | %.0f | %s | %s\n",
+                  "%lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f%% | %.0f | %.0f | %.0f | %.0f | %s | %.0f | %.0f "
+                  "(x%.2f) | %s\n",
                   static_cast<long long>(T), l50, Percentile(local_us, 0.99), r50, Percentile(remote_us, 0.99),
                   r50 - l50, l50 > 0 ? 100.0 * (r50 - l50) / l50 : 0.0, Percentile(node_us, 0.5),
                   Percentile(compute_us, 0.5), Percentile(own_us, 0.5), Percentile(overhead_us, 0.5),
                   o.router_pid > 0 ? absl::StrCat(static_cast<int64_t>(cpu / o.repeat * 1e6)).c_str() : "-",
+                  Percentile(bytes, 0.5), Percentile(minimum, 0.5),
+                  Percentile(minimum, 0.5) > 0 ? Percentile(bytes, 0.5) / Percentile(minimum, 0.5) : 0.0,
                   engine == nullptr ? "-" : (local_bytes == remote_bytes ? "yes" : "NO"));
     out << line << std::flush;
   }

@@ -7,7 +7,11 @@
 // count in the same run. Prints p50/p99 of both, the added latency, the
 // router's own stage times (route, aggregate, dispatch minus the slowest
 // node), the router process's CPU time per call (from /proc, when its pid is
-// given) and whether the two outputs are byte-identical. No assertion.
+// given), the bytes of the node calls against the minimum (each node's rows
+// once in the hidden dtype, and back once in the output dtype) and whether
+// the two outputs are byte-identical. The floor printed beside it, an empty
+// gRPC round trip, is measured twice: back to back, and after the same pause
+// as the Forward calls (threads asleep, as they are for those). No assertion.
 
 #include <cstdint>
 #include <ostream>
@@ -30,6 +34,8 @@ struct RouterBenchOptions {
   int local_threads = 0;  // in-process engine threads; 0: one per CPU; < 0: skip the engine
   int warmup = 3;
   int repeat = 30;
+  bool bf16 = false;    // hidden states and output in bf16 (else f32)
+  int64_t gap_us = 2000;  // pause before each call (both paths)
   uint64_t seed = 1;
 };
 
