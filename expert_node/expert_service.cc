@@ -116,16 +116,17 @@ void ExpertService::ComputeLoop() {
     bool run = false;
     {
       common::MutexLock lock(&mu_);
-      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
+      while (!stopping_ && (queue_.empty() || busy_)) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping and drained
       job = std::move(queue_.front());
       queue_.pop_front();
       run = !stopping_;
+      busy_ = true;
     }
-    if (!job.step(run)) {
-      common::MutexLock lock(&mu_);
-      queue_.push_back(std::move(job));  // round robin: its next slice after every other call's
-    }
+    const bool finished = job.step(run);
+    common::MutexLock lock(&mu_);
+    busy_ = false;
+    if (!finished) queue_.push_back(std::move(job));  // round robin: its next slice after every other call's
   }
 }
 
@@ -261,9 +262,21 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
         return reactor;
       }
     }
-    queue_.push_back({context, std::move(job)});
+    int64_t entries = 0;
+    for (const v1::ExpertWork& w : request->experts()) entries += w.row_indices_size();
+    if (!queue_.empty() || busy_ || entries > kSliceRows) {
+      queue_.push_back({context, std::move(job)});
+      cv_.Signal();
+      return reactor;
+    }
+    busy_ = true;
   }
-  cv_.Signal();
+  // Idle node, one-slice call: run it here.
+  const bool finished = job(true);
+  common::MutexLock lock(&mu_);
+  busy_ = false;
+  if (!finished) queue_.push_back({context, std::move(job)});
+  if (!queue_.empty()) cv_.Signal();
   return reactor;
 }
 

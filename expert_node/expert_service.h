@@ -3,10 +3,13 @@
 
 // Transport for the ExpertNode service (proto/colibri/v1/expert_node.proto):
 // a Compute call is queued for the one compute thread, which parses,
-// validates and computes it (never on gRPC's threads) in slices of about
-// kSliceRows (expert, row) pairs, taking the queued calls in turn (round
-// robin): a small call waits for at most one slice of each call ahead of it,
-// however long those are. Reload calls load on a thread of their own; each
+// validates and computes it in slices of about kSliceRows (expert, row)
+// pairs, taking the queued calls in turn (round robin): a small call waits
+// for at most one slice of each call ahead of it, however long those are.
+// A call of at most one slice that finds the node idle (nothing queued,
+// nothing running) runs at once on the gRPC thread that received it — the
+// decode case, spared the hand-over to the compute thread; one step runs at
+// a time either way. Reload calls load on a thread of their own; each
 // status is converted once and the reactor finished.
 //
 // Admin calls — Reload, and GetNodeInfo's model_dir and last_reload_error —
@@ -103,12 +106,13 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     std::function<bool(bool run)> step;
   };
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a step is running (compute thread, or a small call inline)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_reload_error_ ABSL_GUARDED_BY(mu_);
   bool reload_running_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reload_thread_ ABSL_GUARDED_BY(mu_);  // the last reload's worker, joined before the next
   std::thread compute_thread_;
-  int64_t computes_ = 0;  // compute thread only: calls run, for inject_delay_every
+  int64_t computes_ = 0;  // whoever holds busy_: calls run, for inject_delay_every
 };
 
 // The ExpertNode service as the admin listener serves it: GetNodeInfo in full

@@ -69,16 +69,6 @@ ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins
   for (int i = caller_joins ? 1 : 0; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
-void ThreadPool::Pin(int index) const {
-  if (!cpus_.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus_[index % cpus_.size()], &set);
-    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
-  }
-  omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
-}
-
 ThreadPool::~ThreadPool() {
   {
     common::MutexLock lock(&mu_);
@@ -107,7 +97,13 @@ absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
 }
 
 void ThreadPool::WorkerLoop(int index) {
-  Pin(index);
+  if (!cpus_.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus_[index % cpus_.size()], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
+  }
+  omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
   uint64_t seen = 0;
   for (;;) {
     // Spin briefly for the next job, then sleep. After the first few
@@ -143,10 +139,10 @@ void ThreadPool::WorkerLoop(int index) {
 void ThreadPool::Run(const std::function<void(int)>& job) {
   common::MutexLock run_lock(&run_mu_);
   if (caller_joins_) {
-    thread_local const ThreadPool* pinned_for = nullptr;
-    if (pinned_for != this) {
-      Pin(0);
-      pinned_for = this;
+    thread_local bool single_omp = false;  // oneDNN regions in the caller's share stay on the caller
+    if (!single_omp) {
+      omp_set_num_threads(1);
+      single_omp = true;
     }
   }
   {

@@ -36,8 +36,8 @@ class ThreadPool {
     int num_threads = 0;  // 0: one per CPU allowed (of the NUMA node, if set)
     int numa_node = -1;   // >= 0: pin to that node's CPUs (libnuma)
     bool pin = true;      // pin worker i to the i-th allowed CPU (round robin)
-    // Run's caller is worker 0 (pinned like it on its first Run); only
-    // num_threads - 1 threads are started.
+    // Run's caller is worker 0 (on whatever CPU it runs: a caller is never
+    // pinned); only num_threads - 1 threads are started.
     bool caller_joins = false;
   };
 
@@ -68,7 +68,6 @@ class ThreadPool {
 
  private:
   ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins);
-  void Pin(int index) const;  // the calling thread, to worker `index`'s CPU
   void WorkerLoop(int index);
 
   std::vector<int> cpus_;
