@@ -166,7 +166,8 @@ class RemoteBackend final : public ExpertBackend {
   void Rebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDown(const std::shared_ptr<Node>& node, const std::string& error);
   std::shared_ptr<const Topology> topology() const;
-  // Counts a node call starting; CallEnded counts it ended and records it in the metrics.
+  // Counts a node call made (before it is sent); CallEnded counts it ended
+  // and records it in the metrics.
   void CallStarted();
   void CallEnded(const Call& call);
 

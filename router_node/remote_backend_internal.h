@@ -64,6 +64,7 @@ struct RemoteBackend::Call {
   v1::ComputeRequest request;
   v1::ComputeResponse response;
   grpc::Status status;
+  int64_t bytes_sent = 0;  // the serialized request
   int64_t start_nanos = 0;
   int64_t end_nanos = 0;
 };

@@ -278,7 +278,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     call->hedge = hedge;
     BuildRequest(work_, options_.d_model, options_.model_id, options_.replies, call.get());
     call->context.set_deadline(absl::ToChronoTime(deadline_));
+    call->bytes_sent = static_cast<int64_t>(call->request.ByteSizeLong());  // before gRPC reads it on another thread
     call->start_nanos = NanosSince(start_);
+    backend_->CallStarted();  // from here the backend waits for this call's callback before it is destroyed
     calls_.push_back(std::move(call));
     return calls_.back().get();
   }
@@ -289,7 +291,6 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       Node& node = *c->node_ref;
       node.in_flight.fetch_add(1, std::memory_order_relaxed);
       node.calls.fetch_add(1, std::memory_order_relaxed);
-      backend_->CallStarted();
       node.channel->Compute(&c->context, &c->request, &c->response,
                             [self = shared_from_this(), c](grpc::Status s) { self->OnReply(c, std::move(s)); });
     }
@@ -484,7 +485,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       r.attempt = c->attempt;
       r.hedge = c->hedge;
       r.code = c->done ? static_cast<absl::StatusCode>(c->status.error_code()) : absl::StatusCode::kCancelled;
-      r.bytes_sent = static_cast<int64_t>(c->request.ByteSizeLong());
+      r.bytes_sent = c->bytes_sent;
       if (c->done) {
         r.bytes_received = static_cast<int64_t>(c->response.ByteSizeLong());
         for (const v1::StageTiming& t : c->response.timings()) {
