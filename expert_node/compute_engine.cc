@@ -57,8 +57,8 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
   }
   const bool grouped = in.num_output_rows > 0;
   if (in.num_output_rows < 0 || (grouped && in.per_expert_output)) {
-    return absl::InvalidArgumentError(absl::StrCat("num_output_rows = ", in.num_output_rows,
-                                                   " must be >= 0, and 0 with per_expert_output"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_output_rows = ", in.num_output_rows, " must be >= 0, and 0 with per_expert_output"));
   }
   std::vector<kernels::ExpertTask> tasks;
   std::vector<int32_t>& slots = call->slots;
@@ -86,9 +86,10 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
     }
     if (work.output_rows.size() != (grouped ? work.row_indices.size() : 0) ||
         work.ranks.size() != work.output_rows.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "experts[", w, "] (expert ", work.expert, "): ", work.output_rows.size(), " output_rows and ",
-          work.ranks.size(), " ranks; ", grouped ? "one each per row index with num_output_rows" : "none without num_output_rows"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("experts[", w, "] (expert ", work.expert, "): ", work.output_rows.size(), " output_rows and ",
+                       work.ranks.size(), " ranks; ",
+                       grouped ? "one each per row index with num_output_rows" : "none without num_output_rows"));
     }
     for (size_t i = 0; i < work.output_rows.size(); ++i) {
       if (work.output_rows[i] < 0 || work.output_rows[i] >= in.num_output_rows || work.ranks[i] < 0) {
@@ -128,15 +129,16 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
     call->fold_start.assign(in.num_output_rows + 1, 0);
     for (size_t i = 0; i < entries.size(); ++i) {
       if (i > 0 && entries[i].output_row == entries[i - 1].output_row && entries[i].rank == entries[i - 1].rank) {
-        return absl::InvalidArgumentError(absl::StrCat("output row ", entries[i].output_row, ": rank ",
-                                                       entries[i].rank, " given twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("output row ", entries[i].output_row, ": rank ", entries[i].rank, " given twice"));
       }
       ++call->fold_start[entries[i].output_row + 1];
       call->fold_order.push_back(entries[i].index);
     }
     for (int64_t o = 0; o < in.num_output_rows; ++o) {
       if (call->fold_start[o + 1] == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("output row ", o, " of ", in.num_output_rows, " is named by no entry"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("output row ", o, " of ", in.num_output_rows, " is named by no entry"));
       }
       call->fold_start[o + 1] += call->fold_start[o];
     }

@@ -66,11 +66,11 @@ struct ComputeInput {
 // into its ComputeInput, which must outlive it.
 struct PreparedCall {
   std::shared_ptr<const WeightSet> set;
-  std::vector<int32_t> slots;              // per-entry output: output row of each (expert, row index)
+  std::vector<int32_t> slots;  // per-entry output: output row of each (expert, row index)
   // Grouped output: entries (indices into the per-entry output) in the
   // order they are folded, and where each output row's run of them starts.
   std::vector<int32_t> fold_order;
-  std::vector<int32_t> fold_start;  // [num_output_rows + 1]
+  std::vector<int32_t> fold_start;         // [num_output_rows + 1]
   std::vector<kernels::ExpertTask> tasks;  // kernels::ExecutionOrder of the call's tasks
   size_t next = 0;                         // first task not yet run
   const float* rows = nullptr;

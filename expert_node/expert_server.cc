@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(options.model_dir, options.store, log));
   // The compute thread (ExpertService) is the pool's worker 0: a call wakes one thread fewer.
   COLIBRI_ASSIGN_OR_RETURN(s->pool_, kernels::ThreadPool::Create({options.threads, options.store.numa_node,
-                                                                   /*pin=*/true, /*caller_joins=*/true}));
+                                                                  /*pin=*/true, /*caller_joins=*/true}));
   s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits);
   ExpertService::Options service_options;
   service_options.model_root = options.model_root;  // empty: Reload cannot load another directory

@@ -41,10 +41,9 @@ int64_t ComputeFootprint(const v1::ComputeRequest& r, int64_t d_model) {
   int64_t indices = 0;
   for (const v1::ExpertWork& w : r.experts()) indices += w.row_indices_size();
   // Grouped output computes one row per entry, then folds them into num_output_rows.
-  const int64_t output_rows = r.per_expert_output() ? indices
-                              : r.num_output_rows() > 0
-                                  ? indices + std::min<int64_t>(r.num_output_rows(), indices)
-                                  : values / std::max<int64_t>(d_model, 1);
+  const int64_t output_rows = r.per_expert_output()     ? indices
+                              : r.num_output_rows() > 0 ? indices + std::min<int64_t>(r.num_output_rows(), indices)
+                                                        : values / std::max<int64_t>(d_model, 1);
   return ExpertService::Footprint(rows_bytes, values, indices, output_rows, d_model);
 }
 

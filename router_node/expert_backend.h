@@ -73,7 +73,7 @@ struct LayerWork {
   // and the nodes widen them to the same f32 values.
   const uint16_t* x_bf16 = nullptr;
   int64_t num_tokens = 0;
-  int64_t num_slots = 0;            // num_tokens * top_k (slots per token: routed + shared experts)
+  int64_t num_slots = 0;  // num_tokens * top_k (slots per token: routed + shared experts)
   // The caller rounds each token's sum to bf16: a backend that returns a
   // token's whole sum (below) may return it already rounded.
   bool bf16_output = false;

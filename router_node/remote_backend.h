@@ -151,8 +151,8 @@ class RemoteBackend final : public ExpertBackend {
   int64_t hedges() const { return hedges_.load(std::memory_order_relaxed); }
   int64_t hedge_wins() const { return hedge_wins_.load(std::memory_order_relaxed); }
 
-  struct Call;      // one Compute call in flight (remote_backend_internal.h)
-  class Dispatch;   // one layer's calls (remote_dispatch.cc)
+  struct Call;     // one Compute call in flight (remote_backend_internal.h)
+  class Dispatch;  // one layer's calls (remote_dispatch.cc)
 
  private:
   struct Node;

@@ -15,8 +15,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/half.h"
 #include "absl/synchronization/notification.h"
+#include "common/half.h"
 #include "router_node/remote_backend.h"
 #include "router_node/remote_backend_internal.h"
 
@@ -239,8 +239,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     absl::StatusOr<std::vector<NodeCall>> plan =
         PlanNodeCalls(*topo_->map, work_.layer, work_.experts, pending_, Load(), excluded_);
     if (!plan.ok()) {
-      return first_failure_.empty() ? plan.status()
-                                    : absl::UnavailableError(absl::StrCat(plan.status().message(), "; ", first_failure_));
+      return first_failure_.empty()
+                 ? plan.status()
+                 : absl::UnavailableError(absl::StrCat(plan.status().message(), "; ", first_failure_));
     }
     const absl::Time now = clock_->Now();
     deadline_ = std::min(control_.deadline(), now + options_.node_timeout);
@@ -406,10 +407,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     // GetClusterStatus) keeps the message.
     const std::string detail =
         absl::StrCat(c.name, ": ", c.status.error_message(), " (code ", static_cast<int>(code), ")");
-    const std::string what =
-        TransportCode(code)
-            ? absl::StrCat(c.name, ": ", TransportCodeText(code), " (code ", static_cast<int>(code), ")")
-            : detail;
+    const std::string what = TransportCode(code) ? absl::StrCat(c.name, ": ", TransportCodeText(code), " (code ",
+                                                                static_cast<int>(code), ")")
+                                                 : detail;
     if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
     if (clock_->Now() >= control_.deadline() || (client_deadline_ && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
       return absl::DeadlineExceededError(absl::StrCat("layer ", work_.layer, ": deadline exceeded waiting for ", what));
@@ -536,8 +536,8 @@ std::optional<NodeReplies> ParseNodeReplies(absl::string_view name) {
   return std::nullopt;
 }
 
-void RemoteBackend::ComputeAsync(const LayerWork& work, float* contributions, CallControl& control,
-                                 BackendStats* stats, std::function<void(absl::Status)> done) {
+void RemoteBackend::ComputeAsync(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats,
+                                 std::function<void(absl::Status)> done) {
   if (work.experts.empty()) return done(absl::OkStatus());
   std::make_shared<Dispatch>(this, work, contributions, control, stats, std::move(done))->Start();
 }

@@ -186,10 +186,10 @@ struct Router::Pending {
   std::chrono::steady_clock::time_point dispatch;
   std::vector<float> x;  // the hidden states in f32
   ForwardOutput out;
-  common::Routes with_shared;       // the routes with the shared experts, if the model has any
-  const common::Routes* routes;     // the routes computed: out.routes or with_shared
+  common::Routes with_shared;    // the routes with the shared experts, if the model has any
+  const common::Routes* routes;  // the routes computed: out.routes or with_shared
   LayerWork work;
-  std::vector<float> slots;         // [num_slots][d_model]
+  std::vector<float> slots;  // [num_slots][d_model]
 };
 
 absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {

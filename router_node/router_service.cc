@@ -229,8 +229,8 @@ bool RouterService::RunsInline(const v1::ForwardRequest& request) const {
   return work <= options_.inline_work;
 }
 
-void RouterService::StartForward(const v1::ForwardRequest& request, CallControl& control,
-                                 v1::ForwardResponse* response, std::function<void(absl::Status)> done) {
+void RouterService::StartForward(const v1::ForwardRequest& request, CallControl& control, v1::ForwardResponse* response,
+                                 std::function<void(absl::Status)> done) {
   if (control.cancelled()) return done(absl::CancelledError("cancelled before it ran"));
   if (absl::Now() > control.deadline()) return done(absl::DeadlineExceededError("deadline passed while queued"));
   absl::StatusOr<common::MemoryBudget::Reservation> reservation =
@@ -239,12 +239,12 @@ void RouterService::StartForward(const v1::ForwardRequest& request, CallControl&
   auto in = std::make_shared<absl::StatusOr<ForwardInput>>(ParseForwardRequest(request));
   if (!in->ok()) return done(in->status());
   auto held = std::make_shared<common::MemoryBudget::Reservation>(std::move(*reservation));
-  router_->ForwardAsync(**in, control,
-                        [this, &request, response, in, held, done = std::move(done)](absl::StatusOr<ForwardOutput> out) {
-                          if (!out.ok()) return done(out.status());
-                          Respond(request, **in, *out, response);
-                          done(absl::OkStatus());
-                        });
+  router_->ForwardAsync(
+      **in, control, [this, &request, response, in, held, done = std::move(done)](absl::StatusOr<ForwardOutput> out) {
+        if (!out.ok()) return done(out.status());
+        Respond(request, **in, *out, response);
+        done(absl::OkStatus());
+      });
 }
 
 void RouterService::Respond(const v1::ForwardRequest& request, const ForwardInput& in, ForwardOutput& out,

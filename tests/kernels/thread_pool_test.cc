@@ -1,12 +1,12 @@
 // ThreadPool: every worker index runs once per job, a barrier holds every
 // worker, and with caller_joins the caller is worker 0 (no thread of its own).
 
-#include <catch2/catch.hpp>
+#include "kernels/thread_pool.h"
+
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <thread>
 #include <vector>
-
-#include "kernels/thread_pool.h"
 
 namespace colibri {
 namespace kernels {

@@ -81,19 +81,25 @@ struct Pending {
   std::optional<absl::Status> result;
 };
 
+// A layer call that must end without the clock moving: its result.
+absl::Status Run(Cluster& c, Layer& l) {
+  Pending p;
+  p.Start(c, l);
+  REQUIRE(p.result.has_value());
+  return *p.result;
+}
+
 TEST_CASE("a call failing with a retryable code is retried once on another replica", "[remote_dispatch]") {
-  const grpc::StatusCode code = GENERATE(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED,
-                                         grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::ABORTED,
-                                         grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::CANCELLED,
-                                         grpc::StatusCode::DATA_LOSS);
+  const grpc::StatusCode code =
+      GENERATE(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::RESOURCE_EXHAUSTED,
+               grpc::StatusCode::ABORTED, grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::CANCELLED,
+               grpc::StatusCode::DATA_LOSS);
   CAPTURE(code);
   Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
   c.nodes[0]->Script({{FakeNode::kFail, code}});
   Layer l;
-  Pending p;
-  p.Start(c, l);
-  REQUIRE(p.result.has_value());
-  REQUIRE(p.result->ok());
+  const absl::Status result = Run(c, l);
+  REQUIRE(result.ok());
   for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 2);
   CHECK(l.stats.retries == 1);
   REQUIRE(l.stats.calls.size() == 2);
@@ -110,39 +116,31 @@ TEST_CASE("other codes from a node are INTERNAL errors naming it, not retried", 
   Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
   c.nodes[0]->Script({{FakeNode::kFail, code}});
   Layer l;
-  Pending p;
-  p.Start(c, l);
-  REQUIRE(p.result.has_value());
-  CHECK(p.result->code() == absl::StatusCode::kInternal);
-  CHECK_THAT(std::string(p.result->message()), Catch::Contains("node-0") && Catch::Contains("scripted failure"));
+  const absl::Status result = Run(c, l);
+  CHECK(result.code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(result.message()), Catch::Contains("node-0") && Catch::Contains("scripted failure"));
   CHECK(c.nodes[1]->calls() == 0);
   CHECK(c.live(0));
 }
 
-TEST_CASE("a retry that fails too, or has no replica left, is UNAVAILABLE saying what was tried",
-          "[remote_dispatch]") {
+TEST_CASE("a retry that fails too, or has no replica left, is UNAVAILABLE saying what was tried", "[remote_dispatch]") {
   SECTION("the retry fails") {
     Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
     c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
     c.nodes[1]->Script({{FakeNode::kFail, grpc::StatusCode::ABORTED}});
     Layer l;
-    Pending p;
-    p.Start(c, l);
-    REQUIRE(p.result.has_value());
-    CHECK(p.result->code() == absl::StatusCode::kUnavailable);
-    CHECK_THAT(std::string(p.result->message()),
-               Catch::Contains("failed on every replica tried") && Catch::Contains("node-0") &&
-                   Catch::Contains("node-1"));
+    const absl::Status result = Run(c, l);
+    CHECK(result.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(result.message()), Catch::Contains("failed on every replica tried") &&
+                                                  Catch::Contains("node-0") && Catch::Contains("node-1"));
   }
   SECTION("no other replica") {
     Cluster c({{0, 1, 2, 3}});
     c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
     Layer l;
-    Pending p;
-    p.Start(c, l);
-    REQUIRE(p.result.has_value());
-    CHECK(p.result->code() == absl::StatusCode::kUnavailable);
-    CHECK_THAT(std::string(p.result->message()), Catch::Contains("first try failed on node-0"));
+    const absl::Status result = Run(c, l);
+    CHECK(result.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(result.message()), Catch::Contains("first try failed on node-0"));
   }
 }
 
@@ -151,10 +149,8 @@ TEST_CASE("only the failed node's experts are retried", "[remote_dispatch]") {
   Cluster c({{0, 1}, {2, 3}, {0, 1, 2, 3}});
   c.nodes[1]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
   Layer l;
-  Pending p;
-  p.Start(c, l);
-  REQUIRE(p.result.has_value());
-  REQUIRE(p.result->ok());
+  const absl::Status result = Run(c, l);
+  REQUIRE(result.ok());
   CHECK(l.answered_by(0) == 1);
   CHECK(l.answered_by(1) == 1);
   CHECK(l.answered_by(2) == 3);
@@ -162,8 +158,7 @@ TEST_CASE("only the failed node's experts are retried", "[remote_dispatch]") {
   CHECK(c.nodes[0]->calls() == 1);
 }
 
-TEST_CASE("hedging: a slow call's work also goes to another replica and the first answer wins",
-          "[remote_dispatch]") {
+TEST_CASE("hedging: a slow call's work also goes to another replica and the first answer wins", "[remote_dispatch]") {
   Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::Milliseconds(10));
   SECTION("the hedge answers first") {
     c.nodes[0]->Script({{FakeNode::kHang}});
@@ -311,11 +306,9 @@ TEST_CASE("a reply of the wrong shape is INTERNAL naming the node", "[remote_dis
   Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
   c.nodes[0]->Script({{FakeNode::kWrongShape}});
   Layer l;
-  Pending p;
-  p.Start(c, l);
-  REQUIRE(p.result.has_value());
-  CHECK(p.result->code() == absl::StatusCode::kInternal);
-  CHECK_THAT(std::string(p.result->message()), Catch::Contains("node-0: reply for layer 0 is not [4, 4] f32"));
+  const absl::Status result = Run(c, l);
+  CHECK(result.code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(result.message()), Catch::Contains("node-0: reply for layer 0 is not [4, 4] f32"));
 }
 
 TEST_CASE("grouped replies: a group's sum lands in its first slot and -0.0 in the others", "[remote_dispatch]") {

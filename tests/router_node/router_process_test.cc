@@ -163,7 +163,8 @@ TEST_CASE("node replies: exact and per_expert give the local bytes for any split
       std::vector<int32_t> ids(1 + i * 5);
       for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<int32_t>((t * 11 + i * 3) % 64);
       for (const v1::DataType out : {v1::DATA_TYPE_F32, v1::DATA_TYPE_BF16}) {
-        v1::ForwardRequest request = Request(i % 2, ids, 500 + i, i % 3 == 0 ? v1::ROUTING_MODE_LUT : v1::ROUTING_MODE_GATE);
+        v1::ForwardRequest request =
+            Request(i % 2, ids, 500 + i, i % 3 == 0 ? v1::ROUTING_MODE_LUT : v1::ROUTING_MODE_GATE);
         request.set_output_dtype(out);
         v1::ForwardResponse remote, in_process;
         const grpc::Status s = Call(*stub, request, &remote);
@@ -178,8 +179,9 @@ TEST_CASE("node replies: exact and per_expert give the local bytes for any split
         }
       }
     }
-    std::printf("node replies %s on %zu node(s): %s\n", setup.replies.c_str(), setup.nodes.size(),
-                setup.exact ? "byte-identical" : absl::StrCat(differ, " of 12 f32 answers differ in the last bits").c_str());
+    std::printf(
+        "node replies %s on %zu node(s): %s\n", setup.replies.c_str(), setup.nodes.size(),
+        setup.exact ? "byte-identical" : absl::StrCat(differ, " of 12 f32 answers differ in the last bits").c_str());
   }
 }
 
