@@ -31,22 +31,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     COLIBRI_ASSIGN_OR_RETURN(s->engine_, Engine::Open(options.model_dir, options.engine));
     s->router_ = &s->engine_->router();
   } else {
-    COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(options.model_dir));
-    RemoteOptions& r = options.remote;
-    r.model_id = model->model_id();
-    r.n_layers = model->manifest().n_layers;
-    r.n_experts = model->manifest().n_experts;
-    r.n_shared_experts = model->manifest().n_shared_experts;
-    r.d_model = model->manifest().d_model;
-    // A node's reply holds up to top_k rows per token.
-    r.max_message_bytes =
-        options.router.max_tokens * r.d_model * 4 * (model->manifest().top_k + r.n_shared_experts) + (1 << 20);
-    r.metrics = &s->metrics_;
-    r.log = log;
-    COLIBRI_ASSIGN_OR_RETURN(s->remote_, RemoteBackend::Create(r));
+    options.remote.log = log;
     options.router.metrics = &s->metrics_;
-    COLIBRI_ASSIGN_OR_RETURN(s->remote_router_, Router::Create(options.model_dir, s->remote_.get(), options.router));
-    s->router_ = s->remote_router_.get();
+    COLIBRI_ASSIGN_OR_RETURN(s->remote_, MakeRemoteRouter(options.model_dir, options.remote, options.router));
+    s->router_ = s->remote_.router.get();
   }
   if (options.metrics_port >= 0) {
     COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
@@ -55,7 +43,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     s->metrics_port_ = s->metrics_server_->port();
   }
   options.service.metrics = &s->metrics_;
-  options.service.remote = s->remote_.get();
+  options.service.remote = s->remote_.backend.get();
   options.service.log = log;
   if (options.service.max_inflight_bytes <= 0) {  // room for two requests of max_tokens f32 hidden states
     const common::Manifest& m = s->router_->manifest();
@@ -87,8 +75,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
                                                        &s->admin_port_, "RouterServerOptions::"));
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
-  if (s->remote_ != nullptr) {
-    s->remote_->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
+  if (s->remote_.backend != nullptr) {
+    s->remote_.backend->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
   } else {
     health->SetServingStatus(true);
   }
@@ -97,8 +85,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
 
 void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
-    metrics_server_.reset();                  // first: its slowest client must not delay the drain
-    if (remote_ != nullptr) remote_->Stop();  // no health callback into the server from here on
+    metrics_server_.reset();                                  // first: its slowest client must not delay the drain
+    if (remote_.backend != nullptr) remote_.backend->Stop();  // no health callback into the server from here on
     server_->GetHealthCheckService()->SetServingStatus(false);
     if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls; cancels them at the deadline

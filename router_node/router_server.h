@@ -19,6 +19,7 @@
 #include "common/metrics.h"
 #include "router_node/engine.h"
 #include "router_node/remote_backend.h"
+#include "router_node/remote_router.h"
 #include "router_node/router.h"
 #include "router_node/router_service.h"
 #include "runtime/metrics_server.h"
@@ -63,7 +64,7 @@ class RouterServer {
   int admin_port() const { return admin_port_; }      // -1 without an admin listener
   int metrics_port() const { return metrics_port_; }  // -1 without metrics
   Router& router() { return *router_; }
-  RemoteBackend* remote() { return remote_.get(); }  // null in local mode
+  RemoteBackend* remote() { return remote_.backend.get(); }  // null in local mode
 
   // Stops accepting calls, lets in-flight calls finish until `deadline`,
   // then cancels the rest (and their node calls).
@@ -74,9 +75,8 @@ class RouterServer {
 
   common::MetricsRegistry metrics_;
   std::unique_ptr<runtime::MetricsServer> metrics_server_;
-  std::unique_ptr<Engine> engine_;         // local mode
-  std::unique_ptr<RemoteBackend> remote_;  // distributed mode
-  std::unique_ptr<Router> remote_router_;  // distributed mode
+  std::unique_ptr<Engine> engine_;  // local mode
+  RemoteRouter remote_;             // distributed mode
   Router* router_ = nullptr;
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<RouterAdminService> admin_service_;

@@ -302,6 +302,14 @@ grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse>* RouterSe
 grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,
                                                       const v1::GetModelInfoRequest*,
                                                       v1::GetModelInfoResponse* response) {
+  FillModelInfo(response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CountCall("GetModelInfo", absl::StatusCode::kOk);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void RouterService::FillModelInfo(v1::GetModelInfoResponse* response) const {
   const common::Manifest& m = router_->manifest();
   response->set_model_id(router_->model_id());
   response->set_architecture(m.architecture);
@@ -321,10 +329,6 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
   }
   response->set_backend(router_->backend().kind());
   response->set_max_tokens(static_cast<int32_t>(router_->max_tokens()));
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  CountCall("GetModelInfo", absl::StatusCode::kOk);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* RouterService::GetClusterStatus(grpc::CallbackServerContext* context,
@@ -341,6 +345,14 @@ grpc::ServerUnaryReactor* RouterAdminService::GetClusterStatus(grpc::CallbackSer
 
 grpc::ServerUnaryReactor* RouterService::ClusterStatus(grpc::CallbackServerContext* context,
                                                        v1::GetClusterStatusResponse* response, bool admin) {
+  FillClusterStatus(response, admin);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CountCall("GetClusterStatus", absl::StatusCode::kOk);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void RouterService::FillClusterStatus(v1::GetClusterStatusResponse* response, bool admin) const {
   const common::Manifest& m = router_->manifest();
   std::shared_ptr<const ShardMap> map;
   if (options_.remote != nullptr) {
@@ -383,10 +395,6 @@ grpc::ServerUnaryReactor* RouterService::ClusterStatus(grpc::CallbackServerConte
   }
   response->set_serving(serving);
   response->set_requests(router_->requests());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  CountCall("GetClusterStatus", absl::StatusCode::kOk);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
 }
 
 }  // namespace router_node

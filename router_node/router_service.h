@@ -84,6 +84,10 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // live until `done` runs. Used by both RPCs.
   void StartForward(const colibri::v1::ForwardRequest& request, CallControl& control,
                     colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
+  // GetModelInfo's and GetClusterStatus's answers (`admin`: node addresses
+  // and errors), for callers without a server (a proxyless client).
+  void FillModelInfo(colibri::v1::GetModelInfoResponse* response) const;
+  void FillClusterStatus(colibri::v1::GetClusterStatusResponse* response, bool admin) const;
   // True when `request` may start on gRPC's thread (see Options::inline_work).
   bool RunsInline(const colibri::v1::ForwardRequest& request) const;
   // Queues `job` for a worker; false if the queue is full or the service is

@@ -6,7 +6,8 @@
 # bench_kernels.sh), starts node A (experts 0-3) and node B (experts 4-7),
 # each pinned with taskset to its own CPU with one compute thread, and a
 # router in front, then runs `colibri-bench router` (the engine in the bench
-# process uses both CPUs). Every process started is stopped on exit.
+# process uses both CPUs, and a proxyless client in it calls the same two
+# nodes directly). Every process started is stopped on exit.
 #
 # Usage: bash scripts/bench_router.sh [--tokens 1,8,128] [--repeat 30] [--routing lut|gate]
 #                                     [--node_threads 1] [--layout split|replicated] [--small]
@@ -69,6 +70,7 @@ router_pid=$last_pid
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# nodes: A experts $experts_a on 127.0.0.1:$a, B experts $experts_b on 127.0.0.1:$b, $node_threads thread(s) each"
 "$build/tools/colibri-bench" router --model "$model" --router "127.0.0.1:$router_port" --router_pid "$router_pid" \
-  --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads "${COLIBRI_BENCH_ENGINE_THREADS:-0}" "${bench_args[@]}"
+  --tokens "$tokens" --repeat "$repeat" --routing "$routing" --threads "${COLIBRI_BENCH_ENGINE_THREADS:-0}" \
+  --direct_nodes "127.0.0.1:$a,127.0.0.1:$b" "${bench_args[@]}"
 [ "${COLIBRI_DEBUG:-0}" != 0 ] && cat "$proc_logs/router.err" >&2
 exit 0

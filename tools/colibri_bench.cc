@@ -30,6 +30,8 @@ ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
 ABSL_FLAG(std::string, router, "", "router, run: host:port of the router to time.");
 ABSL_FLAG(int, router_pid, 0, "router: the router's pid, to report its CPU time per call (0: not reported).");
+ABSL_FLAG(std::string, direct_nodes, "",
+          "router: also time the calls through a proxyless client calling these nodes (host:port,...) directly.");
 ABSL_FLAG(bool, bf16, false, "router: send hidden states and ask for the output in bf16 (else f32).");
 ABSL_FLAG(int64_t, gap_us, 2000, "router: pause before each call, both paths (idle threads sleep, as between layers).");
 ABSL_FLAG(std::string, routing, "lut", "router, run: routing mode of the calls, lut or gate.");
@@ -142,6 +144,9 @@ int main(int argc, char** argv) {
     r.warmup = absl::GetFlag(FLAGS_warmup);
     r.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
     r.bf16 = absl::GetFlag(FLAGS_bf16);
+    for (absl::string_view node : absl::StrSplit(absl::GetFlag(FLAGS_direct_nodes), ',', absl::SkipEmpty())) {
+      r.direct_nodes.emplace_back(node);
+    }
     r.gap_us = std::max<int64_t>(0, absl::GetFlag(FLAGS_gap_us));
     const std::optional<colibri::common::RoutingMode> routing = BenchRouting();
     if (r.router.empty() || !routing.has_value()) {

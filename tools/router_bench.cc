@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "clients/cpp/client.h"
+#include "clients/cpp/tensor.h"
 #include "colibri/v1/router.grpc.pb.h"
 #include "common/half.h"
 #include "common/status_macros.h"
@@ -107,6 +109,18 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
   };
   const std::vector<double> ping_us = ping(0);
   const std::vector<double> spaced_ping_us = ping(o.gap_us);
+  std::unique_ptr<client::Client> direct;
+  if (!o.direct_nodes.empty()) {
+    client::ClientOptions options;
+    options.direct.model_dir = o.model_dir;
+    options.direct.nodes = o.direct_nodes;
+    COLIBRI_ASSIGN_OR_RETURN(direct, client::Client::Connect(options));
+    for (int i = 0; i < 200; ++i) {  // its first health round may not have reached every node yet
+      absl::StatusOr<v1::GetClusterStatusResponse> status = direct->ClusterStatus();
+      if (status.ok() && status->serving()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
   const int64_t d_model = info.d_model();
   out << "# colibri-bench router: " << o.router << " (" << info.backend() << ", " << info.weight_type() << ", d_model "
       << d_model << ", d_ff " << info.d_ff() << ", " << info.n_experts() << " experts, top-" << info.top_k()
@@ -120,7 +134,9 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       << static_cast<int64_t>(Percentile(spaced_ping_us, 0.99)) << " us " << o.gap_us << " us apart\n";
   out << "# T | engine p50 | engine p99 | router p50 | router p99 | added p50 | added % | slowest node call | "
          "its compute | route+aggregate | router overhead in dispatch | router CPU/call | node bytes/call | "
-         "minimum | identical\n";
+         "minimum | identical"
+      << (direct != nullptr ? " | proxyless p50 | proxyless p99 | proxyless added p50 | proxyless identical" : "")
+      << "\n";
   std::mt19937_64 rng(o.seed);
   for (const int64_t T : o.tokens) {
     std::normal_distribution<float> normal(0.f, 1.f);
@@ -158,7 +174,15 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     in.cols = d_model;
     in.routing = o.routing;
 
-    std::vector<double> local_us, remote_us, own_us, overhead_us, node_us, compute_us, bytes, minimum;
+    client::ForwardArgs args;  // the same call for the proxyless client
+    args.layer = o.layer;
+    args.token_ids = ids;
+    args.hidden = x;
+    args.send_as = o.bf16 ? client::WireType::kBF16 : client::WireType::kF32;
+    args.output = args.send_as;
+    args.routing = o.routing == common::RoutingMode::kGate ? client::Routing::kGate : client::Routing::kLut;
+    bool direct_identical = true;
+    std::vector<double> local_us, remote_us, own_us, overhead_us, node_us, compute_us, bytes, minimum, direct_us;
     std::string local_bytes, remote_bytes;
     double cpu_start = 0;
     for (int i = 0; i < o.warmup + o.repeat; ++i) {
@@ -199,6 +223,15 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       }
       bytes.push_back(sent);
       minimum.push_back(least);
+      if (direct != nullptr) {
+        std::this_thread::sleep_for(std::chrono::microseconds(o.gap_us));
+        const auto direct_start = Clock::now();
+        absl::StatusOr<client::ForwardResult> r = direct->Forward(args);
+        direct_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - direct_start).count());
+        if (!r.ok()) return r.status();
+        absl::StatusOr<std::vector<float>> routed = client::Unpack(response.output());
+        direct_identical = direct_identical && routed.ok() && *routed == r->output;
+      }
       remote_bytes = response.output().data();
     }
     // Includes the router's health checks during the run (a few per second).
@@ -207,7 +240,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     char line[512];
     std::snprintf(line, sizeof(line),
                   "%lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f%% | %.0f | %.0f | %.0f | %.0f | %s | %.0f | %.0f "
-                  "(x%.2f) | %s\n",
+                  "(x%.2f) | %s",
                   static_cast<long long>(T), l50, Percentile(local_us, 0.99), r50, Percentile(remote_us, 0.99),
                   r50 - l50, l50 > 0 ? 100.0 * (r50 - l50) / l50 : 0.0, Percentile(node_us, 0.5),
                   Percentile(compute_us, 0.5), Percentile(own_us, 0.5), Percentile(overhead_us, 0.5),
@@ -215,7 +248,14 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
                   Percentile(bytes, 0.5), Percentile(minimum, 0.5),
                   Percentile(minimum, 0.5) > 0 ? Percentile(bytes, 0.5) / Percentile(minimum, 0.5) : 0.0,
                   engine == nullptr ? "-" : (local_bytes == remote_bytes ? "yes" : "NO"));
-    out << line << std::flush;
+    out << line;
+    if (direct != nullptr) {
+      const double d50 = Percentile(direct_us, 0.5);
+      std::snprintf(line, sizeof(line), " | %.0f | %.0f | %.0f | %s", d50, Percentile(direct_us, 0.99), d50 - l50,
+                    direct_identical ? "yes" : "NO");
+      out << line;
+    }
+    out << "\n" << std::flush;
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,9 @@ struct RouterBenchOptions {
   int local_threads = 0;  // in-process engine threads; 0: one per CPU; < 0: skip the engine
   int warmup = 3;
   int repeat = 30;
+  // Also time the same calls through a proxyless client (clients/cpp, the
+  // router's core in this process) calling these nodes directly.
+  std::vector<std::string> direct_nodes;
   bool bf16 = false;      // hidden states and output in bf16 (else f32)
   int64_t gap_us = 2000;  // pause before each call (both paths)
   uint64_t seed = 1;

@@ -3,7 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "clients/cpp/tensor.h"
+#include "router_node/remote_router.h"
+#include "router_node/router_service.h"
 #include "runtime/grpc_credentials.h"
 
 namespace colibri {
@@ -23,8 +26,63 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 
 }  // namespace
 
+// The router's core, its remote backend and its request handling
+// (RouterService::StartForward: parse, route, send, aggregate) — no server.
+struct Client::Direct {
+  router_node::RemoteRouter core;
+  std::unique_ptr<router_node::RouterService> service;
+
+  // Runs one request; `done` gets the status once `response` is filled.
+  void Start(const v1::ForwardRequest& request, router_node::CallControl& control, v1::ForwardResponse* response,
+             std::function<void(absl::Status)> done) {
+    service->StartForward(request, control, response, std::move(done));
+  }
+};
+
+Client::Client(ClientOptions options, std::unique_ptr<v1::Router::Stub> stub)
+    : options_(std::move(options)), stub_(std::move(stub)) {}
+
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOptions& options) {
+  const ClientOptions::Direct& d = options.direct;
+  router_node::RemoteOptions remote;
+  remote.addresses = d.nodes;
+  remote.cluster_file = d.cluster_file;
+  remote.node_timeout = d.node_timeout;
+  remote.hedge_after = d.hedge_after;
+  const std::optional<router_node::NodeReplies> replies = router_node::ParseNodeReplies(d.node_replies);
+  if (!replies.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions::direct.node_replies '", d.node_replies, "' must be exact, partial or per_expert"));
+  }
+  remote.replies = *replies;
+  remote.tls_ca_file = d.node_tls_ca_file;
+  remote.tls_cert_file = d.node_tls_cert_file;
+  remote.tls_key_file = d.node_tls_key_file;
+  remote.tls_server_name = d.node_tls_server_name;
+  router_node::RouterOptions router;
+  router.max_tokens = d.max_tokens;
+  auto direct = std::make_unique<Direct>();
+  absl::StatusOr<router_node::RemoteRouter> core = router_node::MakeRemoteRouter(d.model_dir, remote, router);
+  if (!core.ok()) return core.status();
+  direct->core = std::move(*core);
+  router_node::RouterService::Options service;
+  service.workers = 1;  // requests start on the caller's thread; this one takes none
+  service.remote = direct->core.backend.get();
+  direct->service = std::make_unique<router_node::RouterService>(direct->core.router.get(), service);
+  std::unique_ptr<Client> client(new Client(options, nullptr));
+  direct->service->FillModelInfo(&client->model_);
+  client->direct_ = std::move(direct);
+  return client;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  if (options.target.empty()) return absl::InvalidArgumentError("client: no target (host:port of the router)");
+  if (options.target.empty() == options.direct.model_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "client: give either a target (host:port of the router) or direct.model_dir and nodes (proxyless)");
+  }
+  if (!options.direct.model_dir.empty()) return ConnectDirect(options);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = runtime::ChannelCredentialsFromFiles(
       options.tls_ca_file, options.tls_cert_file, options.tls_key_file, "ClientOptions::");
   if (!credentials.ok()) return credentials.status();
@@ -98,9 +156,21 @@ absl::StatusOr<ForwardResult> Client::ReadResponse(const v1::ForwardResponse& re
 absl::StatusOr<ForwardResult> Client::Forward(const ForwardArgs& args) {
   absl::StatusOr<v1::ForwardRequest> request = MakeRequest(args);
   if (!request.ok()) return request.status();
+  v1::ForwardResponse response;
+  if (direct_ != nullptr) {
+    router_node::CallControl control(absl::Now() + options_.timeout);
+    absl::Notification finished;
+    absl::Status status;
+    direct_->Start(*request, control, &response, [&](absl::Status s) {
+      status = std::move(s);
+      finished.Notify();
+    });
+    finished.WaitForNotification();
+    if (!status.ok()) return status;
+    return ReadResponse(response);
+  }
   grpc::ClientContext context;
   SetDeadline(&context, options_.timeout);
-  v1::ForwardResponse response;
   const grpc::Status s = stub_->Forward(&context, *request, &response);
   if (!s.ok()) return FromGrpc(s);
   return ReadResponse(response);
@@ -118,6 +188,21 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
     v1::ForwardResponse response;
     std::function<void(absl::StatusOr<ForwardResult>)> done;
   };
+  if (direct_ != nullptr) {
+    struct DirectCall {
+      explicit DirectCall(absl::Time deadline) : control(deadline) {}
+      router_node::CallControl control;
+      v1::ForwardRequest request;
+      v1::ForwardResponse response;
+    };
+    auto call = std::make_shared<DirectCall>(absl::Now() + options_.timeout);
+    call->request = std::move(*request);
+    direct_->Start(call->request, call->control, &call->response, [this, call, done = std::move(done)](absl::Status s) {
+      if (!s.ok()) return done(std::move(s));
+      done(ReadResponse(call->response));
+    });
+    return;
+  }
   auto* call = new Call();
   call->request = std::move(*request);
   call->done = std::move(done);
@@ -133,6 +218,7 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
+  if (direct_ != nullptr) return std::unique_ptr<Session>(new Session(this, nullptr, nullptr));
   auto context = std::make_unique<grpc::ClientContext>();
   auto stream = stub_->ForwardStream(context.get());
   if (stream == nullptr) return absl::UnavailableError("router: cannot open ForwardStream");
@@ -140,6 +226,11 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
 }
 
 absl::StatusOr<v1::GetClusterStatusResponse> Client::ClusterStatus() {
+  if (direct_ != nullptr) {
+    v1::GetClusterStatusResponse response;
+    direct_->service->FillClusterStatus(&response, /*admin=*/true);  // the client is its own operator
+    return response;
+  }
   grpc::ClientContext context;
   SetDeadline(&context, options_.timeout);
   v1::GetClusterStatusResponse response;
@@ -150,6 +241,7 @@ absl::StatusOr<v1::GetClusterStatusResponse> Client::ClusterStatus() {
 
 absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
   if (closed_) return absl::FailedPreconditionError(absl::StrCat("session closed: ", final_.ToString()));
+  if (stream_ == nullptr) return const_cast<Client*>(client_)->Forward(args);  // proxyless
   absl::StatusOr<v1::ForwardRequest> request = client_->MakeRequest(args);
   if (!request.ok()) return request.status();
   v1::ForwardStreamResponse reply;
@@ -164,6 +256,7 @@ absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
 absl::Status Session::Close() {
   if (closed_) return final_;
   closed_ = true;
+  if (stream_ == nullptr) return final_;  // proxyless: nothing to close
   stream_->WritesDone();
   v1::ForwardStreamResponse unread;
   while (stream_->Read(&unread)) {
@@ -173,7 +266,7 @@ absl::Status Session::Close() {
 }
 
 Session::~Session() {
-  if (!closed_) {
+  if (!closed_ && stream_ != nullptr) {
     context_->TryCancel();
     (void)Close();
   }

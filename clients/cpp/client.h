@@ -13,7 +13,13 @@
 //   // r->output: [T * d_model] f32, whatever dtype travelled
 //
 // For a decoding loop, a Session keeps one ForwardStream open and sends
-// every layer's call on it (no per-call set-up). Errors are absl::Status with
+// every layer's call on it (no per-call set-up).
+//
+// Proxyless: with ClientOptions::direct instead of a target, the client runs
+// the router's core itself — routes, plan, calls to the expert nodes, the
+// sum — with the router's health checks, failover, hedging and node-reply
+// modes: one network hop per layer instead of two. It reads the model's
+// gates and LUTs from direct.model_dir (the directory the nodes serve). Errors are absl::Status with
 // the server's code and message ("token_ids[1] = 64 is outside [0, 64)"),
 // or UNAVAILABLE / DEADLINE_EXCEEDED from the transport.
 // Client is thread-safe; a Session is used by one thread at a time.
@@ -44,6 +50,23 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string tls_server_name;
   int64_t max_message_bytes = int64_t{1} << 30;
+
+  // Proxyless mode (leave `target` empty): the model directory and the nodes,
+  // as colibri-router's --model, --experts_at / --cluster_file and node flags.
+  struct Direct {
+    std::string model_dir;
+    std::vector<std::string> nodes;  // host:port of each expert node
+    std::string cluster_file;        // or: one host:port per line, re-read on change
+    absl::Duration node_timeout = absl::Seconds(5);
+    absl::Duration hedge_after = absl::ZeroDuration();  // 0: no hedging
+    std::string node_replies = "exact";                 // exact, partial or per_expert
+    int64_t max_tokens = 65536;
+    std::string node_tls_ca_file;  // TLS to the nodes, as --node_tls_*
+    std::string node_tls_cert_file;
+    std::string node_tls_key_file;
+    std::string node_tls_server_name;
+  };
+  Direct direct;
 };
 
 enum class Routing { kLut, kGate, kClient };
@@ -87,9 +110,14 @@ class Client {
  public:
   // Opens a channel and asks the router for its model (GetModelInfo), so a
   // wrong address fails here: UNAVAILABLE / DEADLINE_EXCEEDED naming the
-  // target; INVALID_ARGUMENT for unreadable TLS files.
+  // target; INVALID_ARGUMENT for unreadable TLS files. Proxyless: loads the
+  // model's routing and checks the nodes once (nodes that are down are
+  // retried in the background); INVALID_ARGUMENT for both or neither of
+  // target and direct.model_dir, errors of the model or the node list.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
 
+  bool proxyless() const { return direct_ != nullptr; }
   // One layer, synchronously, with the options' timeout.
   absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
   // The same without blocking: `done` runs once on a gRPC thread (keep it
@@ -108,12 +136,14 @@ class Client {
   absl::StatusOr<ForwardResult> ReadResponse(const colibri::v1::ForwardResponse& response) const;
 
  private:
-  Client(ClientOptions options, std::unique_ptr<colibri::v1::Router::Stub> stub)
-      : options_(std::move(options)), stub_(std::move(stub)) {}
+  struct Direct;  // proxyless: the router's core in this process
+  Client(ClientOptions options, std::unique_ptr<colibri::v1::Router::Stub> stub);
+  static absl::StatusOr<std::unique_ptr<Client>> ConnectDirect(const ClientOptions& options);
 
   const ClientOptions options_;
-  std::unique_ptr<colibri::v1::Router::Stub> stub_;
-  colibri::v1::GetModelInfoResponse model_;  // constant after Connect
+  std::unique_ptr<colibri::v1::Router::Stub> stub_;  // null when proxyless
+  std::unique_ptr<Direct> direct_;                   // null unless proxyless
+  colibri::v1::GetModelInfoResponse model_;          // constant after Connect
 };
 
 class Session {
@@ -122,7 +152,8 @@ class Session {
 
   // Sends one request and reads its reply (in order). A request the router
   // refused returns its status; the stream stays usable. A broken stream
-  // returns its final status and every later call fails.
+  // returns its final status and every later call fails. (Proxyless: each
+  // Forward is the client's Forward.)
   absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
   // Half-closes and returns the stream's final status. Idempotent.
   absl::Status Close();

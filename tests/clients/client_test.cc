@@ -1,16 +1,21 @@
 // The C++ client (clients/cpp) against a real colibri-router with two real
 // colibri-expert processes on 127.0.0.1:0: unary, async and streaming calls,
 // routes and timings, bf16 on the wire, errors carrying the server's code and
-// message, and a clear failure for a router that is not there.
+// message, and a clear failure for a router that is not there; and the
+// proxyless client (the router's core in the client) against the same nodes:
+// the router's bytes, and no failed call when a replica is killed under load.
 
 #include "clients/cpp/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -29,6 +34,7 @@ struct Cluster {
   TempDir dir;
   std::unique_ptr<ProcessGuard> a, b, router;
   int port = 0;
+  int port_a = 0, port_b = 0;
   Cluster() {
     colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
     auto node = [&](const std::string& experts) {
@@ -38,9 +44,9 @@ struct Cluster {
       return p;
     };
     a = node("0-2");
-    const int port_a = a->ReadPort();
+    port_a = a->ReadPort();
     b = node("2-3");
-    const int port_b = b->ReadPort();
+    port_b = b->ReadPort();
     router = std::make_unique<ProcessGuard>(std::vector<std::string>{
         Binary("router_node/colibri-router"), "--model=" + (dir / "model"),
         "--experts_at=127.0.0.1:" + std::to_string(port_a) + ",127.0.0.1:" + std::to_string(port_b),
@@ -125,6 +131,125 @@ TEST_CASE("unary, async and client-routed calls agree, with routes and timings")
   REQUIRE(status.ok());
   CHECK(status->nodes_size() == 2);
   CHECK(status->serving());
+}
+
+std::string Loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+std::unique_ptr<Client> ConnectDirect(const std::string& model_dir, const std::vector<std::string>& nodes) {
+  ClientOptions options;
+  options.direct.model_dir = model_dir;
+  options.direct.nodes = nodes;
+  options.direct.node_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options);
+  INFO(c.status().message());
+  REQUIRE(c.ok());
+  return std::move(c).value();
+}
+
+TEST_CASE("a proxyless client calls the nodes itself and answers byte for byte like the router") {
+  Cluster cluster;
+  auto routed = cluster.Connect();
+  auto direct = ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b)});
+  CHECK(direct->proxyless());
+  CHECK(direct->model().model_id() == routed->model().model_id());
+  CHECK(direct->model().backend() == "distributed");
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<float> x = Hidden(1 + i % 4 * 3, 40 + i);
+    ForwardArgs args;
+    args.layer = i % 2;
+    for (size_t t = 0; t < x.size() / 48; ++t) args.token_ids.push_back(static_cast<int32_t>((t * 7 + i) % 64));
+    args.hidden = x;
+    args.routing = i % 3 == 0 ? Routing::kGate : Routing::kLut;
+    args.output = i % 2 == 0 ? WireType::kF32 : WireType::kBF16;
+    absl::StatusOr<ForwardResult> a = routed->Forward(args);
+    absl::StatusOr<ForwardResult> b = direct->Forward(args);
+    REQUIRE(a.ok());
+    INFO(b.status().message());
+    REQUIRE(b.ok());
+    CHECK(a->output == b->output);
+    std::promise<absl::StatusOr<ForwardResult>> promise;
+    direct->ForwardAsync(args, [&](absl::StatusOr<ForwardResult> r) { promise.set_value(std::move(r)); });
+    absl::StatusOr<ForwardResult> c = promise.get_future().get();
+    REQUIRE(c.ok());
+    CHECK(c->output == a->output);
+  }
+  auto session = direct->OpenSession();
+  REQUIRE(session.ok());
+  ForwardArgs bad;
+  bad.layer = 9;
+  bad.hidden = Hidden(1, 3);
+  bad.token_ids = {1};
+  absl::StatusOr<ForwardResult> refused = (*session)->Forward(bad);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(refused.status().message()).find("layer 9") != std::string::npos);
+  bad.layer = 1;
+  CHECK((*session)->Forward(bad).ok());
+  absl::StatusOr<v1::GetClusterStatusResponse> status = direct->ClusterStatus();
+  REQUIRE(status.ok());
+  REQUIRE(status->nodes_size() == 2);
+  CHECK(status->nodes(0).address() == Loopback(cluster.port_a));  // the client is its own operator
+  CHECK(status->serving());
+
+  ClientOptions both;
+  both.target = Loopback(cluster.port);
+  both.direct.model_dir = cluster.dir / "model";
+  CHECK(Client::Connect(both).status().code() == absl::StatusCode::kInvalidArgument);
+  ClientOptions bad_mode;
+  bad_mode.direct.model_dir = cluster.dir / "model";
+  bad_mode.direct.nodes = {Loopback(cluster.port_a)};
+  bad_mode.direct.node_replies = "sum";
+  CHECK(Client::Connect(bad_mode).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("kill -9 of a replica under load from proxyless clients fails no request") {
+  Cluster cluster;
+  // A third node with every expert: each expert has a replica beside node a or b.
+  ProcessGuard c({Binary("expert_node/colibri-expert"), "--model=" + (cluster.dir / "model"), "--experts=all",
+                  "--listen=127.0.0.1:0", "--nomlock", "--threads=1"});
+  const int port_c = c.ReadPort();
+  auto direct =
+      ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b), Loopback(port_c)});
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::mutex mu;
+  std::string first_error;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 3; ++t) {
+    clients.emplace_back([&, t] {
+      const std::vector<float> x = Hidden(4, 90 + t);
+      ForwardArgs args;
+      args.layer = t % 2;
+      args.token_ids = {3, 17, 40, 63};
+      args.hidden = x;
+      args.routing = Routing::kGate;
+      while (!stop.load()) {
+        absl::StatusOr<ForwardResult> r = direct->Forward(args);
+        if (r.ok()) {
+          ok.fetch_add(1);
+        } else {
+          failed.fetch_add(1);
+          std::lock_guard<std::mutex> lock(mu);
+          if (first_error.empty()) first_error = r.status().ToString();
+        }
+      }
+    });
+  }
+  auto wait_for_ok = [&](int more) {
+    const int target = ok.load() + more;
+    for (int i = 0; i < 2000 && ok.load() < target; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  wait_for_ok(50);
+  cluster.a->SignalAndWait(SIGKILL, std::chrono::seconds(10));
+  wait_for_ok(150);
+  stop.store(true);
+  for (std::thread& t : clients) t.join();
+  INFO(first_error);
+  CHECK(failed.load() == 0);
+  CHECK(ok.load() >= 200);
+  std::printf("proxyless clients, kill -9 of a replica under load: %d ok, %d failed\n", ok.load(), failed.load());
+  absl::StatusOr<v1::GetClusterStatusResponse> status = direct->ClusterStatus();
+  REQUIRE(status.ok());
+  CHECK(!status->nodes(0).live());
 }
 
 TEST_CASE("a session answers in order, reports a refused request and goes on") {
