@@ -138,11 +138,23 @@ void ThreadPool::WorkerLoop(int index) {
 
 void ThreadPool::Run(const std::function<void(int)>& job) {
   common::MutexLock run_lock(&run_mu_);
+  // A joining caller runs on worker 0's CPU for the job (else it may share a
+  // CPU with a pinned worker while another CPU idles), then gets its own
+  // affinity back: it may be anyone's thread.
+  cpu_set_t caller_cpus;
+  const bool repin = caller_joins_ && !cpus_.empty() &&
+                     pthread_getaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus) == 0;
   if (caller_joins_) {
     thread_local bool single_omp = false;  // oneDNN regions in the caller's share stay on the caller
     if (!single_omp) {
       omp_set_num_threads(1);
       single_omp = true;
+    }
+    if (repin) {
+      cpu_set_t first;
+      CPU_ZERO(&first);
+      CPU_SET(cpus_[0], &first);
+      pthread_setaffinity_np(pthread_self(), sizeof(first), &first);  // best effort
     }
   }
   {
@@ -154,6 +166,7 @@ void ThreadPool::Run(const std::function<void(int)>& job) {
   }
   start_cv_.SignalAll();
   if (caller_joins_) job(0);
+  if (repin) pthread_setaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus);
   common::MutexLock lock(&mu_);
   while (remaining_ != 0) done_cv_.Wait(&mu_);
   job_ = nullptr;

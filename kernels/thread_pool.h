@@ -36,8 +36,9 @@ class ThreadPool {
     int num_threads = 0;  // 0: one per CPU allowed (of the NUMA node, if set)
     int numa_node = -1;   // >= 0: pin to that node's CPUs (libnuma)
     bool pin = true;      // pin worker i to the i-th allowed CPU (round robin)
-    // Run's caller is worker 0 (on whatever CPU it runs: a caller is never
-    // pinned); only num_threads - 1 threads are started.
+    // Run's caller is worker 0 (moved to worker 0's CPU for the job when
+    // pinning, its own affinity restored after); only num_threads - 1
+    // threads are started.
     bool caller_joins = false;
   };
 
