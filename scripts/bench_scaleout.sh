@@ -95,15 +95,16 @@ start_router() {
   router="$(address 0):$port"
   # Serving once its first health round reached every node.
   for _ in $(seq 1 100); do
-    "$build/tools/colibri-health" --target "$router" >/dev/null 2>&1 && break
+    (on 0 0-$(($(nproc) - 1)) "$build/tools/colibri-health" --target "$router" --timeout_ms 500) >/dev/null 2>&1 && break
     sleep 0.1
   done
 }
 
 node=("$build/expert_node/colibri-expert" --model "$model" --threads 1)
 echo "# machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "# colibri-bench run: $streams concurrent single-token streams, ${duration} s each, $name (bf16)" \
-  "${rate:+, nodes on emulated hosts: $rate, ${delay_us} us one way}"
+hosts=""
+[ -n "$rate" ] && hosts="; nodes on emulated hosts: $rate links, ${delay_us} us one way"
+echo "# colibri-bench run: $streams concurrent single-token streams, ${duration} s each, $name (bf16)$hosts"
 echo "# config | tokens/s | latency p50 (us) | p99 (us)"
 
 run_load "engine, 1 CPU" --local "$model" --threads 1
