@@ -73,6 +73,13 @@ put("expert_request_fuzz", "row_sums", req.SerializeToString())
 req.rows.dtype = tensor_pb2.DATA_TYPE_BF16
 req.rows.data = rows[: len(rows) // 2]
 put("expert_request_fuzz", "bf16", req.SerializeToString())
+# Grouped output: row 1's two entries folded into reply row 0 (rank 0 then 1), row 0's alone.
+req.num_output_rows = 2
+req.experts[0].output_rows.extend([1, 0])
+req.experts[0].ranks.extend([0, 1])
+req.experts[1].output_rows.extend([0])
+req.experts[1].ranks.extend([0])
+put("expert_request_fuzz", "grouped", req.SerializeToString())
 
 for mode in (router_pb2.ROUTING_MODE_LUT, router_pb2.ROUTING_MODE_GATE, router_pb2.ROUTING_MODE_CLIENT):
     f = router_pb2.ForwardRequest(layer=mode % 2, routing=mode, return_routes=True, return_timings=True)
