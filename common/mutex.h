@@ -87,6 +87,27 @@ class CondVar {
   std::condition_variable cv_;
 };
 
+// A one-shot event, like absl::Notification but visible to ThreadSanitizer:
+// Notify once; WaitForNotification returns once it has been notified. The
+// waiter may destroy it as soon as WaitForNotification returns.
+class Notification {
+ public:
+  void Notify() {
+    MutexLock lock(&mu_);
+    notified_ = true;
+    cv_.SignalAll();
+  }
+  void WaitForNotification() {
+    MutexLock lock(&mu_);
+    while (!notified_) cv_.Wait(&mu_);
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  bool notified_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 }  // namespace common
 }  // namespace colibri
 

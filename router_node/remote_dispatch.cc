@@ -15,7 +15,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "common/half.h"
 #include "router_node/remote_backend.h"
 #include "router_node/remote_backend_internal.h"
@@ -544,7 +544,7 @@ void RemoteBackend::ComputeAsync(const LayerWork& work, float* contributions, Ca
 
 absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions, CallControl& control,
                                     BackendStats* stats) {
-  absl::Notification finished;
+  common::Notification finished;
   absl::Status result;
   ComputeAsync(work, contributions, control, stats, [&](absl::Status s) {
     result = std::move(s);

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 
 namespace colibri {
@@ -310,7 +310,7 @@ void Router::ForwardAsync(const ForwardInput& in, CallControl& control,
 }
 
 absl::StatusOr<ForwardOutput> Router::Forward(const ForwardInput& in, CallControl& control) {
-  absl::Notification finished;
+  common::Notification finished;
   absl::StatusOr<ForwardOutput> result;
   ForwardAsync(in, control, [&](absl::StatusOr<ForwardOutput> r) {
     result = std::move(r);

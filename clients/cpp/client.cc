@@ -1,9 +1,9 @@
+#include "common/mutex.h"
 #include "clients/cpp/client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "clients/cpp/tensor.h"
 #include "router_node/remote_router.h"
 #include "router_node/router_service.h"
@@ -159,7 +159,7 @@ absl::StatusOr<ForwardResult> Client::Forward(const ForwardArgs& args) {
   v1::ForwardResponse response;
   if (direct_ != nullptr) {
     router_node::CallControl control(absl::Now() + options_.timeout);
-    absl::Notification finished;
+    common::Notification finished;
     absl::Status status;
     direct_->Start(*request, control, &response, [&](absl::Status s) {
       status = std::move(s);

@@ -231,12 +231,13 @@ TEST_CASE("a request over the row limits is refused before its rows are widened 
 TEST_CASE("a call past its deadline is abandoned during compute, not computed to the end") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  // Every Compute sleeps 300 ms before computing: a 50 ms deadline has passed
-  // by the time the kernels start, so the first poll between blocks stops it.
+  // Every Compute sleeps 300 ms before computing: a 150 ms deadline (room for
+  // a slow sanitizer build to get the call going first) has passed by the
+  // time the kernels start, so the first poll between blocks stops it.
   Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/300);
   const std::vector<float> rows(3 * kDModel, 0.5f);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(50));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
   v1::ComputeResponse response;
   CHECK(node.stub->Compute(&context, Request(rows), &response).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   // The node's own record of the call: CANCELLED (1) from the compute, not OK.
@@ -477,10 +478,11 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   // One call keeps the compute thread busy; two more wait with 50 ms deadlines and expire in the queue.
   std::thread busy([&] { call(std::chrono::seconds(30)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  std::thread expiring(
-      [&] { CHECK(call(std::chrono::milliseconds(50)).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED); });
+  grpc::StatusCode expired = grpc::StatusCode::OK;  // checked on this thread: Catch's CHECK is not thread-safe
+  std::thread expiring([&] { expired = call(std::chrono::milliseconds(50)).error_code(); });
   CHECK(call(std::chrono::milliseconds(50)).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   expiring.join();
+  CHECK(expired == grpc::StatusCode::DEADLINE_EXCEEDED);
   // The queue holds two dead calls, yet a live one gets in (and is served once the thread is free).
   const grpc::Status live = call(std::chrono::seconds(30));
   INFO(live.error_message());

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "router_node/node_channel.h"
 
 namespace colibri {
@@ -30,12 +30,12 @@ namespace testing {
 class FakeClock final : public common::Clock {
  public:
   absl::Time Now() override {
-    absl::MutexLock lock(&mu_);
+    common::MutexLock lock(&mu_);
     return now_;
   }
 
   std::unique_ptr<Timer> At(absl::Time at, std::function<void()> fn) override {
-    absl::MutexLock lock(&mu_);
+    common::MutexLock lock(&mu_);
     const int64_t id = next_id_++;
     timers_.emplace(std::make_pair(at, id), std::move(fn));
     return std::make_unique<Handle>(this, std::make_pair(at, id));
@@ -44,13 +44,13 @@ class FakeClock final : public common::Clock {
   void Advance(absl::Duration d) {
     absl::Time until;
     {
-      absl::MutexLock lock(&mu_);
+      common::MutexLock lock(&mu_);
       until = now_ + d;
     }
     for (;;) {
       std::function<void()> fn;
       {
-        absl::MutexLock lock(&mu_);
+        common::MutexLock lock(&mu_);
         if (timers_.empty() || timers_.begin()->first.first > until) {
           now_ = until;
           return;
@@ -69,7 +69,7 @@ class FakeClock final : public common::Clock {
    public:
     Handle(FakeClock* clock, Key key) : clock_(clock), key_(key) {}
     ~Handle() override {
-      absl::MutexLock lock(&clock_->mu_);
+      common::MutexLock lock(&clock_->mu_);
       clock_->timers_.erase(key_);
     }
 
@@ -78,7 +78,7 @@ class FakeClock final : public common::Clock {
     const Key key_;
   };
 
-  absl::Mutex mu_;
+  common::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1000000);
   std::map<Key, std::function<void()>> timers_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -107,26 +107,26 @@ class FakeNode {
         n_experts_(n_experts) {}
 
   void Script(std::vector<Reply> replies) {
-    absl::MutexLock lock(&mu_);
+    common::MutexLock lock(&mu_);
     script_.assign(replies.begin(), replies.end());
   }
   int calls() {
-    absl::MutexLock lock(&mu_);
+    common::MutexLock lock(&mu_);
     return calls_;
   }
   int cancelled() {
-    absl::MutexLock lock(&mu_);
+    common::MutexLock lock(&mu_);
     return cancelled_;
   }
   int hanging() {
-    absl::MutexLock lock(&mu_);
+    common::MutexLock lock(&mu_);
     return static_cast<int>(hung_.size());
   }
   // Answers every hanging call (on this thread).
   void ReleaseAll() {
     std::vector<std::unique_ptr<Pending>> hung;
     {
-      absl::MutexLock lock(&mu_);
+      common::MutexLock lock(&mu_);
       for (auto& [context, p] : hung_) hung.push_back(std::move(p));
       hung_.clear();
     }
@@ -215,7 +215,7 @@ class FakeNode {
                colibri::v1::ComputeResponse* response, router_node::NodeChannel::Done done) {
     Reply reply;
     {
-      absl::MutexLock lock(&mu_);
+      common::MutexLock lock(&mu_);
       ++calls_;
       if (!script_.empty()) {
         reply = script_.front();
@@ -244,7 +244,7 @@ class FakeNode {
 
   void Cancel(grpc::ClientContext* context) {
     {
-      absl::MutexLock lock(&mu_);
+      common::MutexLock lock(&mu_);
       if (hung_.count(context) == 0) {
         cancel_early_.insert(context);  // not started yet (or ended: then never looked up again)
         return;
@@ -258,7 +258,7 @@ class FakeNode {
   void Finish(grpc::ClientContext* context, grpc::Status status) {
     std::unique_ptr<Pending> p;
     {
-      absl::MutexLock lock(&mu_);
+      common::MutexLock lock(&mu_);
       auto it = hung_.find(context);
       if (it == hung_.end()) return;
       p = std::move(it->second);
@@ -276,7 +276,7 @@ class FakeNode {
   const int d_model_;
   const int n_experts_;
 
-  absl::Mutex mu_;
+  common::Mutex mu_;
   std::deque<Reply> script_ ABSL_GUARDED_BY(mu_);
   std::map<grpc::ClientContext*, std::unique_ptr<Pending>> hung_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> cancel_early_ ABSL_GUARDED_BY(mu_);
