@@ -143,6 +143,15 @@ std::unique_ptr<Client> ConnectDirect(const std::string& model_dir, const std::v
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options);
   INFO(c.status().message());
   REQUIRE(c.ok());
+  // Connect checks the nodes once; a slow (sanitizer) build may need the watcher's next rounds.
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<v1::GetClusterStatusResponse> status = (*c)->ClusterStatus();
+    REQUIRE(status.ok());
+    int live = 0;
+    for (const v1::NodeStatus& n : status->nodes()) live += n.live();
+    if (live == static_cast<int>(nodes.size())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   return std::move(c).value();
 }
 
