@@ -14,16 +14,18 @@
 //
 // A layer call: each expert's work goes to its least-loaded live replica,
 // experts grouped by node (one Compute call per node, each row sent once,
-// per-expert outputs), all calls in flight at once on gRPC's callback API,
-// each with deadline min(client deadline, now + node_timeout). A call that
-// fails with UNAVAILABLE, DEADLINE_EXCEEDED (the node timeout, not the
-// client's), RESOURCE_EXHAUSTED, ABORTED, FAILED_PRECONDITION (a stale map) or
-// CANCELLED (by the node, not the client) is retried once, for just its
-// experts, on other replicas (not the failed node or that call's hedges),
-// within the client's deadline; any other code from a node becomes INTERNAL.
-// With hedge_after > 0, the work of a first-attempt call not answered within
-// it is also sent to other replicas; the first complete answer is used and the
-// others are cancelled. Cancelling the request cancels its node calls.
+// replies as RemoteOptions::replies asks), all calls in flight at once on
+// gRPC's callback API, each with deadline min(client deadline, now +
+// node_timeout). A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED (the
+// node timeout, not the client's), RESOURCE_EXHAUSTED, ABORTED,
+// FAILED_PRECONDITION (a stale map), CANCELLED (by the node, not the client)
+// or DATA_LOSS is retried once, for just its experts, on other replicas (not
+// the failed node or that call's hedges), within the client's deadline; any
+// other code from a node becomes INTERNAL. With hedge_after > 0, the work of a
+// first-attempt call not answered within it is also sent to other replicas;
+// the first complete answer is used and the others are cancelled. Cancelling
+// the request cancels its node calls. No thread waits for a node: the layer
+// ends on the thread of the reply that settles it (ComputeAsync).
 //
 // Implemented in remote_backend.cc (node set, health, map) and
 // remote_dispatch.cc (one layer's calls), with private types in
