@@ -184,9 +184,10 @@ TEST_CASE("a proxyless client calls the nodes itself and answers byte for byte l
   }
   auto session = direct->OpenSession();
   REQUIRE(session.ok());
+  const std::vector<float> one_token = Hidden(1, 3);  // outlives the span in `bad`
   ForwardArgs bad;
   bad.layer = 9;
-  bad.hidden = Hidden(1, 3);
+  bad.hidden = one_token;
   bad.token_ids = {1};
   absl::StatusOr<ForwardResult> refused = (*session)->Forward(bad);
   CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
