@@ -123,6 +123,12 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
     }
   }
   if (grouped) {
+    // Every output row is named by an entry, so there are no more rows than
+    // entries; checked before sizing anything by num_output_rows.
+    if (in.num_output_rows > indices) {
+      return absl::InvalidArgumentError(absl::StrCat("num_output_rows = ", in.num_output_rows, " exceeds the ", indices,
+                                                     " row indices that could fill them"));
+    }
     std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
       return a.output_row != b.output_row ? a.output_row < b.output_row : a.rank < b.rank;
     });

@@ -678,6 +678,9 @@ TEST_CASE("an expert node refuses bad Compute requests with the documented statu
   r.set_num_output_rows(3);
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "output row 2 of 3 is named by no entry");
   r = g;
+  r.set_num_output_rows(1 << 30);  // checked against the entries, never allocated
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "num_output_rows = 1073741824 exceeds the 3 row indices");
+  r = g;
   r.mutable_experts(0)->set_ranks(1, 0);
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "output row 0: rank 0 given twice");
   r = Request(rows);
