@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "common/allocator.h"
 #include "expert_node/expert_server.h"
+#include "kernels/kernel_profile.h"
 #include "runtime/flags.h"
 #include "runtime/logging.h"
 
@@ -155,6 +156,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "colibri-expert: listening on port " << (*server)->port() << std::endl;
+  std::cout << "colibri-expert: kernels " << colibri::kernels::DescribeProfile(colibri::kernels::SelectedProfile())
+            << std::endl;
   if ((*server)->admin_port() >= 0) {
     std::cout << "colibri-expert: admin on port " << (*server)->admin_port() << std::endl;
   }

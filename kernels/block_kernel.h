@@ -10,8 +10,8 @@
 // dequantization happens in registers, nothing is written but `out`.
 // Activations are read as f32, except that bf16 weights multiply the bf16
 // copy x.bf16 (every variant, the scalar one included, so all bf16 variants
-// compute the same products) and the VNNI int4 variant multiplies the int8
-// copy x.q8 (its oracle: the scalar variant on q8 · scale). Accumulation is f32 in an order fixed by the
+// compute the same products) and the VNNI int4 and int8 variants multiply the
+// int8 copy x.q8 (their oracle: the scalar variant on q8 · scale). Accumulation is f32 in an order fixed by the
 // variant: the same inputs always give the same bits. Pure compute: no
 // allocation, no threads, no Status; thread-safe.
 
@@ -30,7 +30,7 @@ struct Activations {
   const uint16_t* bf16 = nullptr;     // [T][cols], f32 rounded to bf16 (nearest even)
   const float* group_sums = nullptr;  // [T][cols / 64]: Σ_k of f32 over each 64-input group
   // The int8 copy integer dot products read (QuantizeGroupQ8 per 64-input
-  // group; set by the executor for int4 weights): q8 [T][cols], q8_scales and
+  // group; set by the executor for int4 and int8 weights): q8 [T][cols], q8_scales and
   // q8_sums [T][cols / 64]. x' = q8 · scale is what those kernels multiply.
   const int8_t* q8 = nullptr;
   const float* q8_scales = nullptr;
@@ -70,11 +70,14 @@ void BlockInt8Avx512(const common::MatrixView& w, int64_t block, const Activatio
 void BlockInt4Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 // AVX-512 with AVX512_BF16 (vdpbf16ps) and AVX512_VNNI (vpdpbusd)
-// (kernels/block_avx512_bf16.cc). The int4 variant multiplies the int8 copy
-// x.q8 (integer dot products per group): it computes BlockInt4Scalar on the
-// activations x' = q8 · scale. REQUIRES for it: x.q8, q8_scales, q8_sums set.
+// (kernels/block_avx512_bf16.cc). The int4 and int8 variants multiply the
+// int8 copy x.q8 (integer dot products per group): they compute
+// BlockInt4Scalar / BlockInt8Scalar on the activations x' = q8 · scale.
+// REQUIRES for them: x.q8, q8_scales, q8_sums set.
 void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 void BlockInt4Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+// int8 weights on the int8 copy x.q8, the same way: BlockInt8Scalar on x'.
+void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 }  // namespace kernels
 }  // namespace colibri

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/kernel_profile.h"
 
 namespace colibri {
 namespace kernels {
@@ -49,7 +50,7 @@ KernelTable MakeTable(Isa isa) {
       set(DType::kF32, BlockF32Avx512);
       set(DType::kBF16, isa == Isa::kAvx512Bf16 ? BlockBf16Avx512Bf16 : BlockBf16Avx512);
       set(DType::kF16, BlockF16Avx512);
-      set(DType::kInt8, BlockInt8Avx512);
+      set(DType::kInt8, isa == Isa::kAvx512Bf16 ? BlockInt8Avx512Vnni : BlockInt8Avx512);
       set(DType::kInt4, isa == Isa::kAvx512Bf16 ? BlockInt4Avx512Vnni : BlockInt4Avx512);
       break;
   }
@@ -103,8 +104,8 @@ const KernelTable& KernelsFor(Isa isa) {
   return tables[static_cast<int>(isa)];
 }
 
-const KernelTable& SelectedKernels() {
-  static const KernelTable& selected = [&]() -> const KernelTable& {
+Isa SelectedIsa() {
+  static const Isa selected = [] {
     Isa isa = DetectIsa();
     if (const char* cap = std::getenv("COLIBRI_MAX_ISA"); cap != nullptr && *cap != '\0') {
       auto parsed = ParseIsa(cap);
@@ -114,8 +115,13 @@ const KernelTable& SelectedKernels() {
         isa = *parsed;
       }
     }
-    return KernelsFor(isa);
+    return isa;
   }();
+  return selected;
+}
+
+const KernelTable& SelectedKernels() {
+  static const KernelTable selected = ProfiledTable(SelectedProfile());
   return selected;
 }
 

@@ -43,6 +43,10 @@ const KernelTable& KernelsFor(Isa isa);
 
 // min(DetectIsa(), COLIBRI_MAX_ISA), decided once per process. An unknown
 // COLIBRI_MAX_ISA value is reported on stderr once and ignored.
+Isa SelectedIsa();
+
+// The table of SelectedIsa() with the variants the machine's kernel profile
+// chose (kernels/kernel_profile.h: measured once per host, then cached).
 const KernelTable& SelectedKernels();
 
 }  // namespace kernels

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/dtype.h"
+#include "kernels/kernel_profile.h"
 #include "kernels/onednn_matmul.h"
 
 namespace colibri {
@@ -125,9 +126,32 @@ std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int parts, 
 
 }  // namespace
 
-int64_t Int4TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels) {
-  if (options.int4_tile_min_tokens >= 0) return options.int4_tile_min_tokens;
-  return kernels.isa == Isa::kAvx512Bf16 ? 32 : 4;
+namespace {
+
+// The profile that resolves -1 thresholds for `kernels`: the machine's when
+// they are the selected kernels' ISA, else the built-in defaults.
+const KernelProfile& ProfileFor(const KernelTable& kernels) {
+  static const KernelProfile defaults[] = {DefaultProfile(Isa::kScalar), DefaultProfile(Isa::kAvx2),
+                                           DefaultProfile(Isa::kAvx512), DefaultProfile(Isa::kAvx512Bf16)};
+  return kernels.isa == SelectedIsa() ? SelectedProfile() : defaults[static_cast<int>(kernels.isa)];
+}
+
+}  // namespace
+
+int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type) {
+  switch (type) {
+    case common::DType::kInt8:
+      return options.int8_tile_min_tokens >= 0 ? options.int8_tile_min_tokens
+                                               : ProfileFor(kernels).int8_tile_min_tokens;
+    case common::DType::kInt4:
+      return options.int4_tile_min_tokens >= 0 ? options.int4_tile_min_tokens
+                                               : ProfileFor(kernels).int4_tile_min_tokens;
+    default: return 0;
+  }
+}
+
+int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kernels) {
+  return options.onednn_min_tokens >= 0 ? options.onednn_min_tokens : ProfileFor(kernels).onednn_min_tokens;
 }
 
 GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
@@ -181,12 +205,11 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   const int64_t blocks1 = l1.num_blocks(), blocks2 = l2.num_blocks();
   const BlockKernelFn block_kernel = kernels.For(type);
   const bool onednn_type = type == common::DType::kBF16 || type == common::DType::kF32;
-  const int64_t tile_min_tokens = type == common::DType::kInt8   ? options.int8_tile_min_tokens
-                                  : type == common::DType::kInt4 ? Int4TileMinTokens(options, kernels)
-                                                                 : 0;
+  const int64_t tile_min_tokens = TileMinTokens(options, kernels, type);
+  const int64_t onednn_min_tokens = OnednnMinTokens(options, kernels);
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
-  // int4 block kernels may read the int8 copy of the activations (kernels/block_kernel.h).
-  const bool q8 = type == common::DType::kInt4;
+  // int4 and int8 block kernels may read the int8 copy of the activations (kernels/block_kernel.h).
+  const bool q8 = type == common::DType::kInt4 || type == common::DType::kInt8;
   // A dequantized 64-row block in the bf16 stored layout, as a one-block matrix.
   const common::MatrixLayout tile_layout1 = common::ComputeMatrixLayout(common::DType::kBF16, kBlockRows, k1);
   const common::MatrixLayout tile_layout2 = common::ComputeMatrixLayout(common::DType::kBF16, kBlockRows, k2);
@@ -211,7 +234,7 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       p.h_q8_scales = arena.Add<float>(t.num_rows * k2 / 64);
       p.h_q8_sums = arena.Add<float>(t.num_rows * k2 / 64);
     }
-    p.onednn = onednn_type && options.onednn_min_tokens > 0 && t.num_rows >= options.onednn_min_tokens;
+    p.onednn = onednn_type && onednn_min_tokens > 0 && t.num_rows >= onednn_min_tokens;
     p.dequant = tile_min_tokens > 0 && t.num_rows >= tile_min_tokens;
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);

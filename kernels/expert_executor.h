@@ -73,18 +73,15 @@ class Workspace {
 
 struct ExecutorOptions {
   // bf16/f32 experts with at least this many rows go through oneDNN; 0 =
-  // never. Off by default: on the machines we measured, the hand-written
-  // kernels match or beat oneDNN 2.6 at every T (docs/PERFORMANCE.md); enable
-  // it where oneDNN has an engine we lack (e.g. AMX).
-  int64_t onednn_min_tokens = 0;
-  // int8 / int4 experts with at least this many rows dequantize each 64-row
-  // block once per call into a per-worker bf16 tile (64 x K x 2 bytes, in
-  // cache; never the whole matrix) and run the bf16 block kernel on it, so
-  // the conversion is amortized over the rows; 0 = never. The defaults are
-  // the measured break-even points (docs/KERNELS.md); -1 for int4 picks the
-  // one of the selected kernel: 32 rows for the VNNI kernel (avx512_bf16
-  // level), which converts nothing, else 4.
-  int64_t int8_tile_min_tokens = 12;
+  // never. int8 / int4 experts with at least int8_tile_min_tokens /
+  // int4_tile_min_tokens rows dequantize each 64-row block once per call into
+  // a per-worker bf16 tile (64 x K x 2 bytes, in cache; never the whole
+  // matrix) and run the bf16 block kernel on it, so the conversion is
+  // amortized over the rows; 0 = never. -1 (the default): the machine's
+  // kernel profile decides (kernels/kernel_profile.h: measured once per host
+  // when `kernels` is SelectedKernels(), else the built-in defaults).
+  int64_t onednn_min_tokens = -1;
+  int64_t int8_tile_min_tokens = -1;
   int64_t int4_tile_min_tokens = -1;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
   // Polled by every worker before each unit of work (one 64-row block of an
@@ -94,8 +91,11 @@ struct ExecutorOptions {
   std::function<bool()> should_stop;
 };
 
-// The int4 bf16-tile threshold `options` gives with `kernels` (resolving -1).
-int64_t Int4TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels);
+// The bf16-tile threshold `options` gives for `type` with `kernels`
+// (resolving -1); 0 (never) for types that have none.
+int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type);
+// The oneDNN threshold `options` gives with `kernels` (resolving -1).
+int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kernels);
 
 // A layer's routes grouped by expert: the tasks RunExperts takes. `tasks`
 // point into `rows` and `weights` (moving the struct keeps them valid; do not

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
+#include "kernels/kernel_profile.h"
 #include "router_node/router_server.h"
 #include "runtime/flags.h"
 #include "runtime/logging.h"
@@ -183,6 +184,10 @@ int main(int argc, char** argv) {
   }
   std::cout << "colibri-router: listening on port " << (*server)->port() << " ("
             << (o.local ? "local experts" : "expert nodes") << ")" << std::endl;
+  if (o.local) {
+    std::cout << "colibri-router: kernels " << colibri::kernels::DescribeProfile(colibri::kernels::SelectedProfile())
+              << std::endl;
+  }
   if ((*server)->admin_port() >= 0) {
     std::cout << "colibri-router: admin on port " << (*server)->admin_port() << std::endl;
   }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/dispatch.h"
 
 namespace colibri {
 namespace {
@@ -27,6 +28,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_di
   COLIBRI_ASSIGN_OR_RETURN(e->store_, expert_node::ExpertStore::Create(
                                           model_dir, store, options.log != nullptr ? options.log : NullStream()));
   COLIBRI_ASSIGN_OR_RETURN(e->pool_, kernels::ThreadPool::Create({options.threads, options.numa_node, /*pin=*/true}));
+  kernels::SelectedKernels();  // the kernel profile is read (or measured, once per host) now, not in the first call
   e->backend_ = std::make_unique<router_node::LocalBackend>(e->store_.get(), e->pool_.get());
   router_node::RouterOptions router;
   router.max_tokens = options.max_tokens;

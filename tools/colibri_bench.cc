@@ -22,10 +22,11 @@ ABSL_FLAG(std::string, tokens, "1,8,32,128", "Comma-separated token counts T.");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU).");
 ABSL_FLAG(int, warmup, 3, "Untimed calls before each measurement (run: per client).");
 ABSL_FLAG(int, repeat, 30, "Timed calls per measurement (median and p99 are over these); run: sequences per client.");
-ABSL_FLAG(int64_t, onednn_min_tokens, 0, "bf16/f32 experts with at least this many rows use oneDNN; 0 = never.");
+ABSL_FLAG(int64_t, onednn_min_tokens, -1,
+          "bf16/f32 experts with at least this many rows use oneDNN; 0 = never; -1 = the machine's kernel profile.");
 ABSL_FLAG(int64_t, dequant_min_tokens, -1,
           "int8/int4 experts with at least this many rows dequantize each block once to a bf16 tile; 0 = never; "
-          "-1 = the executor's per-type defaults.");
+          "-1 = the machine's kernel profile.");
 ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
 ABSL_FLAG(std::string, router, "", "router, run: host:port of the router to time.");

@@ -14,6 +14,7 @@
 #include "kernels/bandwidth.h"
 #include "kernels/dispatch.h"
 #include "kernels/expert_executor.h"
+#include "kernels/kernel_profile.h"
 #include "kernels/thread_pool.h"
 
 namespace colibri {
@@ -98,11 +99,16 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
                              ? absl::StrFormat(", %d shared expert(s) of d_ff %d", m.n_shared_experts, m.shared_d_ff)
                              : "",
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
-  out << absl::StrFormat(
-      "# %d threads, kernels %s, oneDNN from %d rows (bf16/f32), bf16 tiles from %d rows (int8) "
-      "/ %d rows (int4); 0 = never\n",
-      pool->size(), kernels::IsaName(table.isa), exec.onednn_min_tokens, exec.int8_tile_min_tokens,
-      kernels::Int4TileMinTokens(exec, table));
+  const kernels::KernelProfile& profile = kernels::SelectedProfile();
+  out << absl::StrFormat("# %d threads; kernels %s\n", pool->size(), kernels::DescribeProfile(profile));
+  if (o.onednn_min_tokens >= 0 || o.dequant_min_tokens >= 0) {
+    out << absl::StrFormat(
+        "# overridden here: oneDNN from %d rows, bf16 tiles from %d rows (int8) / %d (int4); 0 = never\n",
+        kernels::OnednnMinTokens(exec, table), kernels::TileMinTokens(exec, table, common::DType::kInt8),
+        kernels::TileMinTokens(exec, table, common::DType::kInt4));
+  }
+  out << absl::StrFormat("# why (cpu %s):\n", kernels::CpuSignature());
+  for (const std::string& line : profile.evidence) out << "#   " << line << "\n";
   out << absl::StrFormat("# read bandwidth before: best %.1f GB/s, median %.1f GB/s\n", before.best_gbps,
                          before.median_gbps);
   if (!o.json) {

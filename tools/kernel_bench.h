@@ -26,8 +26,8 @@ struct KernelBenchOptions {
   int warmup = 3;
   int repeat = 30;
   uint64_t seed = 1;
-  int64_t onednn_min_tokens = 0;    // as ExecutorOptions; 0 never uses oneDNN
-  int64_t dequant_min_tokens = -1;  // int8/int4 bf16 tiles from this many rows; -1: the executor's defaults; 0: never
+  int64_t onednn_min_tokens = -1;   // as ExecutorOptions; 0 never uses oneDNN; -1: the kernel profile
+  int64_t dequant_min_tokens = -1;  // int8/int4 bf16 tiles from this many rows; -1: the kernel profile; 0: never
   bool hugepages = true;            // copy weights to MADV_HUGEPAGE anonymous memory
   bool single_expert = true;        // also time expert 0 alone
   bool json = false;                // one JSON object per result line

@@ -130,9 +130,10 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
         for (int64_t tokens : {1, 2, 3, 7, 8, 64, 129}) {
           if (cols == 1000 && tokens > 8) continue;  // keep the scalar oracle quick
           const Inputs in = MakeInputs(tokens, cols, m.view.layout.padded_cols, rng);
-          // The avx512_bf16 (VNNI) int4 kernel multiplies x.q8: its oracle is
-          // the scalar reference on those activations.
-          const bool q8_acts = type == DType::kInt4 && static_cast<Isa>(isa_code) == Isa::kAvx512Bf16;
+          // The avx512_bf16 (VNNI) int4 and int8 kernels multiply x.q8: their
+          // oracle is the scalar reference on those activations.
+          const bool q8_acts =
+              (type == DType::kInt4 || type == DType::kInt8) && static_cast<Isa>(isa_code) == Isa::kAvx512Bf16;
           const Inputs dequantized = DequantizedQ8(in);
           const Inputs& oracle_in = q8_acts ? dequantized : in;
           const Activations& oracle_acts = oracle_in.acts;

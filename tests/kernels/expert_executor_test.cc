@@ -29,18 +29,19 @@ using common::DType;
 // reference, by what the kernels multiply. Every kernel multiplies the exact
 // stored weights; bf16 weights multiply the bf16-rounded activations (and
 // h), and so do int8/int4 weights when they are dequantized to bf16 tiles
-// (rounding the weights too); the avx512_bf16 (VNNI) int4 kernel multiplies
-// activations quantized to int8 per 64-input group (x and h: ~1.3% here).
+// (rounding the weights too); the avx512_bf16 (VNNI) int4 and int8 kernels
+// multiply activations quantized to int8 per 64-input group (x and h: ~1.3%
+// here).
 double Tolerance(common::DType type, int64_t rows, const ExecutorOptions& options) {
   constexpr double kExact = 2e-5, kBf16 = 1e-2, kInt8Activations = 2e-2;
   switch (type) {
     case DType::kBF16: return kBf16;
-    case DType::kInt8: return options.int8_tile_min_tokens > 0 && rows >= options.int8_tile_min_tokens ? kBf16 : kExact;
-    case DType::kInt4:  // (an expert may get fewer rows than the call: the int8 kernel may be in play)
+    case DType::kInt8:
+    case DType::kInt4: {  // (an expert may get fewer rows than the call: the int8 kernel may be in play)
       if (SelectedKernels().isa == Isa::kAvx512Bf16) return kInt8Activations;
-      return Int4TileMinTokens(options, SelectedKernels()) > 0 && rows >= Int4TileMinTokens(options, SelectedKernels())
-                 ? kBf16
-                 : kExact;
+      const int64_t tile_min = TileMinTokens(options, SelectedKernels(), type);
+      return tile_min > 0 && rows >= tile_min ? kBf16 : kExact;
+    }
     default: return kExact;
   }
 }

@@ -1,0 +1,375 @@
+#include "kernels/kernel_profile.h"
+
+#include <cpuid.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/model_dir.h"
+#include "common/weight_matrix.h"
+#include "kernels/expert_executor.h"
+#include "kernels/thread_pool.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+using common::DType;
+
+// Bumped whenever the candidates or the way they are timed change, so a
+// cache written by another version is not read.
+constexpr int kProfileVersion = 1;
+constexpr int64_t kDim = 1024;                           // d_model and d_ff of the synthetic experts
+constexpr int64_t kRows[] = {2, 4, 8, 16, 32, 64, 128};  // rows per expert timed for thresholds
+constexpr double kMargin = 0.9;                          // an alternative must take < 90% of the time
+
+// One expert's matrices encoded from random f32 values, owning its bytes.
+struct SynthMatrix {
+  std::vector<uint8_t> data, zeros;
+  std::vector<float> scales;
+  common::MatrixView view;
+};
+
+SynthMatrix Encode(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  SynthMatrix m;
+  const common::MatrixLayout layout = common::ComputeMatrixLayout(type, rows, cols);
+  m.data.resize(layout.data_bytes);
+  m.scales.resize(layout.scale_bytes / sizeof(float));
+  m.zeros.resize(layout.zero_bytes);
+  std::normal_distribution<float> normal(0.f, 0.05f);
+  std::vector<float> src(common::kBlockRows * cols);
+  for (int64_t b = 0; b < layout.num_blocks(); ++b) {
+    for (float& v : src) v = normal(rng);
+    common::EncodeBlock(layout, src.data(), b, m.data.data() + b * layout.block_bytes, m.scales.data(), m.zeros.data());
+  }
+  m.view = {layout, m.data.data(), m.scales.empty() ? nullptr : m.scales.data(),
+            m.zeros.empty() ? nullptr : m.zeros.data()};
+  return m;
+}
+
+struct SynthExpert {
+  SynthMatrix w1, w3, w2;
+  common::ExpertWeights weights;
+};
+
+std::unique_ptr<SynthExpert> MakeExpert(DType type, std::mt19937& rng) {
+  auto e = std::make_unique<SynthExpert>();
+  e->w1 = Encode(type, kDim, kDim, rng);
+  e->w3 = Encode(type, kDim, kDim, rng);
+  e->w2 = Encode(type, kDim, kDim, rng);
+  e->weights.w1 = e->w1.view;
+  e->weights.w3 = e->w3.view;
+  e->weights.w2 = e->w2.view;
+  return e;
+}
+
+// Times RunExperts on synthetic rows.
+class Timer {
+ public:
+  explicit Timer(ThreadPool* pool) : pool_(pool) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    x_.resize(128 * kDim);
+    for (float& v : x_) v = normal(rng);
+    dst_.resize(x_.size());
+    for (int32_t i = 0; i < 128; ++i) indices_.push_back(i);
+    route_weights_.assign(128, 1.f);
+  }
+
+  // Two configurations on `rows` rows of one expert, runs alternating (so
+  // a burst of other work on the CPU slows both), the fastest of 6 each
+  // after a warm-up: the least disturbed run. {base ms, alternative ms}.
+  std::pair<double, double> Compare(const common::ExpertWeights& expert, int64_t rows, const ExecutorOptions& base,
+                                    const ExecutorOptions& alternative) {
+    const ExpertTask task{&expert, indices_.data(), route_weights_.data(), rows};
+    double best[2] = {1e30, 1e30};
+    for (int run = 0; run < 7; ++run) {
+      for (int i = 0; i < 2; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        RunExperts(*pool_, {&task, 1}, x_.data(), kDim, dst_.data(), workspace_, i == 0 ? base : alternative);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        if (run > 0) best[i] = std::min(best[i], ms);
+      }
+    }
+    return {best[0], best[1]};
+  }
+
+ private:
+  ThreadPool* pool_;
+  std::vector<float> x_, dst_, route_weights_;
+  std::vector<int32_t> indices_;
+  Workspace workspace_;
+};
+
+// The smallest measured row count from which the alternative wins at every
+// larger one too; 0 if it does not win at the largest.
+int64_t Threshold(const std::vector<bool>& wins) {
+  int64_t threshold = 0;
+  for (size_t i = wins.size(); i-- > 0;) {
+    if (!wins[i]) break;
+    threshold = kRows[i];
+  }
+  return threshold;
+}
+
+// Times `base` against `alternative` at every kRows count; returns the
+// alternative's threshold and adds one evidence line per count.
+int64_t MeasureThreshold(Timer& timer, const common::ExpertWeights& expert, const ExecutorOptions& base,
+                         const ExecutorOptions& alternative, const std::string& what, const std::string& base_name,
+                         const std::string& alternative_name, KernelProfile* profile) {
+  std::vector<bool> wins;
+  for (int64_t rows : kRows) {
+    const auto [b, a] = timer.Compare(expert, rows, base, alternative);
+    wins.push_back(a < kMargin * b);
+    profile->evidence.push_back(
+        absl::StrFormat("%s rows=%d: %s %.3f ms, %s %.3f ms", what, rows, base_name, b, alternative_name, a));
+  }
+  return Threshold(wins);
+}
+
+std::string CachePath() {
+  if (const char* path = std::getenv("COLIBRI_KERNEL_PROFILE"); path != nullptr && *path != '\0') return path;
+  std::string dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    dir = absl::StrCat(xdg, "/colibri");
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    dir = absl::StrCat(home, "/.cache/colibri");
+  } else {
+    return "";
+  }
+  return absl::StrCat(dir, "/kernels-v", kProfileVersion, "-", CpuSignature(), "-", IsaName(SelectedIsa()), ".txt");
+}
+
+}  // namespace
+
+absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa) {
+  std::error_code ignored;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }  // also drops the lock
+  } closer{fd};
+  if (flock(fd, LOCK_EX) != 0)
+    return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
+  if (!text.empty()) {
+    auto cached = ParseProfile(text, isa);
+    if (cached.ok()) {
+      cached->source = absl::StrCat("cached in ", path);
+      return cached;
+    }
+    std::fprintf(stderr, "colibri: re-measuring the kernel profile: %s: %s\n", path.c_str(),
+                 std::string(cached.status().message()).c_str());
+  }
+  KernelProfile profile = MeasureProfile(isa);
+  const std::string out = SerializeProfile(profile);
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, out.data(), out.size(), 0) != static_cast<ssize_t>(out.size()) ||
+      fsync(fd) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  profile.source = absl::StrCat("measured, cached in ", path);
+  return profile;
+}
+
+KernelTable ProfiledTable(const KernelProfile& profile) {
+  KernelTable table = KernelsFor(profile.isa);
+  const KernelTable& widened = KernelsFor(Isa::kAvx512);
+  for (auto [type, widen] : {std::pair{DType::kBF16, profile.bf16_widen}, std::pair{DType::kInt8, profile.int8_widen},
+                             std::pair{DType::kInt4, profile.int4_widen}}) {
+    if (widen) table.block[static_cast<int>(type)] = widened.For(type);
+  }
+  return table;
+}
+
+std::string DescribeProfile(const KernelProfile& p) {
+  auto rows = [](int64_t n) { return n > 0 ? absl::StrCat("from ", n, " rows") : std::string("never"); };
+  const bool dot = p.isa == Isa::kAvx512Bf16;
+  auto kernel = [&](bool widen, const char* instruction) {
+    return p.isa == Isa::kScalar ? "scalar" : dot && !widen ? instruction : "widened to f32 + FMA";
+  };
+  return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(p.bf16_widen, "vdpbf16ps"), ", int8 ",
+                      kernel(p.int8_widen, "vpdpbusd"), ", int4 ", kernel(p.int4_widen, "vpdpbusd"), "; oneDNN ",
+                      rows(p.onednn_min_tokens), "; bf16 tiles ", rows(p.int8_tile_min_tokens), " (int8) / ",
+                      rows(p.int4_tile_min_tokens), " (int4); ", p.source);
+}
+
+KernelProfile DefaultProfile(Isa isa) {
+  KernelProfile p;
+  p.isa = isa;
+  const bool vnni = isa == Isa::kAvx512Bf16;  // the int8/int4 kernels convert nothing: tiles pay off later
+  p.int8_tile_min_tokens = vnni ? 32 : 12;
+  p.int4_tile_min_tokens = vnni ? 32 : 4;
+  p.source = "defaults";
+  return p;
+}
+
+KernelProfile MeasureProfile(Isa isa) {
+  const auto start = std::chrono::steady_clock::now();
+  KernelProfile profile = DefaultProfile(isa);
+  profile.source = "measured";
+  if (isa == Isa::kScalar) return profile;               // one implementation of everything
+  auto pool = ThreadPool::Create({1, -1, false, true});  // the measuring thread runs the jobs itself
+  if (!pool.ok()) {
+    profile.source = absl::StrCat("defaults (no thread for measuring: ", pool.status().message(), ")");
+    return profile;
+  }
+  Timer timer(pool->get());
+  std::mt19937 rng(2024);
+  ExecutorOptions hand;  // hand-written block kernels only
+  const KernelTable table = KernelsFor(isa);
+  hand.kernels = &table;
+  hand.onednn_min_tokens = hand.int8_tile_min_tokens = hand.int4_tile_min_tokens = 0;
+
+  // Where vdpbf16ps / vpdpbusd kernels exist, each against widening the
+  // weights to f32 + FMA: bf16 at 32 rows (it also runs the int8/int4 tiles
+  // and long prompts), int8/int4 at 4 (below their tile thresholds). At one
+  // row all of them stream the weights from memory.
+  const auto bf16 = MakeExpert(DType::kBF16, rng);
+  const auto int8 = MakeExpert(DType::kInt8, rng);
+  const auto int4 = MakeExpert(DType::kInt4, rng);
+  if (isa == Isa::kAvx512Bf16) {
+    struct Candidate {
+      DType type;
+      const common::ExpertWeights* expert;
+      int64_t rows;
+      const char* name;
+      bool* widen;
+    };
+    for (const Candidate& c : {Candidate{DType::kBF16, &bf16->weights, 32, "vdpbf16ps", &profile.bf16_widen},
+                               Candidate{DType::kInt8, &int8->weights, 4, "vpdpbusd", &profile.int8_widen},
+                               Candidate{DType::kInt4, &int4->weights, 4, "vpdpbusd", &profile.int4_widen}}) {
+      KernelTable widened = table;
+      widened.block[static_cast<int>(c.type)] = KernelsFor(Isa::kAvx512).For(c.type);
+      ExecutorOptions alt = hand;
+      alt.kernels = &widened;
+      const auto [dot, fma] = timer.Compare(*c.expert, c.rows, hand, alt);
+      *c.widen = fma < kMargin * dot;
+      profile.evidence.push_back(absl::StrFormat("%s block rows=%d: %s %.3f ms, widened+fma %.3f ms",
+                                                 common::DTypeName(c.type), c.rows, c.name, dot, fma));
+    }
+  }
+  const KernelTable chosen = ProfiledTable(profile);
+  hand.kernels = &chosen;
+
+  // bf16 (and f32) through oneDNN from some number of rows.
+  ExecutorOptions onednn = hand;
+  onednn.onednn_min_tokens = 1;
+  profile.onednn_min_tokens =
+      MeasureThreshold(timer, bf16->weights, hand, onednn, "bf16 matmul", "hand-written", "oneDNN", &profile);
+
+  // int8 / int4: their own kernels against dequantizing to bf16 tiles.
+  for (DType type : {DType::kInt8, DType::kInt4}) {
+    const auto& expert = type == DType::kInt8 ? int8 : int4;
+    ExecutorOptions tiles = hand;
+    (type == DType::kInt8 ? tiles.int8_tile_min_tokens : tiles.int4_tile_min_tokens) = 1;
+    const int64_t threshold = MeasureThreshold(timer, expert->weights, hand, tiles, common::DTypeName(type),
+                                               "own kernel", "bf16 tiles", &profile);
+    (type == DType::kInt8 ? profile.int8_tile_min_tokens : profile.int4_tile_min_tokens) = threshold;
+  }
+  profile.evidence.push_back(absl::StrFormat(
+      "measured in %.2f s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
+  return profile;
+}
+
+std::string SerializeProfile(const KernelProfile& p) {
+  std::string out = absl::StrCat("isa ", IsaName(p.isa), "\nbf16_widen ", p.bf16_widen ? 1 : 0, "\nint8_widen ",
+                                 p.int8_widen ? 1 : 0, "\nint4_widen ", p.int4_widen ? 1 : 0, "\nonednn_min_tokens ",
+                                 p.onednn_min_tokens, "\nint8_tile_min_tokens ", p.int8_tile_min_tokens,
+                                 "\nint4_tile_min_tokens ", p.int4_tile_min_tokens, "\n");
+  for (const std::string& line : p.evidence) absl::StrAppend(&out, "evidence ", line, "\n");
+  return out;
+}
+
+absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
+  KernelProfile p = DefaultProfile(isa);
+  p.source = "parsed";
+  int found = 0;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    ++line_number;
+    const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits(' ', 1));
+    const auto& [key, value] = kv;
+    auto bad = [&] { return absl::InvalidArgumentError(absl::StrCat("line ", line_number, " '", line, "'")); };
+    int64_t number = 0;
+    if (key == "evidence") {
+      p.evidence.push_back(value);
+    } else if (key == "isa") {
+      if (value != IsaName(isa)) {
+        return absl::InvalidArgumentError(absl::StrCat("profile of ISA ", value, ", not ", IsaName(isa)));
+      }
+      ++found;
+    } else if (!absl::SimpleAtoi(value, &number) || number < 0) {
+      return bad();
+    } else if ((key == "bf16_widen" || key == "int8_widen" || key == "int4_widen") && number <= 1) {
+      if (number == 1 && isa != Isa::kAvx512Bf16) return bad();  // nothing to replace below that level
+      (key == "bf16_widen" ? p.bf16_widen : key == "int8_widen" ? p.int8_widen : p.int4_widen) = number == 1;
+      ++found;
+    } else if (key == "onednn_min_tokens") {
+      p.onednn_min_tokens = number, ++found;
+    } else if (key == "int8_tile_min_tokens") {
+      p.int8_tile_min_tokens = number, ++found;
+    } else if (key == "int4_tile_min_tokens") {
+      p.int4_tile_min_tokens = number, ++found;
+    } else {
+      return bad();
+    }
+  }
+  if (found != 7) return absl::InvalidArgumentError("incomplete: needs isa, three *_widen and three thresholds");
+  return p;
+}
+
+std::string CpuSignature() {
+  uint32_t a = 0, b = 0, c = 0, d = 0;
+  __get_cpuid(0, &a, &b, &c, &d);
+  char vendor[13] = {};
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  __get_cpuid(1, &a, &b, &c, &d);
+  const uint32_t base_family = (a >> 8) & 0xf, family = base_family + (base_family == 0xf ? (a >> 20) & 0xff : 0);
+  const uint32_t model = ((a >> 4) & 0xf) | (base_family >= 6 ? ((a >> 16) & 0xf) << 4 : 0);
+  return absl::StrCat(vendor, "-", family, "-", model, "-", a & 0xf);
+}
+
+const KernelProfile& SelectedProfile() {
+  static const KernelProfile selected = [] {
+    const Isa isa = SelectedIsa();
+    const std::string path = CachePath();
+    if (path == "off") {
+      KernelProfile p = DefaultProfile(isa);
+      p.source = "defaults (COLIBRI_KERNEL_PROFILE=off)";
+      return p;
+    }
+    absl::Status why = absl::UnavailableError("neither HOME nor XDG_CACHE_HOME is set");
+    if (!path.empty()) {
+      auto loaded = LoadOrMeasureProfile(path, isa);
+      if (loaded.ok()) return *loaded;
+      why = loaded.status();
+    }
+    KernelProfile p = MeasureProfile(isa);
+    p.source = absl::StrCat("measured, not cached (", why.message(), ")");
+    std::fprintf(stderr, "colibri: kernel profile %s; set COLIBRI_KERNEL_PROFILE to a writable file\n",
+                 p.source.c_str());
+    return p;
+  }();
+  return selected;
+}
+
+}  // namespace kernels
+}  // namespace colibri

@@ -1,0 +1,89 @@
+#ifndef COLIBRI_KERNELS_KERNEL_PROFILE_H_
+#define COLIBRI_KERNELS_KERNEL_PROFILE_H_
+
+// Which implementation runs where several could compute the same product,
+// chosen by timing them on this machine: the bf16, int8 and int4 block kernels
+// (vdpbf16ps / vpdpbusd or widening to f32 + FMA), from how many rows an expert's bf16/f32 matmuls go
+// through oneDNN, and from how many rows int8/int4 experts run on bf16 tiles.
+// The fastest differs by CPU (vdpbf16ps is twice the FMA rate on AMD Zen and
+// half of it on some Intel Xeons; oneDNN uses AMX tiles where they exist).
+//
+// The choices change the bits of results, and every process of a host must
+// agree (a distributed answer equals the local one byte for byte only when
+// router and nodes run the same kernels). So the profile is measured once per
+// host and CPU and cached in a file that every process reads, under an
+// exclusive lock while the first one measures:
+//   $COLIBRI_KERNEL_PROFILE         a file path, or "off" for the built-in
+//                                   defaults (no measurement)
+//   else $XDG_CACHE_HOME/colibri/ or $HOME/.cache/colibri/
+//        kernels-v<N>-<cpu signature>-<isa>.txt
+// Where no file can be written the process measures for itself and says so
+// on stderr once (processes may then disagree; point them at one file).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/dispatch.h"
+
+namespace colibri {
+namespace kernels {
+
+struct KernelProfile {
+  Isa isa = Isa::kScalar;
+  // Block kernels that widen the weights to f32 + FMA instead of the dot
+  // product instructions (vdpbf16ps for bf16, vpdpbusd for int8/int4; both
+  // exist only at the avx512_bf16 level).
+  bool bf16_widen = false;
+  bool int8_widen = false;
+  bool int4_widen = false;
+  int64_t onednn_min_tokens = 0;  // bf16/f32 experts with at least this many rows use oneDNN; 0: never
+  int64_t int8_tile_min_tokens = 0;
+  int64_t int4_tile_min_tokens = 0;   // int8/int4 experts on bf16 tiles from this many rows; 0: never
+  std::string source;                 // "measured", "cached in PATH", "defaults (...)"
+  std::vector<std::string> evidence;  // one line per comparison timed: what won and by how much
+};
+
+// The built-in choices for `isa` (what the measured ones replace).
+KernelProfile DefaultProfile(Isa isa);
+
+// Times the candidates on synthetic experts (d_model and d_ff 1024, one
+// thread, the fastest of 6 alternating runs each after a warm-up; one to
+// three seconds) and keeps an
+// alternative only where it is at least 10% faster — and, for a row
+// threshold, at that row count and every larger one measured.
+KernelProfile MeasureProfile(Isa isa);
+
+// The file format: "key value" lines (isa, bf16_widen, int8_widen,
+// int4_widen, onednn_min_tokens,
+// int8_tile_min_tokens, int4_tile_min_tokens, then "evidence ..." lines).
+std::string SerializeProfile(const KernelProfile& profile);
+// INVALID_ARGUMENT naming the bad line; a profile of another ISA is refused.
+absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);
+
+// Reads the profile of `isa` cached at `path`, or (no file, an unreadable
+// one or one of another ISA) measures it and writes it there, holding an
+// exclusive lock on the file throughout so concurrent processes measure once.
+// UNAVAILABLE naming the path where it cannot be opened, locked or written.
+absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa);
+
+// One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4
+// vpdpbusd; oneDNN never; bf16 tiles from 32 rows (int8) / 16 (int4); <source>".
+std::string DescribeProfile(const KernelProfile& profile);
+
+// KernelsFor(profile.isa) with the profile's choice of block kernels.
+KernelTable ProfiledTable(const KernelProfile& profile);
+
+// The CPU's identity for the cache file name: vendor, family, model and
+// stepping from cpuid, e.g. "AuthenticAMD-26-2-1".
+std::string CpuSignature();
+
+// The profile of SelectedIsa() (SelectedKernels() is its table): from the cache (measured and written the
+// first time), decided once per process.
+const KernelProfile& SelectedProfile();
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_KERNELS_KERNEL_PROFILE_H_

@@ -1,0 +1,137 @@
+#include "kernels/kernel_profile.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "catch2/catch.hpp"
+#include "tests/test_util.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+using colibri::testing::TempDir;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool IsMeasuredRowCount(int64_t rows) {
+  for (int64_t r : {0, 2, 4, 8, 16, 32, 64, 128}) {
+    if (rows == r) return true;
+  }
+  return false;
+}
+
+TEST_CASE("a kernel profile survives its file format") {
+  KernelProfile p = DefaultProfile(Isa::kAvx512Bf16);
+  p.bf16_widen = true;
+  p.int4_widen = true;
+  p.onednn_min_tokens = 64;
+  p.int8_tile_min_tokens = 0;
+  p.int4_tile_min_tokens = 16;
+  p.evidence = {"bf16 block rows=32: vdpbf16ps 2.000 ms, widened+fma 1.000 ms"};
+  auto parsed = ParseProfile(SerializeProfile(p), Isa::kAvx512Bf16);
+  REQUIRE(parsed.ok());
+  CHECK(parsed->bf16_widen);
+  CHECK_FALSE(parsed->int8_widen);
+  CHECK(parsed->int4_widen);
+  CHECK(parsed->onednn_min_tokens == 64);
+  CHECK(parsed->int8_tile_min_tokens == 0);
+  CHECK(parsed->int4_tile_min_tokens == 16);
+  CHECK(parsed->evidence == p.evidence);
+  CHECK(ProfiledTable(*parsed).For(common::DType::kBF16) == BlockBf16Avx512);
+  CHECK(ProfiledTable(*parsed).For(common::DType::kInt8) == BlockInt8Avx512Vnni);
+  CHECK(ProfiledTable(*parsed).For(common::DType::kInt4) == BlockInt4Avx512);
+  CHECK(ProfiledTable(DefaultProfile(Isa::kAvx512Bf16)).For(common::DType::kBF16) == BlockBf16Avx512Bf16);
+}
+
+TEST_CASE("a bad kernel profile is refused naming what is wrong") {
+  const std::string good = SerializeProfile(DefaultProfile(Isa::kAvx2));
+  CHECK(ParseProfile(good, Isa::kAvx2).ok());
+  auto other_isa = ParseProfile(good, Isa::kAvx512);
+  REQUIRE_FALSE(other_isa.ok());
+  CHECK_THAT(std::string(other_isa.status().message()), Catch::Contains("profile of ISA avx2, not avx512"));
+  auto bad = ParseProfile(good + "int8_tile_min_tokens -3\n", Isa::kAvx2);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("line 8 'int8_tile_min_tokens -3'"));
+  auto widen = ParseProfile("isa avx2\nbf16_widen 1\n", Isa::kAvx2);  // no vdpbf16ps to replace there
+  REQUIRE_FALSE(widen.ok());
+  CHECK_THAT(std::string(widen.status().message()), Catch::Contains("bf16_widen 1"));
+  auto unknown = ParseProfile(good + "speed 11\n", Isa::kAvx2);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK_THAT(std::string(unknown.status().message()), Catch::Contains("'speed 11'"));
+  auto incomplete = ParseProfile("isa avx2\n", Isa::kAvx2);
+  REQUIRE_FALSE(incomplete.ok());
+  CHECK_THAT(std::string(incomplete.status().message()), Catch::Contains("incomplete"));
+}
+
+TEST_CASE("the measured profile chooses among measured row counts and says why") {
+  const Isa isa = SelectedIsa();
+  const KernelProfile p = MeasureProfile(isa);
+  CHECK(p.isa == isa);
+  CHECK(IsMeasuredRowCount(p.onednn_min_tokens));
+  CHECK(IsMeasuredRowCount(p.int8_tile_min_tokens));
+  CHECK(IsMeasuredRowCount(p.int4_tile_min_tokens));
+  if (isa != Isa::kAvx512Bf16) CHECK_FALSE((p.bf16_widen || p.int8_widen || p.int4_widen));
+  if (isa == Isa::kScalar) return;
+  // One line per comparison: 7 row counts for oneDNN, int8 and int4, the
+  // three pairs of block kernels where there are two, and the time it took.
+  CHECK(p.evidence.size() == 3 * 7 + (isa == Isa::kAvx512Bf16 ? 3 : 0) + 1);
+  CHECK_THAT(p.evidence.front(), Catch::Contains("ms"));
+}
+
+TEST_CASE("the kernel profile is measured once and then read from its cache file") {
+  TempDir dir;
+  const std::string path = dir / "nested/kernels.txt";
+  const Isa isa = SelectedIsa();
+  auto first = LoadOrMeasureProfile(path, isa);
+  REQUIRE(first.ok());
+  CHECK(first->source == "measured, cached in " + path);
+  const std::string written = Slurp(path);
+  CHECK(written == SerializeProfile(*first));
+  auto second = LoadOrMeasureProfile(path, isa);
+  REQUIRE(second.ok());
+  CHECK(second->source == "cached in " + path);
+  CHECK(SerializeProfile(*second) == written);
+  // A chosen profile is kept as written, even if measuring now would differ.
+  KernelProfile pinned = DefaultProfile(isa);
+  pinned.onednn_min_tokens = 128;
+  std::ofstream(path, std::ios::trunc) << SerializeProfile(pinned);
+  auto third = LoadOrMeasureProfile(path, isa);
+  REQUIRE(third.ok());
+  CHECK(third->onednn_min_tokens == 128);
+  // A corrupt file is measured again and rewritten.
+  std::ofstream(path, std::ios::trunc) << "garbage\n";
+  auto fourth = LoadOrMeasureProfile(path, isa);
+  REQUIRE(fourth.ok());
+  CHECK(fourth->source == "measured, cached in " + path);
+  CHECK(ParseProfile(Slurp(path), isa).ok());
+}
+
+TEST_CASE("a cache file that cannot be opened is an error naming it") {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "a_directory");
+  const std::string path = dir / "a_directory";
+  auto loaded = LoadOrMeasureProfile(path, SelectedIsa());
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(loaded.status().message()), Catch::Contains("cannot open " + path));
+}
+
+TEST_CASE("the CPU signature names vendor, family, model and stepping") {
+  const std::string sig = CpuSignature();
+  CHECK(std::count(sig.begin(), sig.end(), '-') == 3);
+  CHECK(sig.find(' ') == std::string::npos);
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace colibri
