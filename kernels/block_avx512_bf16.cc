@@ -163,8 +163,12 @@ void Int8Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < groups; ++g) {
+    // The next R rows (R * K bytes, contiguous), R lines a group: all of
+    // them are in flight by the time this tile ends.
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows + r * K + g * 64 + 512), _MM_HINT_T0);
+    for (int i = 0; i < R; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows + R * K + g * 64 * R + 64 * i), _MM_HINT_T1);
+    }
     __m512i xv[TT];
     __m512 sv[TT];
 #pragma GCC unroll 8
@@ -205,17 +209,18 @@ void Int8Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
 }  // namespace
 
 void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
-  // As BlockInt4Avx512Vnni: T = 1 in tiles of 4 rows, else token tiles of up
-  // to 4 times 2 rows; each (row, token) sees the same operations either way.
+  // T = 1 in tiles of 4 rows, else 2 rows at a time (outer: each pair of
+  // rows comes from memory once, then from L1/L2 for every further token
+  // tile) times token tiles of up to 4. Each (row, token) sees the same
+  // operations in the same order either way.
   const int64_t T = x.num_tokens;
   if (T == 1) {
     for (int64_t r0 = 0; r0 < kBlockRows; r0 += 4) Int8Tile<4, 1>(w, block, x, r0, 0, out);
     return;
   }
   constexpr IntTileFn kInt8Tiles[4] = {Int8Tile<2, 1>, Int8Tile<2, 2>, Int8Tile<2, 3>, Int8Tile<2, 4>};
-  for (int64_t t0 = 0; t0 < T; t0 += 4) {
-    const IntTileFn tile = kInt8Tiles[std::min<int64_t>(4, T - t0) - 1];
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) tile(w, block, x, r0, t0, out);
+  for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) {
+    for (int64_t t0 = 0; t0 < T; t0 += 4) kInt8Tiles[std::min<int64_t>(4, T - t0) - 1](w, block, x, r0, t0, out);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/model_dir.h"
 #include "common/weight_matrix.h"
@@ -30,8 +31,11 @@ using common::DType;
 
 // Bumped whenever the candidates or the way they are timed change, so a
 // cache written by another version is not read.
-constexpr int kProfileVersion = 1;
-constexpr int64_t kDim = 1024;                           // d_model and d_ff of the synthetic experts
+constexpr int kProfileVersion = 2;
+// d_model and d_ff of the synthetic experts: small ones (in cache: compute
+// decides) for the row thresholds, large ones (100 MB at bf16: streamed from
+// memory, as decode does) for the choice of block kernel.
+constexpr int64_t kSmallDim = 1024, kLargeDim = 4096;
 constexpr int64_t kRows[] = {2, 4, 8, 16, 32, 64, 128};  // rows per expert timed for thresholds
 constexpr double kMargin = 0.9;                          // an alternative must take < 90% of the time
 
@@ -42,16 +46,18 @@ struct SynthMatrix {
   common::MatrixView view;
 };
 
-SynthMatrix Encode(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+SynthMatrix Encode(DType type, int64_t rows, int64_t cols, uint32_t& seed) {
   SynthMatrix m;
   const common::MatrixLayout layout = common::ComputeMatrixLayout(type, rows, cols);
   m.data.resize(layout.data_bytes);
   m.scales.resize(layout.scale_bytes / sizeof(float));
   m.zeros.resize(layout.zero_bytes);
-  std::normal_distribution<float> normal(0.f, 0.05f);
   std::vector<float> src(common::kBlockRows * cols);
   for (int64_t b = 0; b < layout.num_blocks(); ++b) {
-    for (float& v : src) v = normal(rng);
+    for (float& v : src) {  // xorshift32: uniform in [-0.1, 0.1), fast enough for 50M values
+      seed ^= seed << 13, seed ^= seed >> 17, seed ^= seed << 5;
+      v = (static_cast<float>(seed >> 8) * (1.f / 16777216.f) - 0.5f) * 0.2f;
+    }
     common::EncodeBlock(layout, src.data(), b, m.data.data() + b * layout.block_bytes, m.scales.data(), m.zeros.data());
   }
   m.view = {layout, m.data.data(), m.scales.empty() ? nullptr : m.scales.data(),
@@ -64,11 +70,11 @@ struct SynthExpert {
   common::ExpertWeights weights;
 };
 
-std::unique_ptr<SynthExpert> MakeExpert(DType type, std::mt19937& rng) {
+std::unique_ptr<SynthExpert> MakeExpert(DType type, int64_t dim, uint32_t& seed) {
   auto e = std::make_unique<SynthExpert>();
-  e->w1 = Encode(type, kDim, kDim, rng);
-  e->w3 = Encode(type, kDim, kDim, rng);
-  e->w2 = Encode(type, kDim, kDim, rng);
+  e->w1 = Encode(type, dim, dim, seed);
+  e->w3 = Encode(type, dim, dim, seed);
+  e->w2 = Encode(type, dim, dim, seed);
   e->weights.w1 = e->w1.view;
   e->weights.w3 = e->w3.view;
   e->weights.w2 = e->w2.view;
@@ -78,10 +84,10 @@ std::unique_ptr<SynthExpert> MakeExpert(DType type, std::mt19937& rng) {
 // Times RunExperts on synthetic rows.
 class Timer {
  public:
-  explicit Timer(ThreadPool* pool) : pool_(pool) {
+  Timer(ThreadPool* pool, int64_t dim) : pool_(pool), dim_(dim) {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.f, 1.f);
-    x_.resize(128 * kDim);
+    x_.resize(128 * dim);
     for (float& v : x_) v = normal(rng);
     dst_.resize(x_.size());
     for (int32_t i = 0; i < 128; ++i) indices_.push_back(i);
@@ -98,7 +104,7 @@ class Timer {
     for (int run = 0; run < 7; ++run) {
       for (int i = 0; i < 2; ++i) {
         const auto start = std::chrono::steady_clock::now();
-        RunExperts(*pool_, {&task, 1}, x_.data(), kDim, dst_.data(), workspace_, i == 0 ? base : alternative);
+        RunExperts(*pool_, {&task, 1}, x_.data(), dim_, dst_.data(), workspace_, i == 0 ? base : alternative);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         if (run > 0) best[i] = std::min(best[i], ms);
       }
@@ -108,6 +114,7 @@ class Timer {
 
  private:
   ThreadPool* pool_;
+  int64_t dim_;
   std::vector<float> x_, dst_, route_weights_;
   std::vector<int32_t> indices_;
   Workspace workspace_;
@@ -213,6 +220,10 @@ KernelProfile DefaultProfile(Isa isa) {
   KernelProfile p;
   p.isa = isa;
   const bool vnni = isa == Isa::kAvx512Bf16;  // the int8/int4 kernels convert nothing: tiles pay off later
+  // The int8 vpdpbusd kernel adds the activations' int8 rounding to int8's
+  // ~0.5% and was within 10% of widening on the Mixtral-shaped layer where
+  // we measured it (AMD Zen 5): it is chosen only where it wins clearly.
+  p.int8_widen = vnni;
   p.int8_tile_min_tokens = vnni ? 32 : 12;
   p.int4_tile_min_tokens = vnni ? 32 : 4;
   p.source = "defaults";
@@ -229,41 +240,49 @@ KernelProfile MeasureProfile(Isa isa) {
     profile.source = absl::StrCat("defaults (no thread for measuring: ", pool.status().message(), ")");
     return profile;
   }
-  Timer timer(pool->get());
-  std::mt19937 rng(2024);
+  uint32_t seed = 2024;
   ExecutorOptions hand;  // hand-written block kernels only
-  const KernelTable table = KernelsFor(isa);
-  hand.kernels = &table;
+  const KernelTable dot_table = KernelsFor(isa);
   hand.onednn_min_tokens = hand.int8_tile_min_tokens = hand.int4_tile_min_tokens = 0;
 
   // Where vdpbf16ps / vpdpbusd kernels exist, each against widening the
-  // weights to f32 + FMA: bf16 at 32 rows (it also runs the int8/int4 tiles
-  // and long prompts), int8/int4 at 4 (below their tile thresholds). At one
-  // row all of them stream the weights from memory.
-  const auto bf16 = MakeExpert(DType::kBF16, rng);
-  const auto int8 = MakeExpert(DType::kInt8, rng);
-  const auto int4 = MakeExpert(DType::kInt4, rng);
+  // weights to f32 + FMA, on a large expert: bf16 at 32 rows (it also runs
+  // the int8/int4 tiles and long prompts), int8/int4 at 1 and 8 rows
+  // together (decode, below their tile thresholds). The default stays unless
+  // the other takes under 90% of its time.
   if (isa == Isa::kAvx512Bf16) {
-    struct Candidate {
+    Timer large(pool->get(), kLargeDim);
+    const KernelTable& widened_table = KernelsFor(Isa::kAvx512);
+    struct Pair {
       DType type;
-      const common::ExpertWeights* expert;
-      int64_t rows;
-      const char* name;
+      std::vector<int64_t> rows;
+      const char* dot_name;
       bool* widen;
     };
-    for (const Candidate& c : {Candidate{DType::kBF16, &bf16->weights, 32, "vdpbf16ps", &profile.bf16_widen},
-                               Candidate{DType::kInt8, &int8->weights, 4, "vpdpbusd", &profile.int8_widen},
-                               Candidate{DType::kInt4, &int4->weights, 4, "vpdpbusd", &profile.int4_widen}}) {
-      KernelTable widened = table;
-      widened.block[static_cast<int>(c.type)] = KernelsFor(Isa::kAvx512).For(c.type);
-      ExecutorOptions alt = hand;
-      alt.kernels = &widened;
-      const auto [dot, fma] = timer.Compare(*c.expert, c.rows, hand, alt);
-      *c.widen = fma < kMargin * dot;
-      profile.evidence.push_back(absl::StrFormat("%s block rows=%d: %s %.3f ms, widened+fma %.3f ms",
-                                                 common::DTypeName(c.type), c.rows, c.name, dot, fma));
+    for (const Pair& c : {Pair{DType::kBF16, {32}, "vdpbf16ps", &profile.bf16_widen},
+                          Pair{DType::kInt8, {1, 8}, "vpdpbusd", &profile.int8_widen},
+                          Pair{DType::kInt4, {1, 8}, "vpdpbusd", &profile.int4_widen}}) {
+      const auto expert = MakeExpert(c.type, kLargeDim, seed);
+      KernelTable widened = dot_table;
+      widened.block[static_cast<int>(c.type)] = widened_table.For(c.type);
+      ExecutorOptions dot = hand, fma = hand;
+      dot.kernels = &dot_table;
+      fma.kernels = &widened;
+      double dot_ms = 0, fma_ms = 0;
+      for (int64_t rows : c.rows) {
+        const auto [d, f] = large.Compare(expert->weights, rows, dot, fma);
+        dot_ms += d, fma_ms += f;
+      }
+      *c.widen = *c.widen ? !(dot_ms < kMargin * fma_ms) : fma_ms < kMargin * dot_ms;
+      profile.evidence.push_back(absl::StrFormat("%s block %dx%d rows=%s: %s %.3f ms, widened+fma %.3f ms",
+                                                 common::DTypeName(c.type), kLargeDim, kLargeDim,
+                                                 absl::StrJoin(c.rows, "+"), c.dot_name, dot_ms, fma_ms));
     }
   }
+  Timer timer(pool->get(), kSmallDim);
+  const auto bf16 = MakeExpert(DType::kBF16, kSmallDim, seed);
+  const auto int8 = MakeExpert(DType::kInt8, kSmallDim, seed);
+  const auto int4 = MakeExpert(DType::kInt4, kSmallDim, seed);
   const KernelTable chosen = ProfiledTable(profile);
   hand.kernels = &chosen;
 

@@ -33,6 +33,7 @@ bool IsMeasuredRowCount(int64_t rows) {
 TEST_CASE("a kernel profile survives its file format") {
   KernelProfile p = DefaultProfile(Isa::kAvx512Bf16);
   p.bf16_widen = true;
+  p.int8_widen = false;
   p.int4_widen = true;
   p.onednn_min_tokens = 64;
   p.int8_tile_min_tokens = 0;
