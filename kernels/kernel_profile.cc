@@ -165,6 +165,24 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
   std::error_code ignored;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 && (errno == EROFS || errno == EACCES)) {
+    // A profile pinned on a read-only mount (a Kubernetes ConfigMap): used as
+    // it is, never measured over.
+    const int error = errno;
+    const int read_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (read_fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
+    std::string text;
+    char buffer[4096];
+    for (ssize_t n; (n = read(read_fd, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
+    close(read_fd);
+    auto pinned = ParseProfile(text, isa);
+    if (!pinned.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(path, " is read-only and not a profile for this CPU: ", pinned.status().message()));
+    }
+    pinned->source = absl::StrCat("pinned in ", path, " (read-only)");
+    return pinned;
+  }
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   struct Closer {
     int fd;

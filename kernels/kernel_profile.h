@@ -65,7 +65,9 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);
 // Reads the profile of `isa` cached at `path`, or (no file, an unreadable
 // one or one of another ISA) measures it and writes it there, holding an
 // exclusive lock on the file throughout so concurrent processes measure once.
-// UNAVAILABLE naming the path where it cannot be opened, locked or written.
+// A file that can only be read (a read-only mount) is used as written if it
+// parses as a profile of `isa`. UNAVAILABLE naming the path where it cannot
+// be opened, locked or written, or is read-only and not such a profile.
 absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa);
 
 // One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4

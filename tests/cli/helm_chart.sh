@@ -104,6 +104,29 @@ for path, shards, replicas in ((sys.argv[1], 2, 2), (sys.argv[2], 4, 2)):
           f"{'colibri-health' if socket else 'gRPC'} probes, IPC_LOCK, anti-affinity per shard, PDBs"
           f"{', NUMA auto, huge pages' if socket else ''}")
 PY
+# A pinned kernel profile: one ConfigMap, mounted read-only where COLIBRI_KERNEL_PROFILE points;
+# without one, an emptyDir there (each pod measures its own, once).
+printf 'experts:\n  kernelProfile: |\n    isa avx2\n    bf16_widen 0\n' > "$tmp/pinned.yaml"
+render -f "$tmp/plaintext.yaml" -f "$tmp/pinned.yaml" > "$tmp/pinned_render.yaml"
+node "$src/deploy/helm/validate/k8s_validate.mjs" "$modules" "$tmp/pinned_render.yaml" >/dev/null || fail "schema validation with a pinned kernel profile"
+$py - "$tmp/pinned_render.yaml" "$tmp/default.yaml" <<'PY' || fail "the kernel profile's ConfigMap, volume or environment is wrong"
+import sys, yaml
+for path, pinned in ((sys.argv[1], True), (sys.argv[2], False)):
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    maps = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-kernel-profile")]
+    assert len(maps) == (1 if pinned else 0), (path, len(maps))
+    if pinned:
+        assert maps[0]["data"]["kernels.txt"] == "isa avx2\nbf16_widen 0\n", maps[0]["data"]
+    for s in (d for d in docs if d["kind"] == "StatefulSet"):
+        pod = s["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert {"name": "COLIBRI_KERNEL_PROFILE", "value": "/var/cache/colibri/kernels.txt"} in c["env"], c.get("env")
+        mount = [m for m in c["volumeMounts"] if m["name"] == "kernel-profile"][0]
+        assert mount["mountPath"] == "/var/cache/colibri" and mount["readOnly"] == pinned, mount
+        volume = [v for v in pod["volumes"] if v["name"] == "kernel-profile"][0]
+        assert ("configMap" in volume) == pinned and ("emptyDir" in volume) == (not pinned), volume
+print("ok: kernel profile: emptyDir by default, a read-only ConfigMap when pinned")
+PY
 render -f "$tmp/plaintext.yaml" -f <(printf 'experts: {replicasPerShard: 1}\n') | grep -q "minAvailable: 1" || fail "a single replica's PDB must keep it"
 render -f "$tmp/plaintext.yaml" -f <(printf 'tls: {clients: {secretName: c, mutual: true}}\n') > "$tmp/client_tls.yaml"
 $py - "$tmp/client_tls.yaml" <<'PY' || fail "with client TLS the router's readiness probe must be colibri-health with its certificate"

@@ -1,5 +1,6 @@
 #include "kernels/kernel_profile.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -125,6 +126,34 @@ TEST_CASE("a cache file that cannot be opened is an error naming it") {
   REQUIRE_FALSE(loaded.ok());
   CHECK(loaded.status().code() == absl::StatusCode::kUnavailable);
   CHECK_THAT(std::string(loaded.status().message()), Catch::Contains("cannot open " + path));
+}
+
+TEST_CASE("a profile that can only be read is used as written, and refused if it is not one") {
+  const Isa isa = SelectedIsa();
+  // A file the process may not write: a sysfs attribute (EACCES even for root).
+  const std::string sysfs = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size";
+  if (access(sysfs.c_str(), R_OK) == 0) {
+    auto refused = LoadOrMeasureProfile(sysfs, isa);
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(std::string(refused.status().message()),
+               Catch::Contains(sysfs + " is read-only and not a profile for this CPU"));
+  } else {
+    WARN("no " << sysfs << " here: the refusal of a read-only non-profile is not exercised");
+  }
+  if (geteuid() == 0) {
+    WARN("running as root, which may write any file: the read-only pinned profile is not exercised");
+    return;
+  }
+  TempDir dir;
+  const std::string path = dir / "pinned.txt";
+  KernelProfile pinned = DefaultProfile(isa);
+  pinned.onednn_min_tokens = 64;
+  std::ofstream(path) << SerializeProfile(pinned);
+  REQUIRE(chmod(path.c_str(), 0444) == 0);
+  auto loaded = LoadOrMeasureProfile(path, isa);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->onednn_min_tokens == 64);
+  CHECK(loaded->source == "pinned in " + path + " (read-only)");
 }
 
 TEST_CASE("the CPU signature names vendor, family, model and stepping") {
