@@ -208,36 +208,34 @@ void Int8Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
 
 }  // namespace
 
-void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
-  // T = 1 in tiles of 4 rows, else 2 rows at a time (outer: each pair of
-  // rows comes from memory once, then from L1/L2 for every further token
-  // tile) times token tiles of up to 4. Each (row, token) sees the same
-  // operations in the same order either way.
+namespace {
+
+// T = 1 in tiles of 4 rows, else 2 rows at a time (outer: each pair of rows
+// comes from memory once, then from L1/L2 for every further token tile)
+// times token tiles of up to 4. Each (row, token) sees the same operations in
+// the same order either way.
+void RunIntTiles(IntTileFn single, const IntTileFn (&tiles)[4], const common::MatrixView& w, int64_t block,
+                 const Activations& x, float* out) {
   const int64_t T = x.num_tokens;
   if (T == 1) {
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += 4) Int8Tile<4, 1>(w, block, x, r0, 0, out);
+    for (int64_t r0 = 0; r0 < kBlockRows; r0 += 4) single(w, block, x, r0, 0, out);
     return;
   }
-  constexpr IntTileFn kInt8Tiles[4] = {Int8Tile<2, 1>, Int8Tile<2, 2>, Int8Tile<2, 3>, Int8Tile<2, 4>};
   for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) {
-    for (int64_t t0 = 0; t0 < T; t0 += 4) kInt8Tiles[std::min<int64_t>(4, T - t0) - 1](w, block, x, r0, t0, out);
+    for (int64_t t0 = 0; t0 < T; t0 += 4) tiles[std::min<int64_t>(4, T - t0) - 1](w, block, x, r0, t0, out);
   }
 }
 
+}  // namespace
+
+void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
+  static constexpr IntTileFn kTiles[4] = {Int8Tile<2, 1>, Int8Tile<2, 2>, Int8Tile<2, 3>, Int8Tile<2, 4>};
+  RunIntTiles(Int8Tile<4, 1>, kTiles, w, block, x, out);
+}
+
 void BlockInt4Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
-  // T = 1: 4 rows a tile; else token tiles of up to 4 (outer, so the tile's
-  // x stays in cache) times 2 rows. Each (row, token) sees the same
-  // operations in the same order either way.
-  const int64_t T = x.num_tokens;
-  if (T == 1) {
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += 4) Int4Tile<4, 1>(w, block, x, r0, 0, out);
-    return;
-  }
-  constexpr IntTileFn kInt4Tiles[4] = {Int4Tile<2, 1>, Int4Tile<2, 2>, Int4Tile<2, 3>, Int4Tile<2, 4>};
-  for (int64_t t0 = 0; t0 < T; t0 += 4) {
-    const IntTileFn tile = kInt4Tiles[std::min<int64_t>(4, T - t0) - 1];
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) tile(w, block, x, r0, t0, out);
-  }
+  static constexpr IntTileFn kTiles[4] = {Int4Tile<2, 1>, Int4Tile<2, 2>, Int4Tile<2, 3>, Int4Tile<2, 4>};
+  RunIntTiles(Int4Tile<4, 1>, kTiles, w, block, x, out);
 }
 
 void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
