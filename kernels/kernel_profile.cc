@@ -146,6 +146,13 @@ int64_t MeasureThreshold(Timer& timer, const common::ExpertWeights& expert, cons
   return Threshold(wins);
 }
 
+std::string ReadAll(int fd) {
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
+  return text;
+}
+
 std::string CachePath() {
   if (const char* path = std::getenv("COLIBRI_KERNEL_PROFILE"); path != nullptr && *path != '\0') return path;
   std::string dir;
@@ -171,9 +178,7 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
     const int error = errno;
     const int read_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (read_fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
-    std::string text;
-    char buffer[4096];
-    for (ssize_t n; (n = read(read_fd, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
+    const std::string text = ReadAll(read_fd);
     close(read_fd);
     auto pinned = ParseProfile(text, isa);
     if (!pinned.ok()) {
@@ -190,9 +195,7 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
   } closer{fd};
   if (flock(fd, LOCK_EX) != 0)
     return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
-  std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
+  const std::string text = ReadAll(fd);
   if (!text.empty()) {
     auto cached = ParseProfile(text, isa);
     if (cached.ok()) {
@@ -237,12 +240,14 @@ std::string DescribeProfile(const KernelProfile& p) {
 KernelProfile DefaultProfile(Isa isa) {
   KernelProfile p;
   p.isa = isa;
-  const bool vnni = isa == Isa::kAvx512Bf16;  // the int8/int4 kernels convert nothing: tiles pay off later
+  const bool vnni = isa == Isa::kAvx512Bf16;
   // The int8 vpdpbusd kernel adds the activations' int8 rounding to int8's
   // ~0.5% and was within 10% of widening on the Mixtral-shaped layer where
   // we measured it (AMD Zen 5): it is chosen only where it wins clearly.
+  // The thresholds are the break-even points measured for the default
+  // kernels (the int4 vpdpbusd kernel converts nothing: tiles pay off later).
   p.int8_widen = vnni;
-  p.int8_tile_min_tokens = vnni ? 32 : 12;
+  p.int8_tile_min_tokens = 12;
   p.int4_tile_min_tokens = vnni ? 32 : 4;
   p.source = "defaults";
   return p;

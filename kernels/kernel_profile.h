@@ -48,11 +48,10 @@ struct KernelProfile {
 // The built-in choices for `isa` (what the measured ones replace).
 KernelProfile DefaultProfile(Isa isa);
 
-// Times the candidates on synthetic experts (d_model and d_ff 1024, one
-// thread, the fastest of 6 alternating runs each after a warm-up; one to
-// three seconds) and keeps an
-// alternative only where it is at least 10% faster — and, for a row
-// threshold, at that row count and every larger one measured.
+// Times the candidates on synthetic experts (one thread, the fastest of 6
+// alternating runs each after a warm-up; about two seconds: docs/KERNELS.md)
+// and keeps an alternative only where it is at least 10% faster — and, for
+// a row threshold, at that row count and every larger one measured.
 KernelProfile MeasureProfile(Isa isa);
 
 // The file format: "key value" lines (isa, bf16_widen, int8_widen,

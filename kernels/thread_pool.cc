@@ -142,8 +142,8 @@ void ThreadPool::Run(const std::function<void(int)>& job) {
   // CPU with a pinned worker while another CPU idles), then gets its own
   // affinity back: it may be anyone's thread.
   cpu_set_t caller_cpus;
-  const bool repin =
-      caller_joins_ && !cpus_.empty() && pthread_getaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus) == 0;
+  const bool repin = caller_joins_ && !cpus_.empty() &&
+                     pthread_getaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus) == 0;
   if (caller_joins_) {
     thread_local bool single_omp = false;  // oneDNN regions in the caller's share stay on the caller
     if (!single_omp) {
