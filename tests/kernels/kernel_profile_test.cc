@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "catch2/catch.hpp"
 #include "tests/test_util.h"
@@ -15,14 +14,8 @@ namespace colibri {
 namespace kernels {
 namespace {
 
+using colibri::testing::ReadFile;
 using colibri::testing::TempDir;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 bool IsMeasuredRowCount(int64_t rows) {
   for (int64_t r : {0, 2, 4, 8, 16, 32, 64, 128}) {
@@ -97,7 +90,7 @@ TEST_CASE("the kernel profile is measured once and then read from its cache file
   auto first = LoadOrMeasureProfile(path, isa);
   REQUIRE(first.ok());
   CHECK(first->source == "measured, cached in " + path);
-  const std::string written = Slurp(path);
+  const std::string written = ReadFile(path);
   CHECK(written == SerializeProfile(*first));
   auto second = LoadOrMeasureProfile(path, isa);
   REQUIRE(second.ok());
@@ -115,7 +108,7 @@ TEST_CASE("the kernel profile is measured once and then read from its cache file
   auto fourth = LoadOrMeasureProfile(path, isa);
   REQUIRE(fourth.ok());
   CHECK(fourth->source == "measured, cached in " + path);
-  CHECK(ParseProfile(Slurp(path), isa).ok());
+  CHECK(ParseProfile(ReadFile(path), isa).ok());
 }
 
 TEST_CASE("a cache file that cannot be opened is an error naming it") {
