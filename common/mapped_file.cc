@@ -54,7 +54,10 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     }
   }
   ::close(fd);  // the mapping keeps the file alive
-  return std::unique_ptr<MappedFile>(new MappedFile(path, static_cast<const uint8_t*>(data), size));
+  const FileIdentity identity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), size,
+                              st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec,
+                              st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec};
+  return std::unique_ptr<MappedFile>(new MappedFile(path, static_cast<const uint8_t*>(data), size, identity));
 }
 
 MappedFile::~MappedFile() {

@@ -16,6 +16,21 @@
 namespace colibri {
 namespace common {
 
+// What identifies a file's contents without reading them: a file rewritten
+// in place, replaced or touched gets a new ctime (which no unprivileged call
+// can set back) and usually a new mtime, inode or size.
+struct FileIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+
+  bool operator==(const FileIdentity& o) const {
+    return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns && ctime_ns == o.ctime_ns;
+  }
+};
+
 class MappedFile {
  public:
   // Maps `path`. NOT_FOUND / PERMISSION_DENIED / INTERNAL with the path and
@@ -29,6 +44,8 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The file as it was when mapped.
+  const FileIdentity& identity() const { return identity_; }
 
   // Guards the mapping against truncation of the file (common/sigbus_guard.h):
   // a read past the file's new end then sees zeros instead of killing the
@@ -44,11 +61,13 @@ class MappedFile {
   void DropPages(size_t offset, size_t length) const;
 
  private:
-  MappedFile(std::string path, const uint8_t* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}
+  MappedFile(std::string path, const uint8_t* data, size_t size, FileIdentity identity)
+      : path_(std::move(path)), data_(data), size_(size), identity_(identity) {}
 
   const std::string path_;
   const uint8_t* const data_;
   const size_t size_;
+  const FileIdentity identity_;
   int guard_slot_ = -1;
 };
 

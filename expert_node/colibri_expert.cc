@@ -7,6 +7,7 @@
 #include <chrono>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -29,8 +30,16 @@ ABSL_FLAG(int, numa_node, -1, "Bind compute threads and weight copies to this NU
 ABSL_FLAG(bool, numa_node_auto, false,
           "Bind to the NUMA node of the CPUs this process may run on (one socket's CPUs, "
           "e.g. as Kubernetes' topology manager assigned them); refused if they span several nodes.");
-ABSL_FLAG(bool, verify_checksums, true, "Verify every owned file's checksum at load and reload.");
-ABSL_FLAG(bool, mlock, true, "Lock the weights in RAM.");
+ABSL_FLAG(bool, verify_checksums, true,
+          "Verify every owned file's checksum at load and reload (files unchanged since they were verified, by "
+          "size, inode, mtime and ctime, are not hashed again: see --verify_cache).");
+ABSL_FLAG(std::string, verify_cache, "",
+          "Where verified files are remembered: empty (the default) = MODEL/.colibri-verified if the model "
+          "directory is writable, else ~/.cache/colibri; 'off' = hash every file at every start; or a file.");
+ABSL_FLAG(std::string, residency, "locked",
+          "Where the weights live: locked (the mapped files, locked in RAM; never change them in place), copy (the "
+          "node's own locked copy; a start pays for the copy) or paged (the mapped files, not locked: the kernel "
+          "reads them on use and may drop them; see --memory_budget).");
 ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be locked (instead of warning).");
 ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page memory.");
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");
@@ -73,6 +82,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"ServerOptions::admin_listen", "--admin_listen"},
     {"ServerOptions::admin_identities", "--admin_identities"},
     {"StoreOptions::require_mlock", "--require_mlock"},
+    {"StoreOptions::residency", "--residency"},
     {"ThreadPool::Options::numa_node", "--numa_node"},
 };
 
@@ -105,7 +115,16 @@ int main(int argc, char** argv) {
   }
   options.store.shard = *shard;
   options.store.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
-  options.store.lock_memory = absl::GetFlag(FLAGS_mlock);
+  options.store.verify_cache = absl::GetFlag(FLAGS_verify_cache);
+  options.store.verify_threads = absl::GetFlag(FLAGS_threads) > 0
+                                     ? absl::GetFlag(FLAGS_threads)
+                                     : static_cast<int>(std::thread::hardware_concurrency());
+  auto residency = colibri::expert_node::ParseResidency(absl::GetFlag(FLAGS_residency));
+  if (!residency.ok()) {
+    std::cerr << "colibri-expert: " << colibri::runtime::NameFlags(residency.status(), kOptionFlags).message() << "\n";
+    return 2;
+  }
+  options.store.residency = *residency;
   options.store.require_mlock = absl::GetFlag(FLAGS_require_mlock);
   options.store.hugepages = absl::GetFlag(FLAGS_hugepages);
   options.store.numa_node = absl::GetFlag(FLAGS_numa_node);

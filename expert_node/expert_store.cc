@@ -3,10 +3,15 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_verifier.h"
 #include "common/status_macros.h"
 
 namespace colibri {
@@ -19,6 +24,24 @@ std::pair<const uint8_t*, size_t> Backing(const common::ExpertWeights& e) {
   return {e.file->data(), e.file->size()};
 }
 
+// Runs fn(0..n-1) on up to `threads` threads; the error of the lowest index
+// that failed, else OK.
+absl::Status ParallelFor(size_t n, int threads, const std::function<absl::Status(size_t)>& fn) {
+  std::vector<absl::Status> status(n);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) status[i] = fn(i);
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < std::min<int64_t>(threads, n); ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 std::string MemlockLimit() {
   rlimit limit;
   if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
@@ -26,6 +49,42 @@ std::string MemlockLimit() {
 }
 
 }  // namespace
+
+const char* ResidencyName(Residency residency) {
+  switch (residency) {
+    case Residency::kLocked: return "locked";
+    case Residency::kCopy: return "copy";
+    case Residency::kPaged: return "paged";
+  }
+  return "?";
+}
+
+absl::StatusOr<Residency> ParseResidency(const std::string& name) {
+  for (Residency r : {Residency::kLocked, Residency::kCopy, Residency::kPaged}) {
+    if (name == ResidencyName(r)) return r;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("StoreOptions::residency '", name, "' is not one of locked, copy, paged"));
+}
+
+WeightSet::~WeightSet() {
+  stop_locking_ = true;
+  if (locker_.joinable()) locker_.join();
+}
+
+void WeightSet::AwaitLock() const { lock_done_.WaitForNotification(); }
+
+std::string WeightSet::placement() const {
+  const char* lock = "";
+  switch (lock_state_.load()) {
+    case kNotLocked: lock = ", not locked"; break;
+    case kLocking: lock = ", being locked in RAM"; break;
+    case kLocked: lock = ", locked in RAM"; break;
+    case kRefused: lock = ", not locked (mlock refused)"; break;
+  }
+  return absl::StrCat(copy_description_.empty() ? "mapped files" : absl::StrCat("copied (", copy_description_, ")"),
+                      lock, " (residency ", ResidencyName(residency_), ")");
+}
 
 absl::StatusOr<const common::ExpertWeights*> WeightSet::Find(int64_t layer, int64_t expert) const {
   auto it = experts_.find({layer, expert});
@@ -85,6 +144,33 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
   return absl::OkStatus();
 }
 
+absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<std::pair<const uint8_t*, size_t>>& ranges,
+                                  std::ostream* log) {
+  absl::Status status;
+  for (size_t i = 0; i < ranges.size() && !set->stop_locking_.load(); ++i) {
+    const auto [data, size] = ranges[i];
+    // In pieces: mlock holds the process's memory-map lock while it faults
+    // pages in, which would stall every other thread's mmap (and page
+    // faults) for the whole expert.
+    constexpr size_t kPiece = size_t{64} << 20;
+    size_t done = 0;
+    while (done < size && mlock(data + done, std::min(kPiece, size - done)) == 0) done += kPiece;
+    if (done >= size) continue;
+    const auto& [layer, expert] = set->owned_[i];
+    status = absl::FailedPreconditionError(
+        absl::StrCat("mlock of ", size, " bytes for layer ", layer, " expert ", expert, " refused (",
+                     std::strerror(errno), "; RLIMIT_MEMLOCK is ", MemlockLimit(),
+                     "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity, or Kubernetes "
+                     "securityContext.capabilities.add: [IPC_LOCK]) or set StoreOptions::require_mlock to false to run "
+                     "unlocked"));
+    if (log != nullptr) *log << "WARNING: " << status.message() << "; continuing with unlocked weights\n";
+    break;
+  }
+  set->lock_state_ = status.ok() && !set->stop_locking_.load() ? WeightSet::kLocked : WeightSet::kRefused;
+  set->lock_done_.Notify();
+  return status;
+}
+
 absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::string& model_dir, const ShardSpec& shard,
                                                                    uint64_t version) const {
   auto set = std::make_shared<WeightSet>();
@@ -92,43 +178,55 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
   COLIBRI_ASSIGN_OR_RETURN(set->model_, common::ModelDir::Open(model_dir));
   const common::Manifest& m = set->model_->manifest();
   COLIBRI_ASSIGN_OR_RETURN(set->owned_, shard.Resolve(m.n_layers, m.total_experts()));
-  // Locked weights are the node's own copy (anonymous memory): a weight file
-  // truncated or rewritten in place can then neither kill the node (SIGBUS
-  // on a mapped page past the new end) nor change weights under live calls.
-  const bool copy = options_.hugepages || options_.numa_node >= 0 || options_.lock_memory;
-  bool locked = options_.lock_memory;
-  std::string copy_description;
+  std::vector<std::unique_ptr<common::ExpertWeights>> loaded;
+  std::vector<const common::MappedFile*> files;
   for (const auto& [layer, expert] : set->owned_) {
-    COLIBRI_ASSIGN_OR_RETURN(auto weights, set->model_->LoadExpert(layer, expert, options_.verify_checksums));
+    COLIBRI_ASSIGN_OR_RETURN(auto weights, set->model_->LoadExpert(layer, expert, /*verify_checksum=*/false));
+    files.push_back(weights->file.get());
+    loaded.push_back(std::move(weights));
+  }
+  if (options_.verify_checksums) {
+    COLIBRI_ASSIGN_OR_RETURN(
+        common::VerifyReport report,
+        common::VerifyMappedFiles(*set->model_, files, {options_.verify_threads, options_.verify_cache}));
+    if (log_ != nullptr) *log_ << report.Describe() << "\n";
+  }
+  const bool copy = options_.residency == Residency::kCopy || options_.hugepages || options_.numa_node >= 0;
+  // Copies are independent per expert: on verify_threads threads.
+  const absl::Status placed = ParallelFor(loaded.size(), options_.verify_threads, [&](size_t i) -> absl::Status {
+    common::ExpertWeights& weights = *loaded[i];
     if (copy) {
-      COLIBRI_RETURN_IF_ERROR(common::CopyExpertToMemory(weights.get(), {options_.hugepages, options_.numa_node}));
-      copy_description = weights->copy->description();
-    } else if (weights->file != nullptr) {
+      COLIBRI_RETURN_IF_ERROR(common::CopyExpertToMemory(&weights, {options_.hugepages, options_.numa_node}));
+    } else {
       // Served from the page cache: a file truncated in place must fail the
       // calls that read it (DATA_LOSS), not kill the node with SIGBUS.
-      weights->file->Guard();
+      weights.file->Guard();
     }
-    const auto [data, size] = Backing(*weights);
-    if (locked && mlock(data, size) != 0) {
-      const std::string why = absl::StrCat(
-          "mlock of ", size, " bytes for layer ", layer, " expert ", expert, " refused (", std::strerror(errno),
-          "; RLIMIT_MEMLOCK is ", MemlockLimit(),
-          "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity, or Kubernetes "
-          "securityContext.capabilities.add: [IPC_LOCK]) or set StoreOptions::require_mlock to false to run unlocked");
-      if (options_.require_mlock) return absl::FailedPreconditionError(why);
-      if (log_ != nullptr) *log_ << "WARNING: " << why << "; continuing with unlocked weights\n";
-      locked = false;
-    }
-    madvise(const_cast<uint8_t*>(data), size, MADV_WILLNEED);  // advice only: failure is harmless
-    set->bytes_ += size;
-    set->experts_[{layer, expert}] = std::move(weights);
+    return absl::OkStatus();
+  });
+  if (!placed.ok()) return placed;
+  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+  for (std::unique_ptr<common::ExpertWeights>& weights : loaded) {
+    ranges.push_back(Backing(*weights));
+    set->bytes_ += ranges.back().second;
+    if (weights->copy != nullptr) set->copy_description_ = weights->copy->description();
+    set->experts_[{weights->layer, weights->expert}] = std::move(weights);
   }
-  set->locked_ = locked;
-  set->placement_ = absl::StrCat(copy ? absl::StrCat("copied (", copy_description, ")") : "mapped files",
-                                 locked ? ", locked in RAM" : ", not locked");
+  set->residency_ = options_.residency;
+  if (options_.residency == Residency::kPaged) {
+    set->lock_done_.Notify();
+  } else if (options_.require_mlock) {
+    COLIBRI_RETURN_IF_ERROR(LockAll(set.get(), ranges, nullptr));
+  } else {
+    // Serving does not wait for the locks: the pages are in the page cache
+    // (or the copy) already; locking a large shard takes seconds.
+    set->lock_state_ = WeightSet::kLocking;
+    set->locker_ =
+        std::thread([s = set.get(), ranges = std::move(ranges), log = log_] { (void)LockAll(s, ranges, log); });
+  }
   if (log_ != nullptr) {
     *log_ << "loaded " << set->owned_.size() << " experts of " << model_dir << " (version " << version << ", "
-          << set->placement_ << ")\n";
+          << set->placement() << ")\n";
   }
   return std::shared_ptr<const WeightSet>(std::move(set));
 }

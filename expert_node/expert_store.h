@@ -2,9 +2,10 @@
 #define COLIBRI_EXPERT_NODE_EXPERT_STORE_H_
 
 // The weights an expert node owns: the (layer, expert) files of its shard,
-// mapped read-only from the model directory, verified, locked in RAM and
-// advised — or copied into huge-page / NUMA-bound memory — and swapped
-// atomically on reload.
+// mapped read-only from the model directory, verified (in parallel, skipping
+// files unchanged since they were verified), then locked in RAM, copied
+// (huge-page / NUMA-bound memory) or left to the page cache (Residency), and
+// swapped atomically on reload.
 //
 // A WeightSet is immutable and shared: each request takes Current() and keeps
 // that shared_ptr until it finishes, so a reload never changes the weights
@@ -13,12 +14,14 @@
 // success: a failed reload leaves the node serving the old weights and
 // returns the reason. ExpertStore is thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,43 +34,79 @@
 namespace colibri {
 namespace expert_node {
 
+// Where an expert node's weights live.
+enum class Residency {
+  // The mapped files, locked in RAM (mlock): nothing is copied, so a start is
+  // as fast as the page cache can be locked. The files must not be changed
+  // in place while loaded (write new versions to a new directory): a file
+  // truncated under the node fails the calls that read it (DATA_LOSS), one
+  // rewritten at the same size would change weights unchecked.
+  kLocked,
+  // A copy in the node's own anonymous memory, locked: files changed in place
+  // never reach the node; a start pays for the copy.
+  kCopy,
+  // The mapped files, not locked: the kernel reads them in on use and may
+  // drop them under memory pressure (a model larger than RAM; see
+  // expert_node/paged_weights.h for the prefetch and the memory budget).
+  kPaged,
+};
+const char* ResidencyName(Residency residency);  // "locked", "copy", "paged"
+// INVALID_ARGUMENT naming the value and the choices.
+absl::StatusOr<Residency> ParseResidency(const std::string& name);
+
 struct StoreOptions {
-  ShardSpec shard;               // default: all experts of all layers
-  bool verify_checksums = true;  // hash every owned file at load
-  // Copy the weights into anonymous memory and mlock them: files changed in
-  // place afterwards never reach the node. false: serve from the mapped
-  // files (page cache), which must then not be truncated or rewritten in
-  // place while loaded (write new versions to a new directory and Reload it).
-  bool lock_memory = true;
+  ShardSpec shard;  // default: all experts of all layers
+  Residency residency = Residency::kLocked;
+  bool verify_checksums = true;  // hash every owned file at load (files unchanged since verified excepted)
+  int verify_threads = 1;        // threads hashing files
+  // Where verified files are remembered (common/file_verifier.h): empty =
+  // next to the model or in the user's cache, "off" = nowhere.
+  std::string verify_cache;
   bool require_mlock = false;  // fail (instead of warning and running unlocked) if mlock is refused
-  bool hugepages = false;      // copy weights to MADV_HUGEPAGE anonymous memory
+  bool hugepages = false;      // copy weights to MADV_HUGEPAGE anonymous memory (implies a copy)
   int numa_node = -1;          // >= 0: copy weights to memory bound to this node (implies a copy)
 };
 
 class WeightSet {
  public:
+  WeightSet() = default;
+  ~WeightSet();  // stops and joins the background locking, if it still runs
+  WeightSet(const WeightSet&) = delete;
+  WeightSet& operator=(const WeightSet&) = delete;
+
   const common::ModelDir& model() const { return *model_; }
   uint64_t version() const { return version_; }
-  // True if every owned expert is locked in RAM.
-  bool locked() const { return locked_; }
-  // Where the weights live, for logs and GetNodeInfo: e.g. "mapped files, locked".
-  const std::string& placement() const { return placement_; }
+  // True once every owned expert is locked in RAM. Locking runs in the
+  // background after the set is loaded (the weights are served from the
+  // page cache meanwhile), unless StoreOptions::require_mlock.
+  bool locked() const { return lock_state_.load() == kLocked; }
+  // Blocks until the background locking has finished (at once if none runs).
+  void AwaitLock() const;
+  // Where the weights live, for logs and GetNodeInfo: e.g. "mapped files,
+  // locked in RAM (residency locked)".
+  std::string placement() const;
   const std::vector<std::pair<int64_t, int64_t>>& owned() const { return owned_; }
   // Bytes of the owned experts' files (or their copies).
   uint64_t bytes() const { return bytes_; }
+  Residency residency() const { return residency_; }
 
   // FAILED_PRECONDITION naming the layer and expert when this set does not own it.
   absl::StatusOr<const common::ExpertWeights*> Find(int64_t layer, int64_t expert) const;
 
  private:
   friend class ExpertStore;
+  enum LockState { kNotLocked, kLocking, kLocked, kRefused };
   std::unique_ptr<common::ModelDir> model_;
   uint64_t version_ = 0;
-  bool locked_ = false;
+  Residency residency_ = Residency::kLocked;
   uint64_t bytes_ = 0;
-  std::string placement_;
+  std::string copy_description_;  // empty: the mapped files are served
   std::vector<std::pair<int64_t, int64_t>> owned_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<common::ExpertWeights>> experts_;
+  std::atomic<int> lock_state_{kNotLocked};
+  std::atomic<bool> stop_locking_{false};
+  std::thread locker_;
+  mutable common::Notification lock_done_;
 };
 
 class ExpertStore {
@@ -93,6 +132,12 @@ class ExpertStore {
   ExpertStore(StoreOptions options, std::ostream* log) : options_(std::move(options)), log_(log) {}
   absl::StatusOr<std::shared_ptr<const WeightSet>> Load(const std::string& model_dir, const ShardSpec& shard,
                                                         uint64_t version) const;
+  // Locks `ranges` (the owned experts' bytes, in owned() order) in RAM, sets
+  // the set's lock state and notifies its waiters; stops early if the set is
+  // being destroyed. A refusal is logged as a warning to `log` (if not null)
+  // and returned.
+  static absl::Status LockAll(WeightSet* set, const std::vector<std::pair<const uint8_t*, size_t>>& ranges,
+                              std::ostream* log);
   absl::Status ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
 

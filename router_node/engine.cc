@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <ostream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -22,7 +23,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_di
   std::unique_ptr<Engine> e(new Engine());
   expert_node::StoreOptions store;
   store.verify_checksums = options.verify_checksums;
-  store.lock_memory = options.lock_memory;
+  store.residency = options.lock_memory ? expert_node::Residency::kLocked : expert_node::Residency::kPaged;
+  store.verify_threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   store.hugepages = options.hugepages;
   store.numa_node = options.numa_node;
   COLIBRI_ASSIGN_OR_RETURN(e->store_, expert_node::ExpertStore::Create(

@@ -76,7 +76,7 @@ step "validate the model directory" "$bin/colibri-validate" --model "$work/model
 source "$root/scripts/process_lib.sh"
 proc_init
 start_cluster() {
-  local node=("$build/expert_node/colibri-expert" --model "$work/model" --listen 127.0.0.1:0 --nomlock)
+  local node=("$build/expert_node/colibri-expert" --model "$work/model" --listen 127.0.0.1:0 --residency=paged)
   proc_start node_a "${node[@]}" --experts "$experts_a"; node_a=$port
   echo "expert node A: experts $experts_a on 127.0.0.1:$node_a (pid $last_pid)"
   proc_start node_b "${node[@]}" --experts "$experts_b"; node_b=$port

@@ -44,7 +44,7 @@ def main():
     subprocess.run([f"{build}/tools/colibri-convert", "--checkpoint", f"{work}/ckpt", "--out", f"{work}/model",
                     "--weight_type", "bf16", "--progress=false"], check=True, stdout=subprocess.DEVNULL)
     node = subprocess.Popen([f"{build}/expert_node/colibri-expert", f"--model={work}/model", "--listen=127.0.0.1:0",
-                             "--nomlock"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             "--residency=paged"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(re.search(r"port (\d+)", node.stdout.readline()).group(1))
         big = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]

@@ -34,7 +34,7 @@ work=$proc_logs
 seconds=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }')
 "$build/tools/colibri-synth" --out "$work/ckpt" --d_model 256 --d_ff 512 --layers 4 --experts 8 --vocab 1000 >/dev/null
 "$build/tools/colibri-convert" --checkpoint "$work/ckpt" --out "$work/model" --weight_type int8 --progress=false >/dev/null
-node=("$build/expert_node/colibri-expert" --model "$work/model" --listen 127.0.0.1:0 --nomlock --threads 1
+node=("$build/expert_node/colibri-expert" --model "$work/model" --listen 127.0.0.1:0 --residency=paged --threads 1
   --metrics_port 0)
 metrics_port() {  # printed right after the listening line
   for _ in $(seq 1 50); do

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
+#include "common/file_verifier.h"
 #include "common/manifest.h"
 #include "common/mapped_file.h"
 #include "common/model_dir.h"
@@ -292,7 +293,9 @@ void CheckTree(const std::string& dir, const common::Manifest& m, ValidationRepo
     std::error_code type_ec;
     if (it->is_directory(type_ec)) continue;
     const std::string relative = it->path().lexically_relative(dir).generic_string();
-    if (relative != common::kManifestFileName && listed.count(relative) == 0) unlisted.push_back(relative);
+    // The verified-files cache a node keeps next to the model is not part of it.
+    if (relative == common::kManifestFileName || relative == common::kVerifiedCacheFileName) continue;
+    if (listed.count(relative) == 0) unlisted.push_back(relative);
   }
   if (ec) Emit(".", {absl::StrCat("cannot list the directory: ", ec.message())}, report, log);
   std::sort(unlisted.begin(), unlisted.end());

@@ -23,14 +23,14 @@ grep -q "manifest" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
 echo "--- a bad option is named by its flag"
 if "$build/expert_node/colibri-expert" --model "$tmp/model" --experts 7-2 2>"$tmp/err"; then fail "started with --experts 7-2"; fi
 grep -q -- "(--experts)" "$tmp/err" || fail "error does not name --experts: $(cat "$tmp/err")"
-if "$build/expert_node/colibri-expert" --model "$tmp/model" --tls_cert "$tmp/x.crt" --nomlock 2>"$tmp/err"; then
+if "$build/expert_node/colibri-expert" --model "$tmp/model" --tls_cert "$tmp/x.crt" --residency=paged 2>"$tmp/err"; then
   fail "started with a certificate and no key"
 fi
 grep -q -- "(--tls_key)" "$tmp/err" || fail "error does not name --tls_key: $(cat "$tmp/err")"
 
 echo "--- start, SIGHUP, SIGTERM"
 "$build/expert_node/colibri-expert" --model "$tmp/model" --experts "layer:1/expert:0-1" --listen 127.0.0.1:0 \
-  --nomlock >"$tmp/out" 2>"$tmp/err" &
+  --residency=paged >"$tmp/out" 2>"$tmp/err" &
 pid=$!
 for _ in $(seq 1 100); do
   grep -q "listening on port" "$tmp/out" 2>/dev/null && break
@@ -55,7 +55,7 @@ echo "--- --log_format json: one object per line, levels; a bad format is refuse
 if "$build/expert_node/colibri-expert" --model "$tmp/model" --log_format xml 2>"$tmp/err"; then fail "took --log_format xml"; fi
 grep -q -- "--log_format 'xml'" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
 cp -r "$tmp/model" "$tmp/model2"
-"$build/expert_node/colibri-expert" --model "$tmp/model2" --listen 127.0.0.1:0 --nomlock --log_format json \
+"$build/expert_node/colibri-expert" --model "$tmp/model2" --listen 127.0.0.1:0 --residency=paged --log_format json \
   >"$tmp/out" 2>"$tmp/err" &
 pid=$!
 for _ in $(seq 1 100); do grep -q "listening on port" "$tmp/out" 2>/dev/null && break; sleep 0.1; done

@@ -19,9 +19,9 @@ echo "--- a tiny bf16 model, two expert nodes (expert 2 on both), a router"
 "$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 64 --d_ff 96 --layers 2 --experts 4 --vocab 50 >/dev/null
 "$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type bf16 --progress=false >/dev/null
 node=$build/expert_node/colibri-expert
-proc_start node_a "$node" --model "$tmp/model" --experts 0-2 --listen 127.0.0.1:0 --nomlock --threads 1
+proc_start node_a "$node" --model "$tmp/model" --experts 0-2 --listen 127.0.0.1:0 --residency=paged --threads 1
 port_a=$port
-proc_start node_b "$node" --model "$tmp/model" --experts 2-3 --listen 127.0.0.1:0 --nomlock --threads 1
+proc_start node_b "$node" --model "$tmp/model" --experts 2-3 --listen 127.0.0.1:0 --residency=paged --threads 1
 port_b=$port
 proc_start router "$build/router_node/colibri-router" --model "$tmp/model" \
   --experts_at "127.0.0.1:$port_a,127.0.0.1:$port_b" --listen 127.0.0.1:0

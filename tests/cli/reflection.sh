@@ -19,7 +19,7 @@ GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= GOPROXY=off GOCACHE=$build/go/
 
 "$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 64 --d_ff 96 --layers 1 --experts 4 --vocab 50 >/dev/null
 "$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type bf16 --progress=false >/dev/null
-proc_start node "$build/expert_node/colibri-expert" --model "$tmp/model" --listen 127.0.0.1:0 --nomlock --threads 1
+proc_start node "$build/expert_node/colibri-expert" --model "$tmp/model" --listen 127.0.0.1:0 --residency=paged --threads 1
 node=127.0.0.1:$port
 proc_start router "$build/router_node/colibri-router" --model "$tmp/model" --experts_at "$node" --listen 127.0.0.1:0
 router=127.0.0.1:$port

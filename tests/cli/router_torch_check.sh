@@ -47,7 +47,7 @@ check() {
       $torch_ref forward --checkpoint "$ck/ckpt" --inputs "$ck/in.safetensors" --layer "${hf_layers[$layer]}" \
         --routing embedding --out "$ck/torch_lut_$layer.safetensors" >/dev/null
     done
-    local node=("$build/expert_node/colibri-expert" --model "$ck/$type" --listen 127.0.0.1:0 --nomlock --threads 1)
+    local node=("$build/expert_node/colibri-expert" --model "$ck/$type" --listen 127.0.0.1:0 --residency=paged --threads 1)
     proc_start "a_${name}_$type" "${node[@]}" --experts "$experts_a"; local a=$port
     proc_start "b_${name}_$type" "${node[@]}" --experts "$experts_b"; local b=$port
     proc_start "router_${name}_$type" "$build/router_node/colibri-router" --model "$ck/$type" \

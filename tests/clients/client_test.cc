@@ -40,7 +40,7 @@ struct Cluster {
     auto node = [&](const std::string& experts) {
       auto p = std::make_unique<ProcessGuard>(
           std::vector<std::string>{Binary("expert_node/colibri-expert"), "--model=" + (dir / "model"),
-                                   "--experts=" + experts, "--listen=127.0.0.1:0", "--nomlock", "--threads=1"});
+                                   "--experts=" + experts, "--listen=127.0.0.1:0", "--residency=paged", "--threads=1"});
       return p;
     };
     a = node("0-2");
@@ -215,7 +215,7 @@ TEST_CASE("kill -9 of a replica under load from proxyless clients fails no reque
   Cluster cluster;
   // A third node with every expert: each expert has a replica beside node a or b.
   ProcessGuard c({Binary("expert_node/colibri-expert"), "--model=" + (cluster.dir / "model"), "--experts=all",
-                  "--listen=127.0.0.1:0", "--nomlock", "--threads=1"});
+                  "--listen=127.0.0.1:0", "--residency=paged", "--threads=1"});
   const int port_c = c.ReadPort();
   auto direct =
       ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b), Loopback(port_c)});

@@ -31,7 +31,7 @@ TEST_CASE("colibri-expert serves, reloads under load with no failed call, and ex
   colibri::testing::MakeModel(synth, dir / "root/a", common::DType::kBF16);
   colibri::testing::MakeModel(synth, dir / "root/b", common::DType::kInt4);
   ProcessGuard node({std::string(COLIBRI_BINARY_DIR) + "/expert_node/colibri-expert", "--model=" + (dir / "root/a"),
-                     "--experts=layer:0/expert:0-1", "--listen=127.0.0.1:0", "--nomlock", "--threads=2",
+                     "--experts=layer:0/expert:0-1", "--listen=127.0.0.1:0", "--residency=paged", "--threads=2",
                      "--model_root=" + (dir / "root"), "--admin_listen=127.0.0.1:0"});
   const int port = node.ReadPort();
   const int admin_port = node.ReadPort("admin on port ");

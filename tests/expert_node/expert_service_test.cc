@@ -63,7 +63,7 @@ ServerOptions Options(const std::string& model_dir, const std::string& experts) 
   ServerOptions options;
   options.model_dir = model_dir;
   options.store.shard = *ShardSpec::Parse(experts);
-  options.store.lock_memory = false;
+  options.store.residency = Residency::kPaged;
   options.threads = 2;
   return options;
 }
@@ -497,7 +497,7 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
 TEST_CASE("a weight file truncated under a node serving from the page cache fails its calls, not the node") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  Node node = Start(dir / "model", "layer:0/expert:0-1");  // lock_memory = false: mapped files
+  Node node = Start(dir / "model", "layer:0/expert:0-1");  // paged: mapped files
   const std::string file = dir / "model/layer_000/expert_001.bin";
   const std::string saved = colibri::testing::ReadFile(file);
   std::filesystem::resize_file(file, 4096);  // the header stays; every weight page is gone
@@ -549,7 +549,7 @@ TEST_CASE("with mutual TLS only clients holding a certificate from the CA get in
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
   ServerOptions options;
   options.model_dir = dir / "model";
-  options.store.lock_memory = false;
+  options.store.residency = Residency::kPaged;
   options.threads = 1;
   options.tls_cert_file = certs + "/server.crt";
   options.tls_key_file = certs + "/server.key";

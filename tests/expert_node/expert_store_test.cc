@@ -58,6 +58,7 @@ TEST_CASE("the store loads its shard and refuses experts it does not own, naming
   INFO(store.status().message());
   REQUIRE(store.ok());
   auto set = (*store)->Current();
+  set->AwaitLock();
   CHECK(set->version() == 1);
   CHECK(set->owned() == Pairs{{1, 0}, {1, 1}});
   CHECK(set->Find(1, 1).ok());
@@ -85,6 +86,7 @@ TEST_CASE("locking the weights takes effect where permitted, and says so where n
   std::ostringstream log;
   auto store = ExpertStore::Create(dir / "model", StoreOptions{}, &log);
   REQUIRE(store.ok());
+  (*store)->Current()->AwaitLock();  // locking runs in the background
   if ((*store)->Current()->locked()) {
 #if defined(__SANITIZE_ADDRESS__)
     WARN("AddressSanitizer turns mlock into a no-op: VmLck is not checked in this build");
@@ -99,10 +101,11 @@ TEST_CASE("locking the weights takes effect where permitted, and says so where n
   }
 }
 
-TEST_CASE("locked weights are the node's own copy: a weight file truncated in place changes nothing") {
+TEST_CASE("copied weights are the node's own: a weight file truncated in place changes nothing") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
-  StoreOptions options;  // lock_memory, the default (a refused mlock still leaves the copy)
+  StoreOptions options;
+  options.residency = Residency::kCopy;  // a refused mlock still leaves the copy
   std::ostringstream log;
   auto store = ExpertStore::Create(dir / "model", options, &log);
   REQUIRE(store.ok());
@@ -120,9 +123,9 @@ TEST_CASE("weights copied to huge-page memory decode exactly like the mapped fil
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt4);
   StoreOptions mapped, copied;
-  mapped.lock_memory = false;
+  mapped.residency = Residency::kPaged;
   copied.hugepages = true;
-  copied.lock_memory = false;
+  copied.residency = Residency::kPaged;
   auto a = ExpertStore::Create(dir / "model", mapped, nullptr);
   auto b = ExpertStore::Create(dir / "model", copied, nullptr);
   REQUIRE(a.ok());
@@ -146,7 +149,7 @@ TEST_CASE("reload swaps atomically, keeps in-flight sets alive, and a failed rel
   colibri::testing::MakeModel(synth, dir / "bf16", DType::kBF16);
   colibri::testing::MakeModel(synth, dir / "int8", DType::kInt8);
   StoreOptions options;
-  options.lock_memory = false;
+  options.residency = Residency::kPaged;
   auto store = ExpertStore::Create(dir / "bf16", options, nullptr);
   REQUIRE(store.ok());
   std::shared_ptr<const WeightSet> in_flight = (*store)->Current();  // a call that started before the reload

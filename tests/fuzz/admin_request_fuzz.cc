@@ -18,7 +18,7 @@ namespace {
 colibri::expert_node::ExpertStore& GetStore() {
   static std::unique_ptr<colibri::expert_node::ExpertStore> store = [] {
     colibri::expert_node::StoreOptions options;
-    options.lock_memory = false;
+    options.residency = colibri::expert_node::Residency::kPaged;
     options.verify_checksums = false;  // speed: checksums have their own tests and fuzz target
     static std::ostringstream log;
     return std::move(colibri::expert_node::ExpertStore::Create(colibri::fuzz::TinyModel(), options, &log).value());

@@ -23,7 +23,7 @@ Node& GetNode() {
   static Node node = [] {
     Node n;
     colibri::expert_node::StoreOptions options;
-    options.lock_memory = false;
+    options.residency = colibri::expert_node::Residency::kPaged;
     static std::ostringstream log;
     n.store = std::move(colibri::expert_node::ExpertStore::Create(colibri::fuzz::TinyModel(), options, &log).value());
     n.pool = std::move(colibri::kernels::ThreadPool::Create({1, -1, false}).value());

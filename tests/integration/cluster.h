@@ -41,8 +41,8 @@ struct Proc {
 inline Proc StartNode(const std::string& model, const std::string& experts, int port = 0,
                       const std::vector<std::string>& extra = {}) {
   Proc p;
-  std::vector<std::string> args = {Binary("expert_node/colibri-expert"), "--model=" + model, "--experts=" + experts,
-                                   "--listen=" + Address(port),          "--nomlock",        "--threads=1"};
+  std::vector<std::string> args = {Binary("expert_node/colibri-expert"), "--model=" + model,  "--experts=" + experts,
+                                   "--listen=" + Address(port),          "--residency=paged", "--threads=1"};
   args.insert(args.end(), extra.begin(), extra.end());
   p.process = std::make_unique<ProcessGuard>(args);
   p.port = p.process->ReadPort();

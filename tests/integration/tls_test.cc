@@ -63,8 +63,8 @@ TEST_CASE("mutual TLS: only clients with a CA-signed certificate reach the route
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
   const std::string c = dir / "certs";
   ProcessGuard node({Binary("expert_node/colibri-expert"), "--model=" + (dir / "model"), "--listen=127.0.0.1:0",
-                     "--nomlock", "--threads=1", "--tls_cert=" + c + "/server.crt", "--tls_key=" + c + "/server.key",
-                     "--tls_client_ca=" + c + "/ca.crt"});
+                     "--residency=paged", "--threads=1", "--tls_cert=" + c + "/server.crt",
+                     "--tls_key=" + c + "/server.key", "--tls_client_ca=" + c + "/ca.crt"});
   const int node_port = node.ReadPort();
   auto router_args = [&](bool with_client_cert) {
     std::vector<std::string> a = {Binary("router_node/colibri-router"),

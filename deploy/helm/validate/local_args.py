@@ -9,9 +9,9 @@ the router's args, and OUT_DIR/probe.txt with the first pod's readiness probe
 when it is a command (TLS on): TLS files mapped like the args, the server name
 "localhost" (the test certificates'), the port left as PORT. Each pod's args are the rendered ones, with only what
 cannot hold on one machine replaced: the model paths point at MODEL_DIR,
---listen and --admin_listen at 127.0.0.1:0, metrics at port 0, --threads at 1, the cluster file
-and TLS files at local ones (CERTS_DIR/{node,router}/{tls.crt,tls.key,ca.crt}).
-Every other flag (experts, mlock, huge pages, --numa_node_auto, timeouts,
+--listen and --admin_listen at 127.0.0.1:0, metrics at port 0, --threads at 1, the cluster file,
+the verified-files cache and TLS files at local ones (CERTS_DIR/{node,router}/{tls.crt,tls.key,ca.crt}).
+Every other flag (experts, residency, huge pages, --numa_node_auto, timeouts,
 TLS on/off, drain) is kept as rendered.
 """
 import sys
@@ -38,6 +38,8 @@ def local(args, role):
             a = "--threads=1"
         elif flag == "--cluster_file":
             a = f"--cluster_file={out}/experts.txt"
+        elif flag == "--verify_cache":
+            a = f"--verify_cache={out}/verified.txt"
         elif value.startswith("/etc/colibri/tls-"):
             a = f"{flag}={certs}/{role}/{value.rsplit('/', 1)[1]}"
         result.append(a)

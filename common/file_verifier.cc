@@ -1,0 +1,194 @@
+#include "common/file_verifier.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checksum.h"
+
+namespace colibri {
+namespace common {
+namespace {
+
+constexpr char kCacheHeader[] = "colibri-verified 1";
+// File times come from a coarse clock (one tick: 1-10 ms).
+constexpr int64_t kRacyNs = 100'000'000;
+
+struct Remembered {
+  std::string checksum;
+  FileIdentity identity;
+};
+using Cache = std::map<std::string, Remembered>;  // by path relative to the model directory
+
+// Reads the cache; a missing file is an empty cache, a malformed one is
+// ignored with a note (it is rewritten on save).
+Cache ReadCache(const std::string& path, std::string* note) {
+  Cache cache;
+  std::ifstream in(path);
+  if (!in) return cache;
+  std::string line;
+  if (!std::getline(in, line) || line != kCacheHeader) {
+    *note = absl::StrCat(path, " is not a verified-files cache (ignored)");
+    return cache;
+  }
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    Remembered r;
+    std::string relative;
+    FileIdentity& id = r.identity;
+    if (!(fields >> r.checksum >> id.device >> id.inode >> id.size >> id.mtime_ns >> id.ctime_ns >> relative)) {
+      *note = absl::StrCat(path, " has a malformed line (ignored)");
+      continue;
+    }
+    cache[relative] = r;
+  }
+  return cache;
+}
+
+// Writes to a temporary file and renames it over `path`, so a reader sees
+// the old list or the new one, never a part.
+bool WriteCache(const std::string& path, const Cache& cache, std::string* note) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kCacheHeader << "\n";
+    for (const auto& [relative, r] : cache) {
+      const FileIdentity& id = r.identity;
+      out << r.checksum << ' ' << id.device << ' ' << id.inode << ' ' << id.size << ' ' << id.mtime_ns << ' '
+          << id.ctime_ns << ' ' << relative << "\n";
+    }
+    out.flush();
+    if (!out) {
+      *note = absl::StrCat("cannot write ", tmp, " (verified files not remembered)");
+      std::filesystem::remove(tmp, ec);
+      return false;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    *note = absl::StrCat("cannot rename ", tmp, " to ", path, " (verified files not remembered)");
+    std::filesystem::remove(tmp, ec);
+    return false;
+  }
+  return true;
+}
+
+std::string RelativeTo(const std::string& dir, const std::string& path) {
+  const std::string prefix = absl::StrCat(dir, "/");
+  return path.compare(0, prefix.size(), prefix) == 0 ? path.substr(prefix.size()) : path;
+}
+
+}  // namespace
+
+std::string DefaultVerifiedCachePath(const std::string& dir) {
+  if (::access(dir.c_str(), W_OK) == 0) return absl::StrCat(dir, "/", kVerifiedCacheFileName);
+  std::string base;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    base = absl::StrCat(xdg, "/colibri");
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    base = absl::StrCat(home, "/.cache/colibri");
+  } else {
+    return "";
+  }
+  std::error_code ec;
+  std::string real = std::filesystem::canonical(dir, ec).string();
+  if (ec) real = dir;
+  // "xxh3_128:" and 16 of the 32 hex digits: unique enough for a cache name.
+  const std::string id = ChecksumBytes(real.data(), real.size()).substr(sizeof(kChecksumPrefix) - 1, 16);
+  return absl::StrCat(base, "/verified-", id, ".txt");
+}
+
+std::string VerifyReport::Describe() const {
+  std::string line = absl::StrFormat("verified %d files (%.2f GB) in %.2f s on %d thread%s", files_hashed,
+                                     bytes_hashed / 1e9, seconds, threads, threads == 1 ? "" : "s");
+  absl::StrAppendFormat(&line, "; %d files (%.2f GB) unchanged since verified", files_remembered,
+                        bytes_remembered / 1e9);
+  absl::StrAppend(&line, cache_path.empty() ? " (no verified-files cache)" : absl::StrCat(" (cache ", cache_path, ")"));
+  if (!cache_note.empty()) absl::StrAppend(&line, "; ", cache_note);
+  return line;
+}
+
+absl::StatusOr<VerifyReport> VerifyMappedFiles(const ModelDir& model, absl::Span<const MappedFile* const> files,
+                                               const VerifyOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  VerifyReport report;
+  report.cache_path = options.cache_path.empty()    ? DefaultVerifiedCachePath(model.dir())
+                      : options.cache_path == "off" ? ""
+                                                    : options.cache_path;
+  Cache cache;
+  if (!report.cache_path.empty()) cache = ReadCache(report.cache_path, &report.cache_note);
+
+  std::vector<std::string> relative(files.size());
+  std::vector<const ManifestFile*> listed(files.size());
+  std::vector<size_t> to_hash;
+  for (size_t i = 0; i < files.size(); ++i) {
+    relative[i] = RelativeTo(model.dir(), files[i]->path());
+    listed[i] = model.manifest().FindFile(relative[i]);
+    if (listed[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(files[i]->path(), " is not listed in the manifest"));
+    }
+    auto it = cache.find(relative[i]);
+    if (it != cache.end() && it->second.checksum == listed[i]->checksum &&
+        it->second.identity == files[i]->identity()) {
+      ++report.files_remembered;
+      report.bytes_remembered += files[i]->size();
+    } else {
+      to_hash.push_back(i);
+    }
+  }
+
+  // Whole files per thread, largest first, so one big file does not start last.
+  std::sort(to_hash.begin(), to_hash.end(), [&](size_t a, size_t b) { return files[a]->size() > files[b]->size(); });
+  std::vector<std::string> actual(files.size());
+  report.threads = static_cast<int>(std::clamp<size_t>(options.threads, 1, std::max<size_t>(1, to_hash.size())));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < to_hash.size();) {
+      const MappedFile& f = *files[to_hash[k]];
+      actual[to_hash[k]] = ChecksumBytes(f.data(), f.size());
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < report.threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t now_ns = now.tv_sec * 1000000000LL + now.tv_nsec;
+  std::sort(to_hash.begin(), to_hash.end());
+  for (size_t i : to_hash) {
+    if (actual[i] != listed[i]->checksum) {
+      return absl::DataLossError(absl::StrCat("bad weight file ", files[i]->path(), ": checksum ", actual[i],
+                                              " does not match the manifest's ", listed[i]->checksum));
+    }
+    ++report.files_hashed;
+    report.bytes_hashed += files[i]->size();
+    // A file changed within the same clock tick as the one verified would
+    // keep its identity: files changed less than kRacyNs before now are
+    // not remembered (git's "racy" rule).
+    if (now_ns - files[i]->identity().ctime_ns >= kRacyNs) {
+      cache[relative[i]] = {listed[i]->checksum, files[i]->identity()};
+    }
+  }
+  if (!report.cache_path.empty() && !to_hash.empty()) WriteCache(report.cache_path, cache, &report.cache_note);
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace common
+}  // namespace colibri
