@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -79,6 +81,25 @@ void MappedFile::DropPages(size_t offset, size_t length) const {
   const size_t end = std::min(size_, offset + length);
   // Best effort: failure only means the pages stay resident.
   (void)::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
+}
+
+void MappedFile::Evict() const {
+  if (data_ == nullptr) return;
+  (void)::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED);
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return;
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+size_t MappedFile::ResidentBytes() const {
+  if (data_ == nullptr) return 0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((size_ + page - 1) / page);
+  if (::mincore(const_cast<uint8_t*>(data_), size_, in_core.data()) != 0) return 0;
+  size_t pages = 0;
+  for (unsigned char c : in_core) pages += c & 1;
+  return std::min(size_, pages * page);
 }
 
 }  // namespace common

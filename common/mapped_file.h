@@ -60,6 +60,15 @@ class MappedFile {
   // Used by streaming readers to keep peak RSS at one tensor, not one file.
   void DropPages(size_t offset, size_t length) const;
 
+  // Drops the whole file from memory: this mapping's pages (MADV_DONTNEED)
+  // and then the file's clean pages in the page cache that no other process
+  // maps (posix_fadvise DONTNEED on the path). Touching the data afterwards
+  // reads it from storage again. Best effort.
+  void Evict() const;
+  // Bytes of the file now in the page cache (mincore), a multiple of the
+  // page size up to size(); 0 if unknown.
+  size_t ResidentBytes() const;
+
  private:
   MappedFile(std::string path, const uint8_t* data, size_t size, FileIdentity identity)
       : path_(std::move(path)), data_(data), size_(size), identity_(identity) {}

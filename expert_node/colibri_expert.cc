@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, residency, "locked",
           "Where the weights live: locked (the mapped files, locked in RAM; never change them in place), copy (the "
           "node's own locked copy; a start pays for the copy) or paged (the mapped files, not locked: the kernel "
           "reads them on use and may drop them; see --memory_budget).");
+ABSL_FLAG(int64_t, memory_budget, 0,
+          "With --residency paged: bytes of expert files kept in memory; beyond, the least recently used experts "
+          "are evicted (each call's experts are read in as it arrives). 0: no limit.");
 ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be locked (instead of warning).");
 ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page memory.");
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");
@@ -83,6 +86,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"ServerOptions::admin_identities", "--admin_identities"},
     {"StoreOptions::require_mlock", "--require_mlock"},
     {"StoreOptions::residency", "--residency"},
+    {"ServerOptions::memory_budget", "--memory_budget"},
     {"ThreadPool::Options::numa_node", "--numa_node"},
 };
 
@@ -125,6 +129,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.store.residency = *residency;
+  options.memory_budget = absl::GetFlag(FLAGS_memory_budget);
   options.store.require_mlock = absl::GetFlag(FLAGS_require_mlock);
   options.store.hugepages = absl::GetFlag(FLAGS_hugepages);
   options.store.numa_node = absl::GetFlag(FLAGS_numa_node);

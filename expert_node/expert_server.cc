@@ -31,8 +31,16 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options));
   COLIBRI_RETURN_IF_ERROR(
       runtime::CheckAdminIdentities(options.admin_identities, options.tls_client_ca_file, "ServerOptions::"));
+  if (options.memory_budget > 0 && options.store.residency != Residency::kPaged) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::memory_budget ", options.memory_budget,
+                                                   " needs paged residency (StoreOptions::residency paged, not ",
+                                                   ResidencyName(options.store.residency), ")"));
+  }
   std::unique_ptr<ExpertServer> s(new ExpertServer());
   COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(options.model_dir, options.store, log));
+  if (options.store.residency == Residency::kPaged) {
+    s->paged_ = std::make_unique<PagedWeights>(PagedWeights::Options{options.memory_budget, &s->metrics_});
+  }
   // The compute thread (ExpertService) is the pool's worker 0: a call wakes one thread fewer.
   COLIBRI_ASSIGN_OR_RETURN(s->pool_, kernels::ThreadPool::Create({options.threads, options.store.numa_node,
                                                                   /*pin=*/true, /*caller_joins=*/true}));
@@ -52,6 +60,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.numa_node = options.store.numa_node;
   service_options.admin_identities = options.admin_identities;
   service_options.metrics = &s->metrics_;
+  service_options.paged = s->paged_.get();
   service_options.inject_delay_ms = options.inject_delay_ms;
   service_options.inject_delay_every = options.inject_delay_every;
   if (options.metrics_port >= 0) {

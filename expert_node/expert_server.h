@@ -19,6 +19,7 @@
 #include "common/metrics.h"
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
+#include "expert_node/paged_weights.h"
 #include "kernels/thread_pool.h"
 #include "runtime/metrics_server.h"
 
@@ -39,6 +40,9 @@ struct ServerOptions {
   // may only re-shard the loaded model, never load another directory.
   std::string model_root;
   StoreOptions store;
+  // Paged residency (store.residency kPaged): bytes of expert files kept in
+  // memory; beyond, the least recently used are evicted. <= 0: no limit.
+  int64_t memory_budget = 0;
   int threads = 0;                // compute threads (0: one per allowed CPU of the NUMA node)
   bool check_finite = false;      // refuse NaN/Inf in request rows
   int64_t max_message_bytes = 0;  // 0: from the model shape and limits.max_rows
@@ -92,6 +96,7 @@ class ExpertServer {
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<ComputeEngine> engine_;
+  std::unique_ptr<PagedWeights> paged_;  // paged residency only
   std::unique_ptr<ExpertService> service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -109,6 +109,35 @@ void ExpertService::UpdateWeightGauges() {
       ->Set(static_cast<double>(set->owned().size()));
 }
 
+void ExpertService::ObservePaging(const ProcessIo& before) {
+  const ProcessIo now = SampleProcessIo();
+  common::MetricsRegistry& m = *options_.metrics;
+  // Process-wide counts over the call's span: the node computes one call at a
+  // time, but the background prefetches of queued calls read meanwhile.
+  m.GetHistogram("colibri_expert_call_major_faults",
+                 "Page faults that read from storage while a Compute call ran (paged residency).", {},
+                 {0, 1, 10, 100, 1000, 10000, 100000})
+      ->Observe(static_cast<double>(now.major_faults - before.major_faults));
+  m.GetCounter("colibri_expert_page_faults_total", "Page faults while Compute calls ran (paged residency).",
+               {{"kind", "major"}})
+      ->Increment(static_cast<double>(now.major_faults - before.major_faults));
+  m.GetCounter("colibri_expert_page_faults_total", "Page faults while Compute calls ran (paged residency).",
+               {{"kind", "minor"}})
+      ->Increment(static_cast<double>(now.minor_faults - before.minor_faults));
+  if (now.read_bytes >= 0) {
+    common::Gauge* read = m.GetGauge("colibri_expert_storage_read_bytes",
+                                     "Bytes this process has read from storage (/proc/self/io read_bytes).");
+    read->Set(static_cast<double>(now.read_bytes));
+  }
+  const PagedWeights::Stats stats = options_.paged->stats();
+  m.GetGauge("colibri_expert_paged_kept_bytes", "Bytes of expert files kept under the memory budget.")
+      ->Set(static_cast<double>(stats.kept_bytes));
+  m.GetGauge("colibri_expert_paged_prefetches", "Experts asked to be read in so far.")
+      ->Set(static_cast<double>(stats.prefetches));
+  m.GetGauge("colibri_expert_paged_evictions", "Experts evicted over the memory budget so far.")
+      ->Set(static_cast<double>(stats.evictions));
+}
+
 void ExpertService::ComputeLoop() {
   for (;;) {
     Job job;
@@ -156,6 +185,8 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   }
   struct State {
     common::MemoryBudget::Reservation reservation;  // released when the call's last step is dropped
+    PagedWeights::Pin pin;                          // paged residency: the call's experts, read in and kept
+    ProcessIo io;                                   // paged residency: faults and reads before the first step
     std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
     int64_t queue_nanos = 0;
     ComputeInput input;
@@ -163,6 +194,12 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   };
   auto state = std::make_shared<State>();
   state->reservation = *std::move(reservation);
+  if (options_.paged != nullptr) {
+    // The routes are known now: start reading the call's experts while the calls ahead of it run.
+    std::vector<int64_t> experts;
+    for (const v1::ExpertWork& w : request->experts()) experts.push_back(w.expert());
+    state->pin = options_.paged->Acquire(store_->Current(), request->layer(), experts);
+  }
   // One step: the first parses and prepares; each runs one slice. True when the call is finished.
   auto job = [this, context, reactor, request, response, output_dtype, state](bool run) {
     if (!run) {
@@ -184,6 +221,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       state->queue_nanos =
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - state->queued)
               .count();
+      if (options_.paged != nullptr) state->io = SampleProcessIo();
       ComputeInput& input = state->input;
       input.check_finite = options_.check_finite;
       const int64_t d_model = store_->Current()->model().manifest().d_model;
@@ -230,6 +268,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
       }
       m->GetCounter("colibri_expert_bytes_out_total", "Bytes of output tensors sent.")
           ->Increment(static_cast<double>(response->output().data().size()));
+      if (options_.paged != nullptr) ObservePaging(state->io);
     }
     response->set_weights_version(out.weights_version);
     v1::StageTiming* q = response->add_timings();

@@ -33,6 +33,7 @@
 #include "common/mutex.h"
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
+#include "expert_node/paged_weights.h"
 
 namespace colibri {
 namespace expert_node {
@@ -56,6 +57,9 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     // may make admin calls on the data port; needs mutual TLS to mean anything.
     std::vector<std::string> admin_identities;
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
+    // Paged residency: prefetches and pins each call's experts on arrival
+    // (expert_node/paged_weights.h). Optional; must outlive the service.
+    PagedWeights* paged = nullptr;
     int inject_delay_ms = 0;     // fault injection (tests, benchmarks): sleep this long before a Compute ...
     int inject_delay_every = 1;  // ... every this many calls (1: all)
   };
@@ -92,6 +96,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   // Counts the call by method and status code, then finishes it.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);
   void UpdateWeightGauges();
+  // Paged residency metrics after a call that started with `before` sampled.
+  void ObservePaging(const ProcessIo& before);
 
   ExpertStore* const store_;
   ComputeEngine* const engine_;

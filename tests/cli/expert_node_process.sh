@@ -27,6 +27,15 @@ if "$build/expert_node/colibri-expert" --model "$tmp/model" --tls_cert "$tmp/x.c
   fail "started with a certificate and no key"
 fi
 grep -q -- "(--tls_key)" "$tmp/err" || fail "error does not name --tls_key: $(cat "$tmp/err")"
+if "$build/expert_node/colibri-expert" --model "$tmp/model" --residency locked --memory_budget 1000000 2>"$tmp/err"; then
+  fail "started with a memory budget and locked weights"
+fi
+grep -q -- "(--memory_budget)" "$tmp/err" && grep -q -- "(--residency)" "$tmp/err" ||
+  fail "error does not name --memory_budget and --residency: $(cat "$tmp/err")"
+if "$build/expert_node/colibri-expert" --model "$tmp/model" --residency swapped 2>"$tmp/err"; then
+  fail "started with --residency swapped"
+fi
+grep -q -- "locked, copy, paged" "$tmp/err" || fail "error does not list the residencies: $(cat "$tmp/err")"
 
 echo "--- start, SIGHUP, SIGTERM"
 "$build/expert_node/colibri-expert" --model "$tmp/model" --experts "layer:1/expert:0-1" --listen 127.0.0.1:0 \
