@@ -37,7 +37,10 @@ Subcommands:
   forward      run the MoE block of layer L; writes output / expert_ids /
                expert_weights.  --routing embedding routes each token by the
                gate applied to its embedding row (no-balancing lookup table)
-               while the experts still act on the hidden state.
+               while the experts still act on the hidden state.  --keep_experts
+               computes the layer pruned to those experts (colibri-prune):
+               the gate restricted to them (softmax over their logits only),
+               expert ids written renumbered 0.. in ascending order.
   compare      compare two output files (relative L2 error and routes)
 
 Safetensors files are read and written with a small built-in reader/writer
@@ -323,17 +326,31 @@ def cmd_forward(args):
         route_src = torch.from_numpy(ck.load(ck.embedding_name(), (ck.vocab, ck.d_model), rows=ids))
     else:
         route_src = x
+    keep = None
+    if args.keep_experts:
+        # The layer pruned to these experts: the gate restricted to them, ids renumbered 0.. in this order.
+        keep = sorted(int(v) for v in args.keep_experts.split(","))
+        if ck.naming in ("gpt_oss", "llama4") or ck.n_group > 1 or len(set(keep)) != len(keep) or \
+                not keep or keep[0] < 0 or keep[-1] >= E or len(keep) < k:
+            raise RefError(f"--keep_experts {args.keep_experts}: needs >= top_k distinct ids in [0, {E}) and "
+                           f"a family with softmax or sigmoid top-k routing without groups")
     if ck.naming in ("gpt_oss", "llama4"):
         with torch.no_grad():
             experts, weights, y = forward_fused(torch, ck, args.layer, x, route_src, gate)
         return write_forward(args, ck, y, experts, weights)
     with torch.no_grad():
         logits = route_src @ gate.T
+        dropped = torch.ones(E, dtype=torch.bool)
+        if keep is not None:
+            dropped[keep] = False
+            logits = logits.masked_fill(dropped, float("-inf"))  # softmax over the kept experts only
         probs = logits.sigmoid() if ck.sigmoid else torch.softmax(logits, dim=-1, dtype=torch.float32)
         choice = probs
         bias_name = f"model.layers.{args.layer}.mlp.gate.e_score_correction_bias"
         if ck.topk_method == "noaux_tc" and bias_name in ck.where:
             choice = probs + torch.from_numpy(ck.load(bias_name, (E,)))
+        if keep is not None:
+            choice = choice.masked_fill(dropped, float("-inf"))
         if ck.topk_method in ("group_limited_greedy", "noaux_tc") and ck.n_group > 1:
             grouped = choice.view(T, ck.n_group, E // ck.n_group)
             if ck.topk_method == "noaux_tc":
@@ -375,6 +392,10 @@ def cmd_forward(args):
             if gate_name in ck.where:
                 out = torch.sigmoid(x @ torch.from_numpy(ck.load(gate_name, (1, ck.d_model))).T) * out
             y = y + out
+    if keep is not None:
+        renumber = torch.full((E,), -1, dtype=torch.int64)
+        renumber[keep] = torch.arange(len(keep))
+        experts = renumber[experts]
     return write_forward(args, ck, y, experts, weights)
 
 
@@ -486,6 +507,7 @@ def main(argv=None):
         p.add_argument(opt, required=True)
     p.add_argument("--layer", type=int, required=True, help="Hugging Face layer index")
     p.add_argument("--routing", choices=("gate", "embedding"), default="gate")
+    p.add_argument("--keep_experts", help="comma-separated expert ids: the layer pruned to them (colibri-prune)")
     p = sub.add_parser("compare", help="compare two forward outputs")
     for opt in ("--expected", "--actual"):
         p.add_argument(opt, required=True)

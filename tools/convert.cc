@@ -18,6 +18,7 @@
 #include "common/weight_file.h"
 #include "common/weight_matrix.h"
 #include "tools/hf_checkpoint.h"
+#include "tools/model_writer.h"
 
 namespace colibri {
 namespace tools {
@@ -27,77 +28,6 @@ namespace fs = std::filesystem;
 using common::DType;
 
 constexpr size_t kChunkBytes = 8u << 20;  // f32 source rows encoded at a time
-
-// Writes a file sequentially, hashing every byte, so the manifest's checksum
-// costs no second read.
-class HashingWriter {
- public:
-  static absl::StatusOr<std::unique_ptr<HashingWriter>> Create(const std::string& path) {
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
-    return std::unique_ptr<HashingWriter>(new HashingWriter(path, f));
-  }
-  ~HashingWriter() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-
-  absl::Status Write(const void* data, size_t size) {
-    if (std::fwrite(data, 1, size, file_) != size) {
-      return absl::InternalError(absl::StrCat("write error in ", path_, ": ", std::strerror(errno)));
-    }
-    sum_.Update(data, size);
-    size_ += size;
-    return absl::OkStatus();
-  }
-
-  // Zero-fills up to `offset`.
-  absl::Status PadTo(uint64_t offset) {
-    static const char kZeros[4096] = {};
-    while (size_ < offset) {
-      COLIBRI_RETURN_IF_ERROR(Write(kZeros, std::min<uint64_t>(sizeof(kZeros), offset - size_)));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<common::ManifestFile> Close(const std::string& relative_path) {
-    const bool failed = std::fclose(file_) != 0;
-    file_ = nullptr;
-    if (failed) return absl::InternalError(absl::StrCat("cannot flush ", path_));
-    return common::ManifestFile{relative_path, size_, sum_.Finish()};
-  }
-
- private:
-  HashingWriter(std::string path, std::FILE* f) : path_(std::move(path)), file_(f) {}
-  std::string path_;
-  std::FILE* file_;
-  common::Checksummer sum_;
-  uint64_t size_ = 0;
-};
-
-struct PlainSection {
-  std::string name;
-  DType dtype;
-  int64_t rows, cols;
-  const void* data;
-  size_t size;
-};
-
-// A gate or LUT file: small sections held in memory.
-absl::StatusOr<common::ManifestFile> WritePlainFile(const std::string& out_dir, const std::string& rel,
-                                                    common::FileKind kind, int64_t layer,
-                                                    const std::vector<PlainSection>& plain) {
-  std::vector<common::Section> sections;
-  for (const PlainSection& p : plain) sections.push_back({p.name, p.dtype, 0, p.size, p.rows, p.cols});
-  const common::WeightFileLayout layout = common::PlanWeightFile(kind, layer, -1, sections);
-  COLIBRI_ASSIGN_OR_RETURN(auto w, HashingWriter::Create(out_dir + "/" + rel));
-  COLIBRI_RETURN_IF_ERROR(w->Write(common::SerializeHeader(layout).data(), common::kWeightFileHeaderBytes));
-  for (size_t i = 0; i < plain.size(); ++i) {
-    COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.sections[i].offset));
-    COLIBRI_RETURN_IF_ERROR(w->Write(plain[i].data, plain[i].size));
-  }
-  COLIBRI_RETURN_IF_ERROR(w->PadTo(layout.file_size));
-  return w->Close(rel);
-}
 
 // One (layer, expert) file: w1, w3, w2 encoded chunk by chunk from the
 // source, then the f32 biases b1, b3, b2 when the model has them.
@@ -223,25 +153,6 @@ absl::StatusOr<Calibration> OpenCalibration(const std::string& path) {
 }
 
 // Removes what an earlier conversion left: the manifest first, then layer dirs.
-absl::Status PrepareOutputDir(const ConvertOptions& o) {
-  std::error_code ec;
-  const fs::path out(o.out_dir);
-  if (fs::exists(out / common::kManifestFileName, ec) && !o.overwrite) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(o.out_dir, " already holds a model directory; pass --overwrite to replace it"));
-  }
-  fs::create_directories(out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out_dir, ": ", ec.message()));
-  fs::remove(out / common::kManifestFileName, ec);
-  std::vector<fs::path> stale;
-  for (auto it = fs::directory_iterator(out, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename();
-    if (name.rfind("layer_", 0) == 0 && it->is_directory(ec)) stale.push_back(it->path());
-  }
-  for (const fs::path& p : stale) fs::remove_all(p, ec);
-  return absl::OkStatus();
-}
-
 const char* NamingName(Naming n) {
   switch (n) {
     case Naming::kMixtral: return "Mixtral";
@@ -280,7 +191,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   }
   COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* embedding,
                            ckpt->Matrix(ckpt->EmbeddingName(), s.vocab_size, s.d_model));
-  COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o));
+  COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o.out_dir, o.overwrite));
   log << absl::StrFormat(
       "converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
       "d_ff %d, top-%d%s%s, vocab %d -> %s weights\n",
@@ -415,16 +326,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     PrintLayer(lr, o.weight_type, log);
     rep.layers.push_back(std::move(lr));
   }
-  const std::string manifest = common::ManifestToJson(m);
-  const std::string tmp = absl::StrCat(o.out_dir, "/", common::kManifestFileName, ".tmp");
-  {
-    COLIBRI_ASSIGN_OR_RETURN(auto w, HashingWriter::Create(tmp));
-    COLIBRI_RETURN_IF_ERROR(w->Write(manifest.data(), manifest.size()));
-    COLIBRI_RETURN_IF_ERROR(w->Close(common::kManifestFileName).status());
-  }
-  std::error_code ec;
-  fs::rename(tmp, absl::StrCat(o.out_dir, "/", common::kManifestFileName), ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  COLIBRI_RETURN_IF_ERROR(WriteManifest(o.out_dir, m));
   rep.files = static_cast<int64_t>(m.files.size()) + 1;
   log << absl::StrFormat("wrote %d files (%.1f MiB of weights) to %s in %.2f s\n", rep.files, rep.bytes / 1048576.0,
                          o.out_dir, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
