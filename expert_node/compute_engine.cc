@@ -29,13 +29,13 @@ absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
 
 absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const ComputeInput& in) {
   auto call = std::make_unique<PreparedCall>();
-  call->set = store_->Current();  // held by the call
+  call->set = store_->ForModel(in.model_id);  // held by the call
+  if (call->set == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("model_id '", in.model_id, "' does not match this node's model '",
+                                                      store_->Current()->model().model_id(), "'"));
+  }
   const WeightSet* set = call->set.get();
   const common::Manifest& m = set->model().manifest();
-  if (!in.model_id.empty() && in.model_id != set->model().model_id()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("model_id '", in.model_id, "' does not match this node's model '", set->model().model_id(), "'"));
-  }
   if (in.layer < 0 || in.layer >= m.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", in.layer, " is outside [0, ", m.n_layers, ")"));
   }

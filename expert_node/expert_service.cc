@@ -83,8 +83,9 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
   reactor->Finish(status);
 }
 
-absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard) {
-  const absl::Status s = store_->Reload(model_dir, shard);
+absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
+                                      bool keep_previous) {
+  const absl::Status s = store_->Reload(model_dir, shard, keep_previous);
   {
     common::MutexLock lock(&mu_);
     last_reload_error_ = s.ok() ? "" : std::string(s.message());
@@ -343,6 +344,10 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   const std::shared_ptr<const WeightSet> set = store_->Current();
   const common::Manifest& m = set->model().manifest();
   response->set_model_id(set->model().model_id());
+  response->add_model_ids(set->model().model_id());
+  if (const std::shared_ptr<const WeightSet> previous = store_->Previous(); previous != nullptr) {
+    response->add_model_ids(previous->model().model_id());
+  }
   if (admin) response->set_model_dir(store_->model_dir());
   v1::OwnedExperts* owned = nullptr;
   for (const auto& [layer, expert] : set->owned()) {
@@ -406,7 +411,13 @@ grpc::ServerUnaryReactor* ExpertService::ReloadAs(grpc::CallbackServerContext* c
   reload_running_ = true;
   // Loading takes seconds: never on a gRPC thread, never on the compute thread.
   reload_thread_ = std::thread([this, reactor, response, input] {
-    const absl::Status s = ReloadNow(input.model_dir, input.shard);
+    absl::Status s;
+    if (input.drop_model_id.empty()) {
+      s = ReloadNow(input.model_dir, input.shard, input.keep_previous);
+    } else {
+      s = store_->Drop(input.drop_model_id);
+      UpdateWeightGauges();
+    }
     {
       common::MutexLock guard(&mu_);
       reload_running_ = false;

@@ -84,7 +84,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
   // The reload both the RPC and SIGHUP use: reloads the store and records the
   // outcome (GetNodeInfo.last_reload_error, metrics). Blocks for the load.
-  absl::Status ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard);
+  absl::Status ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
+                         bool keep_previous = false);
 
  private:
   friend class AdminService;

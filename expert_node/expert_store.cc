@@ -115,14 +115,28 @@ std::string ExpertStore::model_dir() const {
   return model_dir_;
 }
 
-absl::Status ExpertStore::Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard) {
+std::shared_ptr<const WeightSet> ExpertStore::ForModel(const std::string& model_id) const {
+  common::MutexLock lock(&mu_);
+  if (model_id.empty() || current_->model().model_id() == model_id) return current_;
+  if (previous_ != nullptr && previous_->model().model_id() == model_id) return previous_;
+  return nullptr;
+}
+
+std::shared_ptr<const WeightSet> ExpertStore::Previous() const {
+  common::MutexLock lock(&mu_);
+  return previous_;
+}
+
+absl::Status ExpertStore::Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard,
+                                 bool keep_previous) {
   if (!reload_mu_.TryLock()) return absl::AbortedError("another reload is in progress");
-  absl::Status status = ReloadLocked(model_dir, shard);
+  absl::Status status = ReloadLocked(model_dir, shard, keep_previous);
   reload_mu_.Unlock();
   return status;
 }
 
-absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard) {
+absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard,
+                                       bool keep_previous) {
   std::string dir;
   ShardSpec spec;
   uint64_t version = 0;
@@ -133,15 +147,57 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
     version = current_->version() + 1;
   }
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
-  std::shared_ptr<const WeightSet> previous;
+  // Sets replaced here are freed outside the lock, when their last in-flight call ends.
+  std::shared_ptr<const WeightSet> released[2];
   {
     common::MutexLock lock(&mu_);
-    previous = std::move(current_);  // freed when its last in-flight call ends
+    if (keep_previous) {
+      const common::Manifest& a = current_->model().manifest();
+      const common::Manifest& b = next->model().manifest();
+      if (a.d_model != b.d_model || a.n_layers != b.n_layers || a.total_experts() != b.total_experts()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "keep_previous: the new model (d_model ", b.d_model, ", ", b.n_layers, " layers, ", b.total_experts(),
+            " experts) has another shape than the one serving (d_model ", a.d_model, ", ", a.n_layers, " layers, ",
+            a.total_experts(), " experts); a change of shape needs a new cluster (blue/green)"));
+      }
+      released[0] = std::move(previous_);
+      previous_ = std::move(current_);
+      previous_dir_ = model_dir_;
+      previous_shard_ = shard_;
+    } else {
+      released[0] = std::move(previous_);
+      released[1] = std::move(current_);
+      previous_ = nullptr;
+    }
     current_ = std::move(next);
     model_dir_ = dir;
     shard_ = spec;
   }
   return absl::OkStatus();
+}
+
+absl::Status ExpertStore::Drop(const std::string& model_id) {
+  if (!reload_mu_.TryLock()) return absl::AbortedError("a reload is in progress");
+  std::shared_ptr<const WeightSet> released;
+  absl::Status status;
+  {
+    common::MutexLock lock(&mu_);
+    if (previous_ != nullptr && previous_->model().model_id() == model_id) {
+      released = std::move(previous_);
+    } else if (current_->model().model_id() == model_id && previous_ != nullptr) {
+      released = std::move(current_);
+      current_ = std::move(previous_);
+      model_dir_ = previous_dir_;
+      shard_ = previous_shard_;
+    } else if (current_->model().model_id() == model_id) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat("model ", model_id, " is the only model this node serves: load another before dropping it"));
+    } else {
+      status = absl::NotFoundError(absl::StrCat("this node does not serve model ", model_id));
+    }
+  }
+  reload_mu_.Unlock();
+  return status;
 }
 
 absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<std::pair<const uint8_t*, size_t>>& ranges,

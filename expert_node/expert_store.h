@@ -120,11 +120,24 @@ class ExpertStore {
 
   // The weights new calls should use. Never null after Create.
   std::shared_ptr<const WeightSet> Current() const;
+  // The set serving `model_id`: the current one, or the previous one kept by
+  // a Reload with keep_previous; empty: the current one. Null if neither.
+  std::shared_ptr<const WeightSet> ForModel(const std::string& model_id) const;
+  // The previous set kept by Reload(keep_previous), or null.
+  std::shared_ptr<const WeightSet> Previous() const;
 
   // Loads `model_dir` (empty: the current directory again) with `shard`
-  // (nullopt: the current one) beside the current set, then swaps. On error
-  // the current set stays. ABORTED if another reload is running.
-  absl::Status Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard);
+  // (nullopt: the current one) beside the current set, then swaps. With
+  // `keep_previous`, the set it replaces stays served to calls naming its
+  // model (ForModel) until Drop or the next reload; the new model must have
+  // its shape, else FAILED_PRECONDITION. On error the current set stays.
+  // ABORTED if another reload is running.
+  absl::Status Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard, bool keep_previous = false);
+  // Stops serving `model_id`: the previous set is released; the current one
+  // is replaced by the previous set (a roll-back). NOT_FOUND if neither
+  // serves it, FAILED_PRECONDITION if it is the only set. ABORTED if a reload
+  // is running.
+  absl::Status Drop(const std::string& model_id);
 
   std::string model_dir() const;
 
@@ -138,7 +151,7 @@ class ExpertStore {
   // and returned.
   static absl::Status LockAll(WeightSet* set, const std::vector<std::pair<const uint8_t*, size_t>>& ranges,
                               std::ostream* log);
-  absl::Status ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard)
+  absl::Status ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard, bool keep_previous)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
 
   const StoreOptions options_;
@@ -149,6 +162,10 @@ class ExpertStore {
   std::shared_ptr<const WeightSet> current_ ABSL_GUARDED_BY(mu_);
   std::string model_dir_ ABSL_GUARDED_BY(mu_);
   ShardSpec shard_ ABSL_GUARDED_BY(mu_);
+  // Kept by a Reload with keep_previous (a roll-out), with its directory and shard.
+  std::shared_ptr<const WeightSet> previous_ ABSL_GUARDED_BY(mu_);
+  std::string previous_dir_ ABSL_GUARDED_BY(mu_);
+  ShardSpec previous_shard_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace expert_node

@@ -23,6 +23,14 @@ bool InsideRoot(const std::string& path, const std::string& root) {
 
 absl::Status ParseReloadRequest(const colibri::v1::ReloadRequest& request, const std::string& model_root,
                                 ReloadInput* input) {
+  input->keep_previous = request.keep_previous();
+  input->drop_model_id = request.drop_model_id();
+  if (!input->drop_model_id.empty()) {
+    if (!request.model_dir().empty() || !request.experts().empty() || request.keep_previous()) {
+      return absl::InvalidArgumentError("drop_model_id excludes model_dir, experts and keep_previous");
+    }
+    return absl::OkStatus();
+  }
   const std::string& dir = request.model_dir();
   if (!dir.empty()) {
     if (model_root.empty()) {

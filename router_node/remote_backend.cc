@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -226,7 +227,9 @@ void RemoteBackend::HealthRound() {
                            static_cast<int>(probes[i].status.error_code()), ")");
     } else if (info.state() != v1::LOAD_STATE_READY) {
       error = absl::StrCat("not ready (", v1::LoadState_Name(info.state()), ")");
-    } else if (info.model_id() != options_.model_id) {
+    } else if (info.model_id() != options_.model_id && std::find(info.model_ids().begin(), info.model_ids().end(),
+                                                                 options_.model_id) == info.model_ids().end()) {
+      // A node in the middle of a roll-out serves two models (model_ids): either may be this router's.
       error = absl::StrCat("serves model ", info.model_id(), ", the router serves ", options_.model_id);
     } else if (info.d_model() != options_.d_model || info.n_layers() != options_.n_layers ||
                info.n_experts() != options_.n_experts) {

@@ -181,6 +181,61 @@ TEST_CASE("reload swaps atomically, keeps in-flight sets alive, and a failed rel
   CHECK((*store)->Reload(dir / "missing", std::nullopt).code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("a reload can keep the previous model served beside the new one, and either can be dropped") {
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "v1", DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "v2", DType::kInt8);
+  StoreOptions options;
+  options.residency = Residency::kPaged;
+  auto created = ExpertStore::Create(dir / "v1", options, nullptr);
+  REQUIRE(created.ok());
+  ExpertStore& store = **created;
+  const std::string v1 = store.Current()->model().model_id();
+
+  REQUIRE(store.Reload(dir / "v2", std::nullopt, /*keep_previous=*/true).ok());
+  const std::string v2 = store.Current()->model().model_id();
+  REQUIRE(v1 != v2);
+  CHECK(store.Previous()->model().model_id() == v1);
+  CHECK(store.ForModel(v1)->model().model_id() == v1);
+  CHECK(store.ForModel(v2)->model().model_id() == v2);
+  CHECK(store.ForModel("")->model().model_id() == v2);
+  CHECK(store.ForModel("xxh3_128:other") == nullptr);
+
+  // Dropping the previous model releases it.
+  REQUIRE(store.Drop(v1).ok());
+  CHECK(store.Previous() == nullptr);
+  CHECK(store.ForModel(v1) == nullptr);
+
+  // Dropping the current model while a previous one is kept rolls back to it.
+  REQUIRE(store.Reload(dir / "v1", std::nullopt, /*keep_previous=*/true).ok());
+  CHECK(store.Current()->model().model_id() == v1);
+  REQUIRE(store.Drop(v1).ok());
+  CHECK(store.Current()->model().model_id() == v2);
+  CHECK(store.model_dir() == dir / "v2");
+  CHECK(store.Previous() == nullptr);
+
+  const absl::Status only = store.Drop(v2);
+  CHECK(only.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(only.message().find("only model") != absl::string_view::npos);
+  CHECK(store.Drop("xxh3_128:other").code() == absl::StatusCode::kNotFound);
+
+  // A reload without keep_previous releases a kept model too.
+  REQUIRE(store.Reload(dir / "v1", std::nullopt, true).ok());
+  REQUIRE(store.Reload("", std::nullopt).ok());
+  CHECK(store.Previous() == nullptr);
+
+  // Another shape cannot be kept beside: refused, nothing changes.
+  synth.d_model = 64;
+  synth.out_dir = dir / "ckpt64";
+  colibri::testing::MakeModel(synth, dir / "wide", DType::kBF16);
+  const absl::Status wide = store.Reload(dir / "wide", std::nullopt, true);
+  CHECK(wide.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(wide.message().find("shape") != absl::string_view::npos);
+  CHECK(store.Current()->model().model_id() == v1);
+  CHECK(store.Previous() == nullptr);
+}
+
 }  // namespace
 }  // namespace expert_node
 }  // namespace colibri

@@ -34,7 +34,8 @@ type ExpertNodeClient interface {
 	//	                     field and the value.
 	//	FAILED_PRECONDITION  no model loaded; an expert not owned by this node
 	//	                     (the message names the layer and the expert);
-	//	                     `model_id` set and different from the loaded one.
+	//	                     `model_id` set and not a model the node serves
+	//	                     (GetNodeInfoResponse.model_ids).
 	//	RESOURCE_EXHAUSTED   request over the size limit (--max-rows, message
 	//	                     size) or the compute queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
@@ -53,8 +54,10 @@ type ExpertNodeClient interface {
 	// Loads a model directory (or new versions of the current files) beside the
 	// weights in use, verifies it, and swaps it in atomically: calls in flight
 	// finish on the old weights, later calls use the new ones, and the old
-	// weights are released when their last call ends. On any failure the node
-	// keeps serving the old weights and `last_reload_error` is set.
+	// weights are released when their last call ends (with keep_previous: when
+	// dropped). On any failure the node keeps serving the old weights and
+	// `last_reload_error` is set. With drop_model_id, stops serving a model
+	// instead (see ReloadRequest).
 	//
 	// Status codes:
 	//
@@ -65,9 +68,12 @@ type ExpertNodeClient interface {
 	//	                     included —, bad header, unknown version).
 	//	PERMISSION_DENIED    `model_dir` resolves outside the node's
 	//	                     --model-root.
-	//	NOT_FOUND            `model_dir` or a file it lists does not exist.
+	//	NOT_FOUND            `model_dir` or a file it lists does not exist;
+	//	                     drop_model_id not served by the node.
 	//	DATA_LOSS            a file's checksum does not match the manifest.
-	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked.
+	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked;
+	//	                     keep_previous with a model of another shape;
+	//	                     drop_model_id naming the only model served.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
 	//	PERMISSION_DENIED    also: the caller is not an admin. Reload is served on
@@ -133,7 +139,8 @@ type ExpertNodeServer interface {
 	//	                     field and the value.
 	//	FAILED_PRECONDITION  no model loaded; an expert not owned by this node
 	//	                     (the message names the layer and the expert);
-	//	                     `model_id` set and different from the loaded one.
+	//	                     `model_id` set and not a model the node serves
+	//	                     (GetNodeInfoResponse.model_ids).
 	//	RESOURCE_EXHAUSTED   request over the size limit (--max-rows, message
 	//	                     size) or the compute queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
@@ -152,8 +159,10 @@ type ExpertNodeServer interface {
 	// Loads a model directory (or new versions of the current files) beside the
 	// weights in use, verifies it, and swaps it in atomically: calls in flight
 	// finish on the old weights, later calls use the new ones, and the old
-	// weights are released when their last call ends. On any failure the node
-	// keeps serving the old weights and `last_reload_error` is set.
+	// weights are released when their last call ends (with keep_previous: when
+	// dropped). On any failure the node keeps serving the old weights and
+	// `last_reload_error` is set. With drop_model_id, stops serving a model
+	// instead (see ReloadRequest).
 	//
 	// Status codes:
 	//
@@ -164,9 +173,12 @@ type ExpertNodeServer interface {
 	//	                     included —, bad header, unknown version).
 	//	PERMISSION_DENIED    `model_dir` resolves outside the node's
 	//	                     --model-root.
-	//	NOT_FOUND            `model_dir` or a file it lists does not exist.
+	//	NOT_FOUND            `model_dir` or a file it lists does not exist;
+	//	                     drop_model_id not served by the node.
 	//	DATA_LOSS            a file's checksum does not match the manifest.
-	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked.
+	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked;
+	//	                     keep_previous with a model of another shape;
+	//	                     drop_model_id naming the only model served.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
 	//	PERMISSION_DENIED    also: the caller is not an admin. Reload is served on
