@@ -1,6 +1,7 @@
 // colibri-router: the router node. Flags -> RouterServerOptions ->
 // RouterServer; then waits for SIGTERM/SIGINT (drain in-flight calls, exit 0)
-// or SIGHUP (re-check the expert nodes now).
+// or SIGHUP (re-check the expert nodes now, and re-read --model: a new
+// version there is rolled out as by Router.LoadModel).
 #include <glog/logging.h>
 #include <signal.h>
 
@@ -65,6 +66,9 @@ ABSL_FLAG(int, threads, 0, "--local: compute threads (0: one per allowed CPU, of
 ABSL_FLAG(int, numa_node, -1, "--local: bind compute threads and weight copies to this NUMA node (-1: none).");
 ABSL_FLAG(bool, mlock, false, "--local: lock the weights in RAM (a warning if refused).");
 ABSL_FLAG(bool, hugepages, false, "--local: copy the weights into transparent-huge-page memory.");
+ABSL_FLAG(std::string, model_root, "",
+          "Router.LoadModel may switch to model directories inside this one; empty (the default): only to --model "
+          "re-read (e.g. a symlink switched to a new version).");
 ABSL_FLAG(std::string, admin_listen, "",
           "host:port of the admin listener (GetClusterStatus with node addresses and errors), with --listen's TLS "
           "settings; keep it on loopback or a guarded address. Empty (the default): none.");
@@ -88,6 +92,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"RouterServerOptions::tls_key_file", "--tls_key"},
     {"RouterServerOptions::tls_client_ca_file", "--tls_client_ca"},
     {"RouterServerOptions::admin_listen", "--admin_listen"},
+    {"RouterServerOptions::model_root", "--model_root"},
     {"RouterServerOptions::service.admin_identities", "--admin_identities"},
     {"RemoteOptions::addresses", "--experts_at"},
     {"RemoteOptions::cluster_file", "--cluster_file"},
@@ -167,6 +172,7 @@ int main(int argc, char** argv) {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   o.admin_listen = absl::GetFlag(FLAGS_admin_listen);
+  o.model_root = absl::GetFlag(FLAGS_model_root);
   o.service.admin_identities = absl::GetFlag(FLAGS_admin_identities);
 
   sigset_t signals;  // blocked before any thread starts, so sigwait sees them
@@ -198,7 +204,15 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     if (sig == SIGHUP) {
-      if ((*server)->remote() != nullptr) (*server)->remote()->CheckNow();
+      (*server)->CheckNodesNow();
+      if (!o.local) {  // --model re-read: a new version there (a switched symlink) is rolled out
+        const auto ids = (*server)->LoadModel(o.model_dir, absl::Seconds(30));
+        if (!ids.ok()) {
+          LOG(ERROR) << "colibri-router: SIGHUP: " << ids.status().message();
+        } else if (ids->first != ids->second) {
+          LOG(INFO) << "colibri-router: SIGHUP: now serving model " << ids->first;
+        }
+      }
       continue;
     }
     LOG(INFO) << "colibri-router: draining and stopping";

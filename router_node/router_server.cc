@@ -4,9 +4,11 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_credentials.h"
@@ -23,18 +25,26 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   COLIBRI_RETURN_IF_ERROR(runtime::CheckAdminIdentities(options.service.admin_identities, options.tls_client_ca_file,
                                                         "RouterServerOptions::service."));
   std::unique_ptr<RouterServer> s(new RouterServer());
+  s->log_ = log;
+  std::shared_ptr<Router> router;
   if (options.local) {
     options.engine.max_tokens = options.router.max_tokens;
     options.engine.verify_checksums = options.router.verify_checksums;
     options.engine.metrics = &s->metrics_;
     options.engine.log = log;
     COLIBRI_ASSIGN_OR_RETURN(s->engine_, Engine::Open(options.model_dir, options.engine));
-    s->router_ = &s->engine_->router();
+    router = std::shared_ptr<Router>(&s->engine_->router(), [](Router*) {});  // the engine owns it
   } else {
     options.remote.log = log;
     options.router.metrics = &s->metrics_;
-    COLIBRI_ASSIGN_OR_RETURN(s->remote_, MakeRemoteRouter(options.model_dir, options.remote, options.router));
-    s->router_ = s->remote_.router.get();
+    COLIBRI_ASSIGN_OR_RETURN(RemoteRouter remote, MakeRemoteRouter(options.model_dir, options.remote, options.router));
+    common::MutexLock lock(&s->load_mu_);
+    s->remote_ = std::make_shared<RemoteRouter>(std::move(remote));
+    router = std::shared_ptr<Router>(s->remote_, s->remote_->router.get());  // keeps the whole version alive
+    RouterServer* server = s.get();
+    options.service.load_model = [server](const std::string& dir, absl::Duration timeout) {
+      return server->LoadModel(dir, timeout);
+    };
   }
   if (options.metrics_port >= 0) {
     COLIBRI_ASSIGN_OR_RETURN(s->metrics_server_,
@@ -43,21 +53,20 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     s->metrics_port_ = s->metrics_server_->port();
   }
   options.service.metrics = &s->metrics_;
-  options.service.remote = s->remote_.backend.get();
   options.service.log = log;
+  const common::Manifest& m = router->manifest();
   if (options.service.max_inflight_bytes <= 0) {  // room for two requests of max_tokens f32 hidden states
-    const common::Manifest& m = s->router_->manifest();
     const int64_t values = options.router.max_tokens * m.d_model;
     options.service.max_inflight_bytes = 2 * RouterService::Footprint(values * 4, values, m);
   }
-  s->service_ = std::make_unique<RouterService>(s->router_, options.service);
+  s->options_ = options;
+  s->service_ = std::make_unique<RouterService>(router, options.service);
 
   runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_tokens hidden states in f32 plus token ids and client
   // routes (4 + 8 * top_k bytes per token), and framing.
-  const common::Manifest& m = s->router_->manifest();
   const int64_t derived = options.router.max_tokens * (m.d_model * 4 + 4 + 8 * m.top_k) + (1 << 20);
   const int64_t max_bytes = std::min<int64_t>(options.max_message_bytes > 0 ? options.max_message_bytes : derived,
                                               std::numeric_limits<int>::max());
@@ -75,18 +84,131 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
                                                        &s->admin_port_, "RouterServerOptions::"));
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
-  if (s->remote_.backend != nullptr) {
-    s->remote_.backend->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
+  if (!options.local) {
+    common::MutexLock lock(&s->load_mu_);
+    s->remote_->backend->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
   } else {
     health->SetServingStatus(true);
   }
   return s;
 }
 
+void RouterServer::CheckNodesNow() {
+  if (engine_ != nullptr) return;
+  std::shared_ptr<RemoteRouter> remote;
+  {
+    common::MutexLock lock(&load_mu_);
+    remote = remote_;
+  }
+  remote->backend->CheckNow();
+}
+
+namespace {
+
+// OK when `dir` may be loaded: inside `root` (symlinks resolved), or — with
+// no root — the configured model directory itself.
+absl::Status MayLoad(const std::string& dir, const std::string& root, const std::string& configured) {
+  std::error_code ec, root_ec;
+  const std::filesystem::path real = std::filesystem::canonical(dir, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("model_dir is not an existing directory: ", ec.message()));
+  if (root.empty()) {
+    if (real == std::filesystem::canonical(configured, root_ec)) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        "without a model root (RouterServerOptions::model_root) the router may only re-read its configured model "
+        "directory");
+  }
+  const std::filesystem::path base = std::filesystem::canonical(root, root_ec);
+  if (!root_ec) {
+    auto [end, unused] = std::mismatch(base.begin(), base.end(), real.begin(), real.end());
+    if (end == base.end()) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      "model_dir is not inside the router's model root (RouterServerOptions::model_root)");
+}
+
+}  // namespace
+
+bool RouterServer::ReleaseRetired() {
+  std::vector<std::shared_ptr<RemoteRouter>> kept;
+  for (std::shared_ptr<RemoteRouter>& r : retired_) {
+    if (r.use_count() > 1) kept.push_back(std::move(r));  // requests still hold it
+  }
+  retired_ = std::move(kept);  // the others are destroyed here, on this thread
+  return retired_.empty();
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(const std::string& model_dir,
+                                                                            absl::Duration timeout) {
+  if (engine_ != nullptr) {
+    return absl::FailedPreconditionError("a local-mode router cannot switch models: restart it with the new model");
+  }
+  if (!load_mu_.TryLock()) return absl::AbortedError("another LoadModel is in progress");
+  absl::StatusOr<std::pair<std::string, std::string>> result = [&]() -> decltype(result) {
+    COLIBRI_RETURN_IF_ERROR(MayLoad(model_dir, options_.model_root, options_.model_dir));
+    const std::shared_ptr<Router> current = service_->router();
+    const std::string previous_id = current->model_id();
+    COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, MakeRemoteRouter(model_dir, options_.remote, options_.router));
+    if (next.router->model_id() == previous_id) return std::make_pair(previous_id, previous_id);
+    const common::Manifest& a = current->manifest();
+    const common::Manifest& b = next.router->manifest();
+    if (a.d_model != b.d_model || a.n_layers != b.n_layers || a.n_experts != b.n_experts ||
+        a.n_shared_experts != b.n_shared_experts || a.top_k != b.top_k || a.vocab_size != b.vocab_size) {
+      return absl::FailedPreconditionError(
+          "the new model's shape (d_model, layers, experts, top_k, vocabulary) differs from the one serving: clients "
+          "would see it change mid-stream; roll out a change of shape as a new cluster (blue/green)");
+    }
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!next.backend->serving() && absl::Now() < deadline) {
+      absl::SleepFor(std::min(options_.remote.health_interval, absl::Milliseconds(100)));
+      next.backend->CheckNow();
+    }
+    if (!next.backend->serving()) {
+      const auto uncovered = next.backend->map()->FirstUncovered();
+      std::string why;
+      for (const NodeStatusView& n : next.backend->Nodes()) {
+        if (!n.live && !n.last_error.empty()) {
+          why = absl::StrCat("; ", n.address, ": ", n.last_error);
+          break;
+        }
+      }
+      return absl::UnavailableError(absl::StrCat(
+          "model ", next.router->model_id(), " is not served: layer ", uncovered ? uncovered->first : -1, " expert ",
+          uncovered ? uncovered->second : -1, " has no live node serving it after ", absl::FormatDuration(timeout),
+          " (load it on the nodes first: ExpertNode.Reload with keep_previous)", why, "; the old version serves on"));
+    }
+    auto version = std::make_shared<RemoteRouter>(std::move(next));
+    std::shared_ptr<RemoteRouter> old = std::move(remote_);
+    remote_ = version;
+    service_->SwapRouter(std::shared_ptr<Router>(version, version->router.get()));
+    old->backend->Stop();  // its health watcher and listener; its requests still finish on its map
+    grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+    version->backend->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
+    retired_.push_back(std::move(old));
+    if (log_ != nullptr) {
+      *log_ << "colibri-router: now serving model " << version->router->model_id() << " from " << model_dir << " (was "
+            << previous_id << ")" << std::endl;
+    }
+    // The old version's requests finish on it; release it once they have
+    // (or, if some take longer, at the next load or at shutdown).
+    const absl::Time drain_until = absl::Now() + timeout;
+    while (!ReleaseRetired() && absl::Now() < drain_until) absl::SleepFor(absl::Milliseconds(20));
+    return std::make_pair(version->router->model_id(), previous_id);
+  }();
+  metrics_
+      .GetCounter("colibri_router_model_loads_total", "LoadModel calls by result.",
+                  {{"result", result.ok() ? "ok" : "failed"}})
+      ->Increment();
+  load_mu_.Unlock();
+  return result;
+}
+
 void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
-    metrics_server_.reset();                                  // first: its slowest client must not delay the drain
-    if (remote_.backend != nullptr) remote_.backend->Stop();  // no health callback into the server from here on
+    metrics_server_.reset();  // first: its slowest client must not delay the drain
+    {
+      common::MutexLock lock(&load_mu_);                 // waits for a LoadModel running
+      if (remote_ != nullptr) remote_->backend->Stop();  // no health callback into the server from here on
+    }
     server_->GetHealthCheckService()->SetServingStatus(false);
     if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls; cancels them at the deadline
@@ -95,6 +217,8 @@ void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
     admin_server_.reset();
     admin_service_.reset();
     service_.reset();  // joins the workers
+    common::MutexLock lock(&load_mu_);
+    ReleaseRetired();  // no request runs any more
   });
 }
 

@@ -14,9 +14,13 @@
 #include <mutex>
 #include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "router_node/engine.h"
 #include "router_node/remote_backend.h"
 #include "router_node/remote_router.h"
@@ -49,6 +53,9 @@ struct RouterServerOptions {
   // `admin_listen` (host:port, same TLS settings; empty: none), and on
   // `listen` to mutual-TLS peers named in service.admin_identities.
   std::string admin_listen;
+  // LoadModel may name model directories inside this one; empty: only
+  // `model_dir` itself (re-read, e.g. a symlink switched to a new version).
+  std::string model_root;
   int metrics_port = -1;     // >= 0: Prometheus /metrics on it (0 picks a port)
   std::string metrics_host;  // empty: the host of `listen`
 };
@@ -63,8 +70,20 @@ class RouterServer {
   int port() const { return port_; }
   int admin_port() const { return admin_port_; }      // -1 without an admin listener
   int metrics_port() const { return metrics_port_; }  // -1 without metrics
-  Router& router() { return *router_; }
-  RemoteBackend* remote() { return remote_.backend.get(); }  // null in local mode
+  // The model version serving new requests.
+  std::shared_ptr<Router> router() const { return service_->router(); }
+  // Distributed mode: a health round of the serving version's nodes now (and
+  // the cluster file re-read). Local mode: nothing.
+  void CheckNodesNow();
+
+  // Switches to another version of the model (same shape) in `model_dir`
+  // (see Router.LoadModel in proto/colibri/v1/router.proto): loads its gates
+  // and LUTs beside the serving ones, waits up to `timeout` until every
+  // (layer, expert) of it has a live node, then serves new requests with it;
+  // waits (up to the same timeout) for the old version's requests to finish
+  // and releases it. Returns the new and the replaced model_id. Any failure
+  // leaves the old version serving. One at a time (ABORTED otherwise).
+  absl::StatusOr<std::pair<std::string, std::string>> LoadModel(const std::string& model_dir, absl::Duration timeout);
 
   // Stops accepting calls, lets in-flight calls finish until `deadline`,
   // then cancels the rest (and their node calls).
@@ -73,11 +92,20 @@ class RouterServer {
  private:
   RouterServer() = default;
 
+  // Destroys retired versions nothing uses any more; true if none is left.
+  bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+
+  RouterServerOptions options_;  // as completed by Create (log, metrics)
+  std::ostream* log_ = nullptr;
   common::MetricsRegistry metrics_;
   std::unique_ptr<runtime::MetricsServer> metrics_server_;
   std::unique_ptr<Engine> engine_;  // local mode
-  RemoteRouter remote_;             // distributed mode
-  Router* router_ = nullptr;
+  // Distributed mode: the serving version (the service holds its router).
+  common::Mutex load_mu_;  // one LoadModel at a time
+  std::shared_ptr<RemoteRouter> remote_ ABSL_GUARDED_BY(load_mu_);
+  // Replaced versions whose requests may still run; destroyed on the loading
+  // thread (never a node's callback thread: a backend waits for its calls).
+  std::vector<std::shared_ptr<RemoteRouter>> retired_ ABSL_GUARDED_BY(load_mu_);
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<RouterAdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

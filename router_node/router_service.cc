@@ -162,9 +162,9 @@ int64_t RouterService::Footprint(int64_t hidden_bytes, int64_t values, const com
   return hidden_bytes + values * 4 * (3 + 2 * routes);
 }
 
-RouterService::RouterService(Router* router, Options options)
-    : router_(router),
-      options_(std::move(options)),
+RouterService::RouterService(std::shared_ptr<Router> router, Options options)
+    : options_(std::move(options)),
+      router_(std::move(router)),
       budget_(options_.max_inflight_bytes, "the router's --max_inflight_bytes") {
   if (options_.metrics != nullptr) {
     const char* stages[5] = {"route", "dispatch", "slowest_node", "aggregate", "total"};
@@ -179,12 +179,15 @@ RouterService::RouterService(Router* router, Options options)
 }
 
 RouterService::~RouterService() {
+  std::thread load;
   {
     common::MutexLock lock(&mu_);
     stopping_ = true;
+    load = std::move(load_thread_);
   }
   cv_.SignalAll();
   for (std::thread& t : workers_) t.join();
+  if (load.joinable()) load.join();
 }
 
 bool RouterService::Submit(std::function<void()> job) {
@@ -219,9 +222,21 @@ void RouterService::CountCall(const char* method, absl::StatusCode code) {
       ->Increment();
 }
 
+std::shared_ptr<Router> RouterService::router() const {
+  common::MutexLock lock(&router_mu_);
+  return router_;
+}
+
+std::shared_ptr<Router> RouterService::SwapRouter(std::shared_ptr<Router> router) {
+  common::MutexLock lock(&router_mu_);
+  router_.swap(router);
+  return router;
+}
+
 bool RouterService::RunsInline(const v1::ForwardRequest& request) const {
-  if (!router_->backend().asynchronous()) return false;
-  const common::Manifest& m = router_->manifest();
+  const std::shared_ptr<Router> router = this->router();
+  if (!router->backend().asynchronous()) return false;
+  const common::Manifest& m = router->manifest();
   // The work before the first node call: widening the hidden states, and for
   // gate routing the logits (d_model x n_experts per token).
   int64_t work = static_cast<int64_t>(request.hidden().data().size()) / 2;
@@ -233,26 +248,31 @@ void RouterService::StartForward(const v1::ForwardRequest& request, CallControl&
                                  std::function<void(absl::Status)> done) {
   if (control.cancelled()) return done(absl::CancelledError("cancelled before it ran"));
   if (absl::Now() > control.deadline()) return done(absl::DeadlineExceededError("deadline passed while queued"));
+  // The whole request is answered by the model version it starts with: a
+  // version swapped in meanwhile serves the next requests.
+  std::shared_ptr<Router> router = this->router();
   absl::StatusOr<common::MemoryBudget::Reservation> reservation =
-      budget_.Reserve(ForwardFootprint(request, router_->manifest()), "this Forward call");
+      budget_.Reserve(ForwardFootprint(request, router->manifest()), "this Forward call");
   if (!reservation.ok()) return done(reservation.status());
   auto in = std::make_shared<absl::StatusOr<ForwardInput>>(ParseForwardRequest(request));
   if (!in->ok()) return done(in->status());
   auto held = std::make_shared<common::MemoryBudget::Reservation>(std::move(*reservation));
-  router_->ForwardAsync(
-      **in, control, [this, &request, response, in, held, done = std::move(done)](absl::StatusOr<ForwardOutput> out) {
-        if (!out.ok()) return done(out.status());
-        Respond(request, **in, *out, response);
-        done(absl::OkStatus());
-      });
+  Router& core = *router;
+  core.ForwardAsync(**in, control,
+                    [this, &request, response, in, held, router = std::move(router),
+                     done = std::move(done)](absl::StatusOr<ForwardOutput> out) {
+                      if (!out.ok()) return done(out.status());
+                      Respond(request, **in, router->manifest().d_model, *out, response);
+                      done(absl::OkStatus());
+                    });
 }
 
-void RouterService::Respond(const v1::ForwardRequest& request, const ForwardInput& in, ForwardOutput& out,
-                            v1::ForwardResponse* response) {
+void RouterService::Respond(const v1::ForwardRequest& request, const ForwardInput& in, int64_t d_model,
+                            ForwardOutput& out, v1::ForwardResponse* response) {
   v1::Tensor* t = response->mutable_output();
   t->set_dtype(static_cast<v1::DataType>(out.output_dtype));
   t->add_shape(in.num_tokens);
-  t->add_shape(router_->manifest().d_model);
+  t->add_shape(d_model);
   t->set_data(std::move(out.output));
   if (request.return_routes()) {
     v1::Routes* r = response->mutable_routes();
@@ -310,8 +330,9 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
 }
 
 void RouterService::FillModelInfo(v1::GetModelInfoResponse* response) const {
-  const common::Manifest& m = router_->manifest();
-  response->set_model_id(router_->model_id());
+  const std::shared_ptr<Router> router = this->router();
+  const common::Manifest& m = router->manifest();
+  response->set_model_id(router->model_id());
   response->set_architecture(m.architecture);
   response->set_d_model(static_cast<int32_t>(m.d_model));
   response->set_d_ff(static_cast<int32_t>(m.d_ff));
@@ -327,8 +348,8 @@ void RouterService::FillModelInfo(v1::GetModelInfoResponse* response) const {
        {common::RoutingMode::kLut, common::RoutingMode::kGate, common::RoutingMode::kClient}) {
     response->add_routing_modes(ToProtoRoutingMode(mode));
   }
-  response->set_backend(router_->backend().kind());
-  response->set_max_tokens(static_cast<int32_t>(router_->max_tokens()));
+  response->set_backend(router->backend().kind());
+  response->set_max_tokens(static_cast<int32_t>(router->max_tokens()));
 }
 
 grpc::ServerUnaryReactor* RouterService::GetClusterStatus(grpc::CallbackServerContext* context,
@@ -343,6 +364,62 @@ grpc::ServerUnaryReactor* RouterAdminService::GetClusterStatus(grpc::CallbackSer
   return service_->ClusterStatus(context, response, /*admin=*/true);
 }
 
+grpc::ServerUnaryReactor* RouterService::LoadModel(grpc::CallbackServerContext* context,
+                                                   const v1::LoadModelRequest* request,
+                                                   v1::LoadModelResponse* response) {
+  return LoadModelAs(context, request, response, runtime::PeerIsNamed(*context, options_.admin_identities));
+}
+
+grpc::ServerUnaryReactor* RouterAdminService::LoadModel(grpc::CallbackServerContext* context,
+                                                        const v1::LoadModelRequest* request,
+                                                        v1::LoadModelResponse* response) {
+  return service_->LoadModelAs(context, request, response, /*admin=*/true);
+}
+
+grpc::ServerUnaryReactor* RouterService::LoadModelAs(grpc::CallbackServerContext* context,
+                                                     const v1::LoadModelRequest* request,
+                                                     v1::LoadModelResponse* response, bool admin) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto finish = [this, reactor](const absl::Status& s) {
+    CountCall("LoadModel", s.code());
+    reactor->Finish(runtime::ToGrpcStatus(s));
+  };
+  if (!admin) {
+    finish(absl::PermissionDeniedError(
+        "LoadModel is an admin call: make it on the router's admin listener (colibri-router --admin_listen) or "
+        "with a client certificate named in --admin_identities"));
+    return reactor;
+  }
+  if (!options_.load_model) {
+    finish(
+        absl::FailedPreconditionError("this router cannot switch models (local mode: restart it with the new model)"));
+    return reactor;
+  }
+  common::MutexLock lock(&mu_);
+  if (stopping_ || load_running_) {
+    finish(stopping_ ? absl::UnavailableError("the router is shutting down")
+                     : absl::AbortedError("another LoadModel is in progress"));
+    return reactor;
+  }
+  if (load_thread_.joinable()) load_thread_.join();  // finished: it cleared load_running_
+  load_running_ = true;
+  // Loading and waiting for the nodes take seconds: never on a gRPC thread.
+  const absl::Duration timeout = absl::Milliseconds(request->timeout_ms() > 0 ? request->timeout_ms() : 30000);
+  load_thread_ = std::thread([this, finish, response, dir = request->model_dir(), timeout] {
+    absl::StatusOr<std::pair<std::string, std::string>> ids = options_.load_model(dir, timeout);
+    if (ids.ok()) {
+      response->set_model_id(ids->first);
+      response->set_previous_model_id(ids->second);
+    }
+    {
+      common::MutexLock guard(&mu_);
+      load_running_ = false;
+    }
+    finish(ids.status());
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* RouterService::ClusterStatus(grpc::CallbackServerContext* context,
                                                        v1::GetClusterStatusResponse* response, bool admin) {
   FillClusterStatus(response, admin);
@@ -353,12 +430,13 @@ grpc::ServerUnaryReactor* RouterService::ClusterStatus(grpc::CallbackServerConte
 }
 
 void RouterService::FillClusterStatus(v1::GetClusterStatusResponse* response, bool admin) const {
-  const common::Manifest& m = router_->manifest();
+  const std::shared_ptr<Router> router = this->router();
+  const common::Manifest& m = router->manifest();
   std::shared_ptr<const ShardMap> map;
-  if (options_.remote != nullptr) {
-    map = options_.remote->map();
+  if (auto* remote = dynamic_cast<RemoteBackend*>(&router->backend()); remote != nullptr) {
+    map = remote->map();
     int index = 0;
-    for (const NodeStatusView& n : options_.remote->Nodes()) {
+    for (const NodeStatusView& n : remote->Nodes()) {
       v1::NodeStatus* s = response->add_nodes();
       // Addresses and errors (which name addresses) are the cluster's layout: admins only.
       s->set_address(admin ? n.address : absl::StrCat("node-", index));
@@ -378,7 +456,7 @@ void RouterService::FillClusterStatus(v1::GetClusterStatusResponse* response, bo
         owned->add_experts(static_cast<int32_t>(expert));
       }
     }
-    response->set_retries(options_.remote->retries());
+    response->set_retries(remote->retries());
   }
   bool serving = true;
   for (int64_t layer = 0; layer < m.n_layers; ++layer) {
@@ -386,7 +464,7 @@ void RouterService::FillClusterStatus(v1::GetClusterStatusResponse* response, bo
       v1::ExpertLoad* e = response->add_experts();
       e->set_layer(static_cast<int32_t>(layer));
       e->set_expert(static_cast<int32_t>(expert));
-      e->set_tokens(router_->tokens_routed(layer, expert));
+      e->set_tokens(router->tokens_routed(layer, expert));
       // In-process experts are always there.
       const int replicas = map != nullptr ? static_cast<int>(map->replicas(layer, expert).size()) : 1;
       e->set_live_replicas(replicas);
@@ -394,7 +472,7 @@ void RouterService::FillClusterStatus(v1::GetClusterStatusResponse* response, bo
     }
   }
   response->set_serving(serving);
-  response->set_requests(router_->requests());
+  response->set_requests(router->requests());
 }
 
 }  // namespace router_node

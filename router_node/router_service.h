@@ -21,6 +21,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -51,14 +52,18 @@ class RouterService final : public colibri::v1::Router::CallbackService {
     bool debug = false;                          // log every call's stage timings to `log` (COLIBRI_DEBUG=1)
     std::ostream* log = nullptr;                 // must outlive the service
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service
-    RemoteBackend* remote = nullptr;             // for GetClusterStatus; null in local mode
     // Certificate identities (mutual TLS) that get the admin view of
-    // GetClusterStatus on the data port (see RouterAdminService).
+    // GetClusterStatus, and may call LoadModel, on the data port (see RouterAdminService).
     std::vector<std::string> admin_identities;
+    // LoadModel's work (RouterServer::LoadModel): the new model_id and the
+    // replaced one. Null: LoadModel is refused (FAILED_PRECONDITION).
+    std::function<absl::StatusOr<std::pair<std::string, std::string>>(const std::string& model_dir,
+                                                                      absl::Duration timeout)>
+        load_model;
   };
 
-  // `router` must outlive the service.
-  RouterService(Router* router, Options options);
+  // Serves `router`'s model (a shared_ptr: see SwapRouter).
+  RouterService(std::shared_ptr<Router> router, Options options);
   ~RouterService() override;  // answers queued calls with UNAVAILABLE, joins the workers
 
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, const colibri::v1::ForwardRequest* request,
@@ -71,6 +76,9 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const colibri::v1::GetClusterStatusRequest* request,
                                              colibri::v1::GetClusterStatusResponse* response) override;
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* context,
+                                      const colibri::v1::LoadModelRequest* request,
+                                      colibri::v1::LoadModelResponse* response) override;
 
   // The memory a Forward call holds while it runs, for `values` hidden values
   // received as `hidden_bytes`: the hidden states and their f32 copy, the node
@@ -96,19 +104,30 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // Counts a finished call by method and code.
   void CountCall(const char* method, absl::StatusCode code);
 
+  // The router core (model version) new requests use.
+  std::shared_ptr<Router> router() const;
+  // Serves `router` to new requests from now on; requests already started
+  // finish on the one they started with, which is returned (its last user
+  // releases it). A request never mixes two versions.
+  std::shared_ptr<Router> SwapRouter(std::shared_ptr<Router> router);
+
  private:
   friend class RouterAdminService;
   grpc::ServerUnaryReactor* ClusterStatus(grpc::CallbackServerContext* context,
                                           colibri::v1::GetClusterStatusResponse* response, bool admin);
+  grpc::ServerUnaryReactor* LoadModelAs(grpc::CallbackServerContext* context,
+                                        const colibri::v1::LoadModelRequest* request,
+                                        colibri::v1::LoadModelResponse* response, bool admin);
 
   void WorkerLoop();
   void Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer);
   // Fills `response` from `out` (whose output it moves) and records the call.
-  void Respond(const colibri::v1::ForwardRequest& request, const ForwardInput& in, ForwardOutput& out,
-               colibri::v1::ForwardResponse* response);
+  void Respond(const colibri::v1::ForwardRequest& request, const ForwardInput& in, int64_t d_model,
+               ForwardOutput& out, colibri::v1::ForwardResponse* response);
 
-  Router* const router_;
   const Options options_;
+  mutable common::Mutex router_mu_;
+  std::shared_ptr<Router> router_ ABSL_GUARDED_BY(router_mu_);
   common::MemoryBudget budget_;
   common::Histogram* stage_[5] = {};  // route, dispatch, slowest_node, aggregate, total (if metrics)
 
@@ -116,11 +135,14 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool load_running_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread load_thread_ ABSL_GUARDED_BY(mu_);  // the last LoadModel's, joined before the next
   std::vector<std::thread> workers_;
 };
 
 // The Router service as the admin listener serves it: GetClusterStatus in
-// full, for every caller that reaches it; nothing else (UNIMPLEMENTED).
+// full and LoadModel, for every caller that reaches it; nothing else
+// (UNIMPLEMENTED).
 // `service` must outlive it.
 class RouterAdminService final : public colibri::v1::Router::CallbackService {
  public:
@@ -128,6 +150,9 @@ class RouterAdminService final : public colibri::v1::Router::CallbackService {
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const colibri::v1::GetClusterStatusRequest* request,
                                              colibri::v1::GetClusterStatusResponse* response) override;
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* context,
+                                      const colibri::v1::LoadModelRequest* request,
+                                      colibri::v1::LoadModelResponse* response) override;
 
  private:
   RouterService* const service_;

@@ -1,10 +1,10 @@
-#include "common/mutex.h"
 #include "clients/cpp/client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/tensor.h"
+#include "common/mutex.h"
 #include "router_node/remote_router.h"
 #include "router_node/router_service.h"
 #include "runtime/grpc_credentials.h"
@@ -69,8 +69,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOption
   direct->core = std::move(*core);
   router_node::RouterService::Options service;
   service.workers = 1;  // requests start on the caller's thread; this one takes none
-  service.remote = direct->core.backend.get();
-  direct->service = std::make_unique<router_node::RouterService>(direct->core.router.get(), service);
+  direct->service = std::make_unique<router_node::RouterService>(
+      std::shared_ptr<router_node::Router>(direct->core.router.get(), [](router_node::Router*) {}), service);
   std::unique_ptr<Client> client(new Client(options, nullptr));
   direct->service->FillModelInfo(&client->model_);
   client->direct_ = std::move(direct);

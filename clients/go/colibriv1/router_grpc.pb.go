@@ -57,6 +57,29 @@ type RouterClient interface {
 	//
 	// Status codes: OK.
 	GetClusterStatus(ctx context.Context, in *GetClusterStatusRequest, opts ...grpc.CallOption) (*GetClusterStatusResponse, error)
+	// Switches the router to another version of its model (same shape): loads
+	// the new directory's gates and lookup tables beside the ones in use, waits
+	// until every (layer, expert) of the new model has a live node (nodes that
+	// loaded it with ExpertNode.Reload keep_previous serve both versions), then
+	// serves new requests with it. A request is answered entirely by the
+	// version it started with; the old version is released once its requests
+	// are done. Any failure leaves the old version serving. An admin call:
+	// served on the router's admin listener (--admin_listen) and to mutual-TLS
+	// peers named in --admin_identities.
+	//
+	// Status codes:
+	//
+	//	OK                   the new version serves (or already did).
+	//	INVALID_ARGUMENT     a malformed model directory (names the file).
+	//	NOT_FOUND            model_dir or a file it lists does not exist.
+	//	DATA_LOSS            a file's checksum does not match the manifest.
+	//	PERMISSION_DENIED    not an admin; model_dir outside --model_root.
+	//	FAILED_PRECONDITION  another shape than the model serving; a local-mode
+	//	                     router (restart it instead).
+	//	UNAVAILABLE          some expert of the new model has no live node
+	//	                     within `timeout_ms` (names it).
+	//	ABORTED              another load is in progress.
+	LoadModel(ctx context.Context, in *LoadModelRequest, opts ...grpc.CallOption) (*LoadModelResponse, error)
 }
 
 type routerClient struct {
@@ -125,6 +148,15 @@ func (c *routerClient) GetClusterStatus(ctx context.Context, in *GetClusterStatu
 	return out, nil
 }
 
+func (c *routerClient) LoadModel(ctx context.Context, in *LoadModelRequest, opts ...grpc.CallOption) (*LoadModelResponse, error) {
+	out := new(LoadModelResponse)
+	err := c.cc.Invoke(ctx, "/colibri.v1.Router/LoadModel", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RouterServer is the server API for Router service.
 // All implementations must embed UnimplementedRouterServer
 // for forward compatibility
@@ -169,6 +201,29 @@ type RouterServer interface {
 	//
 	// Status codes: OK.
 	GetClusterStatus(context.Context, *GetClusterStatusRequest) (*GetClusterStatusResponse, error)
+	// Switches the router to another version of its model (same shape): loads
+	// the new directory's gates and lookup tables beside the ones in use, waits
+	// until every (layer, expert) of the new model has a live node (nodes that
+	// loaded it with ExpertNode.Reload keep_previous serve both versions), then
+	// serves new requests with it. A request is answered entirely by the
+	// version it started with; the old version is released once its requests
+	// are done. Any failure leaves the old version serving. An admin call:
+	// served on the router's admin listener (--admin_listen) and to mutual-TLS
+	// peers named in --admin_identities.
+	//
+	// Status codes:
+	//
+	//	OK                   the new version serves (or already did).
+	//	INVALID_ARGUMENT     a malformed model directory (names the file).
+	//	NOT_FOUND            model_dir or a file it lists does not exist.
+	//	DATA_LOSS            a file's checksum does not match the manifest.
+	//	PERMISSION_DENIED    not an admin; model_dir outside --model_root.
+	//	FAILED_PRECONDITION  another shape than the model serving; a local-mode
+	//	                     router (restart it instead).
+	//	UNAVAILABLE          some expert of the new model has no live node
+	//	                     within `timeout_ms` (names it).
+	//	ABORTED              another load is in progress.
+	LoadModel(context.Context, *LoadModelRequest) (*LoadModelResponse, error)
 	mustEmbedUnimplementedRouterServer()
 }
 
@@ -187,6 +242,9 @@ func (UnimplementedRouterServer) GetModelInfo(context.Context, *GetModelInfoRequ
 }
 func (UnimplementedRouterServer) GetClusterStatus(context.Context, *GetClusterStatusRequest) (*GetClusterStatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetClusterStatus not implemented")
+}
+func (UnimplementedRouterServer) LoadModel(context.Context, *LoadModelRequest) (*LoadModelResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method LoadModel not implemented")
 }
 func (UnimplementedRouterServer) mustEmbedUnimplementedRouterServer() {}
 
@@ -281,6 +339,24 @@ func _Router_GetClusterStatus_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Router_LoadModel_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LoadModelRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RouterServer).LoadModel(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/colibri.v1.Router/LoadModel",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RouterServer).LoadModel(ctx, req.(*LoadModelRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _Router_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "colibri.v1.Router",
 	HandlerType: (*RouterServer)(nil),
@@ -296,6 +372,10 @@ var _Router_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetClusterStatus",
 			Handler:    _Router_GetClusterStatus_Handler,
+		},
+		{
+			MethodName: "LoadModel",
+			Handler:    _Router_LoadModel_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

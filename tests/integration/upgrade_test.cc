@@ -1,0 +1,155 @@
+// A model upgrade under load, as an operator runs it (colibri-admin upgrade):
+// a router and two expert nodes serve v1 (bf16) to 3 concurrent clients; a
+// v2 with a corrupt file is refused and v1 keeps serving; then v2 (the same
+// checkpoint re-quantized to int8) is rolled out. Zero failed requests,
+// every answer equal byte for byte to v1's or v2's local answer (never a
+// mix), and after the roll-out every answer is v2's.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "tests/integration/cluster.h"
+
+namespace colibri {
+namespace testing {
+namespace {
+
+constexpr int kRequests = 12;
+
+v1::ForwardRequest Nth(int i) {
+  return Request(i % 2, {(i * 11) % 64, (i * 5 + 3) % 64}, 500 + i, v1::ROUTING_MODE_GATE);
+}
+
+// The answers of a local-mode router on `model` to the kRequests requests.
+std::vector<std::string> LocalAnswers(const std::string& model) {
+  Proc local = StartRouter({"--local=" + model, "--threads=1"});
+  auto stub = Connect(local.port);
+  std::vector<std::string> answers;
+  for (int i = 0; i < kRequests; ++i) {
+    v1::ForwardResponse response;
+    REQUIRE(Call(*stub, Nth(i), &response).ok());
+    answers.push_back(response.output().data());
+  }
+  return answers;
+}
+
+// Clients sending the requests in turn; each answer is classified as v1's, v2's or neither.
+struct VersionedLoad {
+  std::atomic<bool> stop{false};
+  std::atomic<int> v1{0}, v2{0}, other{0}, failed{0};
+  std::atomic<int> v1_after_switch{0};
+  std::atomic<bool> switched{false};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+
+  void Start(int port, const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    for (int c = 0; c < 3; ++c) {
+      clients.emplace_back([this, port, c, &a, &b] {
+        auto stub = Connect(port);
+        for (int i = c; !stop; ++i) {
+          const bool after = switched;  // read before the call: its answer must then be v2's
+          v1::ForwardResponse response;
+          const grpc::Status s = Call(*stub, Nth(i % kRequests), &response);
+          if (!s.ok()) {
+            ++failed;
+            std::lock_guard<std::mutex> lock(mu);
+            if (first_error.empty()) first_error = s.error_message();
+            continue;
+          }
+          const std::string& out = response.output().data();
+          if (out == a[i % kRequests]) {
+            ++v1;
+            v1_after_switch += after;
+          } else if (out == b[i % kRequests]) {
+            ++v2;
+          } else {
+            ++other;
+          }
+        }
+      });
+    }
+  }
+  void Stop() {
+    stop = true;
+    for (std::thread& t : clients) t.join();
+  }
+};
+
+int Admin(const std::string& args, const std::string& out) {
+  const int status = std::system((Binary("tools/colibri-admin") + " " + args + " >" + out + " 2>&1").c_str());
+  std::printf("colibri-admin %s -> %d:\n%s", args.c_str(), WEXITSTATUS(status), ReadFile(out).c_str());
+  return WEXITSTATUS(status);
+}
+
+std::vector<std::string> ModelIds(int admin_port) {
+  auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(Address(admin_port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetNodeInfoResponse info;
+  REQUIRE(stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+  return {info.model_ids().begin(), info.model_ids().end()};
+}
+
+TEST_CASE("a model upgrade under load fails no request and never mixes versions; a corrupt one is refused") {
+  TempDir root;
+  const tools::SynthOptions synth = SmallSynth(root / "ckpt");
+  MakeModel(synth, root / "v1", common::DType::kBF16);
+  MakeModel(synth, root / "v2", common::DType::kInt8);
+  MakeModel(synth, root / "bad", common::DType::kInt8);
+  FlipByte(root / "bad/layer_001/expert_002.bin", 9000);
+  const std::vector<std::string> a = LocalAnswers(root / "v1");
+  const std::vector<std::string> b = LocalAnswers(root / "v2");
+  REQUIRE(a[0] != b[0]);
+
+  const std::vector<std::string> node_args = {"--model_root=" + root.path(), "--admin_listen=127.0.0.1:0"};
+  Proc x = StartNode(root / "v1", "0-2", 0, node_args);
+  const int x_admin = x.process->ReadPort("admin on port ");
+  Proc y = StartNode(root / "v1", "2-3", 0, node_args);
+  const int y_admin = y.process->ReadPort("admin on port ");
+  Proc router = StartRouter({"--model=" + root / "v1", "--model_root=" + root.path(), "--admin_listen=127.0.0.1:0",
+                             "--experts_at=" + Address(x.port) + "," + Address(y.port)});
+  const int router_admin = router.process->ReadPort("admin on port ");
+  const std::string endpoints =
+      "--nodes=" + Address(x_admin) + "," + Address(y_admin) + " --router=" + Address(router_admin) + " --timeout_s=30";
+
+  VersionedLoad load;
+  load.Start(router.port, a, b);
+  REQUIRE(WaitFor([&] { return load.v1 > 30; }));
+
+  // A v2 with a corrupt file: the first node refuses it, nothing changes.
+  CHECK(Admin("upgrade --model=" + root / "bad " + endpoints, root / "bad.txt") == 1);
+  CHECK(ReadFile(root / "bad.txt").find("checksum") != std::string::npos);
+  CHECK(ReadFile(root / "bad.txt").find("rolled back") != std::string::npos);
+  int before = load.v1;
+  CHECK(WaitFor([&] { return load.v1 > before + 30; }));
+  CHECK(load.v2 == 0);
+
+  // The router alone cannot switch to a model no node has loaded: it says which expert is missing.
+  CHECK(Admin("switch --model=" + root / "v2 --router=" + Address(router_admin) + " --timeout_s=1",
+              root / "switch.txt") == 1);
+  CHECK(ReadFile(root / "switch.txt").find("has no live node") != std::string::npos);
+
+  // The real v2.
+  CHECK(Admin("upgrade --model=" + root / "v2 " + endpoints, root / "v2.txt") == 0);
+  load.switched = true;
+  before = load.v2;
+  CHECK(WaitFor([&] { return load.v2 > before + 60; }));
+  load.Stop();
+  std::printf(
+      "upgrade under 3 clients: %d answers of v1, %d of v2, %d of neither, %d failed; %d v1 answers to "
+      "requests sent after the roll-out ended\n",
+      load.v1.load(), load.v2.load(), load.other.load(), load.failed.load(), load.v1_after_switch.load());
+  INFO("first error: " << load.first_error);
+  CHECK(load.failed == 0);
+  CHECK(load.other == 0);
+  CHECK(load.v1_after_switch == 0);
+  CHECK(ModelIds(x_admin).size() == 1);  // v1 dropped
+  CHECK(ModelIds(y_admin).size() == 1);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace colibri

@@ -1,0 +1,143 @@
+#include "tools/rollout.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "colibri/v1/router.grpc.pb.h"
+#include "common/status_macros.h"
+#include "runtime/grpc_credentials.h"
+
+namespace colibri {
+namespace tools {
+namespace {
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const RolloutOptions& o, const std::string& address) {
+  COLIBRI_ASSIGN_OR_RETURN(auto credentials, runtime::ChannelCredentialsFromFiles(o.tls_ca_file, o.tls_cert_file,
+                                                                                  o.tls_key_file, "RolloutOptions::"));
+  grpc::ChannelArguments args;
+  if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+std::string Describe(const grpc::Status& s) {
+  return absl::StrCat(s.error_message(), " (code ", static_cast<int>(s.error_code()), ")");
+}
+
+// One Reload call to a node's admin endpoint.
+grpc::Status Reload(const RolloutOptions& o, const std::string& node, const v1::ReloadRequest& request,
+                    v1::ReloadResponse* response) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Channel(o, node);
+  if (!channel.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(channel.status().message()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + o.timeout));
+  return v1::ExpertNode::NewStub(*channel)->Reload(&context, request, response);
+}
+
+// The nodes that staged `model_id` drop it: the model they served before is current again.
+void RollBack(const RolloutOptions& o, const std::vector<std::string>& nodes, const std::string& model_id,
+              std::ostream& log) {
+  for (const std::string& node : nodes) {
+    v1::ReloadRequest drop;
+    drop.set_drop_model_id(model_id);
+    v1::ReloadResponse response;
+    const grpc::Status s = Reload(o, node, drop, &response);
+    log << "rollback: node " << node << (s.ok() ? " dropped the new model" : " could not drop the new model: ")
+        << (s.ok() ? "" : Describe(s)) << "\n";
+  }
+}
+
+}  // namespace
+
+absl::Status StageOnNodes(const RolloutOptions& o, std::ostream& log, std::string* model_id) {
+  if (o.nodes.empty()) return absl::InvalidArgumentError("no expert nodes given (RolloutOptions::nodes)");
+  std::vector<std::string> staged;
+  std::string new_id;
+  absl::Status failed;
+  for (const std::string& node : o.nodes) {
+    v1::ReloadRequest request;
+    request.set_model_dir(o.model_dir);
+    request.set_keep_previous(true);
+    v1::ReloadResponse response;
+    const grpc::Status s = Reload(o, node, request, &response);
+    if (!s.ok()) {
+      failed = absl::FailedPreconditionError(
+          absl::StrCat("stage: node ", node, " could not load ", o.model_dir, ": ", Describe(s)));
+      break;
+    }
+    if (!new_id.empty() && response.model_id() != new_id) {
+      staged.push_back(node);
+      failed = absl::FailedPreconditionError(absl::StrCat("stage: node ", node, " loaded model ", response.model_id(),
+                                                          " from ", o.model_dir, ", the others ", new_id));
+      break;
+    }
+    new_id = response.model_id();
+    staged.push_back(node);
+    log << "stage: node " << node << " serves " << new_id << " beside the previous model (weights version "
+        << response.weights_version() << ")\n";
+  }
+  if (failed.ok()) {
+    *model_id = new_id;
+    return absl::OkStatus();
+  }
+  RollBack(o, staged, new_id, log);
+  return absl::Status(failed.code(),
+                      absl::StrCat(failed.message(), "; rolled back: the previous model serves on every node"));
+}
+
+absl::Status SwitchRouter(const RolloutOptions& o, std::ostream& log, std::string* previous_model_id) {
+  if (o.router.empty()) return absl::InvalidArgumentError("no router given (RolloutOptions::router)");
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, Channel(o, o.router));
+  v1::LoadModelRequest request;
+  request.set_model_dir(o.model_dir);
+  request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(o.timeout)));
+  v1::LoadModelResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + 2 * o.timeout + absl::Seconds(5)));
+  const grpc::Status s = v1::Router::NewStub(channel)->LoadModel(&context, request, &response);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("switch: router ", o.router, ": ", Describe(s)));
+  }
+  log << "switch: router " << o.router << " serves " << response.model_id() << " (was " << response.previous_model_id()
+      << ")\n";
+  *previous_model_id = response.previous_model_id();
+  return absl::OkStatus();
+}
+
+absl::Status DropOnNodes(const RolloutOptions& o, const std::string& model_id, std::ostream& log) {
+  std::string errors;
+  for (const std::string& node : o.nodes) {
+    v1::ReloadRequest request;
+    request.set_drop_model_id(model_id);
+    v1::ReloadResponse response;
+    const grpc::Status s = Reload(o, node, request, &response);
+    if (s.ok()) {
+      log << "drop: node " << node << " released model " << model_id << "\n";
+    } else {
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", "node ", node, ": ", Describe(s));
+    }
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("drop: ", model_id, " is still loaded: ", errors));
+}
+
+absl::Status Rollout(const RolloutOptions& o, std::ostream& log) {
+  std::string new_id, old_id;
+  COLIBRI_RETURN_IF_ERROR(StageOnNodes(o, log, &new_id));
+  if (absl::Status s = SwitchRouter(o, log, &old_id); !s.ok()) {
+    RollBack(o, o.nodes, new_id, log);  // the router still serves the old version: the nodes go back to it
+    return absl::Status(s.code(), absl::StrCat(s.message(), "; rolled back: the previous model serves on"));
+  }
+  if (old_id == new_id) {
+    log << "the router already served " << new_id << "\n";
+    return absl::OkStatus();
+  }
+  COLIBRI_RETURN_IF_ERROR(DropOnNodes(o, old_id, log));
+  log << "rolled out " << new_id << " (replacing " << old_id << ")\n";
+  return absl::OkStatus();
+}
+
+}  // namespace tools
+}  // namespace colibri

@@ -1,0 +1,60 @@
+#ifndef COLIBRI_TOOLS_ROLLOUT_H_
+#define COLIBRI_TOOLS_ROLLOUT_H_
+
+// A new version of the served model (same shape), rolled out with no failed
+// request (colibri-admin; docs/RELIABILITY.md, "Upgrading the model"):
+//
+//   1. stage: every expert node loads the new directory beside the weights
+//      in use (ExpertNode.Reload with keep_previous) and then serves both
+//      versions, each to the calls that name its model_id;
+//   2. switch: the router loads the new gates and LUTs (Router.LoadModel),
+//      waits until every expert of the new version has a live node, serves
+//      new requests with it, and lets the requests of the old version finish
+//      on it — a request is answered by one version, never a mix;
+//   3. drop: every node releases the old version (Reload drop_model_id).
+//
+// A failure in 1 or 2 rolls back: the nodes that staged the new version drop
+// it (making the old one current again) and the router keeps the old
+// version; the old version serves throughout. A failure in 3 leaves the old
+// weights loaded on that node, nothing else (reported).
+//
+// Every call goes to admin endpoints (the nodes' and router's
+// --admin_listen, or their data ports with an admin certificate).
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace colibri {
+namespace tools {
+
+struct RolloutOptions {
+  std::string model_dir;           // the new version, as the nodes and the router see it
+  std::vector<std::string> nodes;  // host:port of every expert node's admin endpoint
+  std::string router;              // host:port of the router's admin endpoint (several: run once per router)
+  absl::Duration timeout = absl::Seconds(120);  // per step: a node's load, the router's switch
+  // TLS to the admin endpoints: a CA enables it; cert + key for mutual TLS.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+};
+
+// The three steps above, with progress lines on `log`. The error names the
+// step, the endpoint and its answer, and says what was rolled back.
+absl::Status Rollout(const RolloutOptions& options, std::ostream& log);
+// The steps alone, for operators who reach one endpoint at a time (e.g.
+// `kubectl exec` into each pod, whose admin listener is on its loopback).
+// Stage returns the new model_id (via `model_id`).
+absl::Status StageOnNodes(const RolloutOptions& options, std::ostream& log, std::string* model_id);
+absl::Status SwitchRouter(const RolloutOptions& options, std::ostream& log, std::string* previous_model_id);
+absl::Status DropOnNodes(const RolloutOptions& options, const std::string& model_id, std::ostream& log);
+
+}  // namespace tools
+}  // namespace colibri
+
+#endif  // COLIBRI_TOOLS_ROLLOUT_H_
