@@ -1,7 +1,8 @@
 // Fuzz target: an expert node's admin path — bytes -> ReloadRequest
 // (protobuf) -> ParseReloadRequest (root confinement, shard spec) ->
-// ExpertStore::Reload on a tiny int4 model whose parent is the model root.
-// A reload that succeeds or fails must leave a serving weight set.
+// ExpertStore::Reload (keeping the previous set or not) or Drop on a tiny
+// int4 model whose parent is the model root. Whatever happens, a weight set
+// must serve.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -35,7 +36,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string root = std::filesystem::path(colibri::fuzz::TinyModel()).parent_path().string();
   colibri::expert_node::ReloadInput input;
   if (!colibri::expert_node::ParseReloadRequest(request, size % 3 == 0 ? "" : root, &input).ok()) return 0;
-  (void)store.Reload(input.model_dir, input.shard);
-  if (store.Current() == nullptr) std::abort();  // a reload never leaves the node without weights
+  if (input.drop_model_id.empty()) {
+    (void)store.Reload(input.model_dir, input.shard, input.keep_previous);
+  } else {
+    (void)store.Drop(input.drop_model_id);
+  }
+  // A reload or a drop never leaves the node without weights, nor a previous set without a current one.
+  if (store.Current() == nullptr) std::abort();
+  if (store.ForModel(store.Current()->model().model_id()) != store.Current()) std::abort();
   return 0;
 }

@@ -102,4 +102,6 @@ for name, experts, model_dir in (("reshard", "layer:0/expert:0-1", ""), ("all", 
                                  ("outside", "", "/etc"), ("bad_spec", "layer:9/expert:-1", "")):
     r = expert_node_pb2.ReloadRequest(experts=experts, model_dir=model_dir)
     put("admin_request_fuzz", name, r.SerializeToString())
+put("admin_request_fuzz", "keep_previous", expert_node_pb2.ReloadRequest(keep_previous=True).SerializeToString())
+put("admin_request_fuzz", "drop", expert_node_pb2.ReloadRequest(drop_model_id="xxh3_128:" + "0" * 32).SerializeToString())
 print("corpora written to", corpus)
