@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checksum.h"
+#include "common/user_cache.h"
 
 namespace colibri {
 namespace common {
@@ -96,14 +96,8 @@ std::string RelativeTo(const std::string& dir, const std::string& path) {
 
 std::string DefaultVerifiedCachePath(const std::string& dir) {
   if (::access(dir.c_str(), W_OK) == 0) return absl::StrCat(dir, "/", kVerifiedCacheFileName);
-  std::string base;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    base = absl::StrCat(xdg, "/colibri");
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    base = absl::StrCat(home, "/.cache/colibri");
-  } else {
-    return "";
-  }
+  const std::string base = UserCacheDir();
+  if (base.empty()) return "";
   std::error_code ec;
   std::string real = std::filesystem::canonical(dir, ec).string();
   if (ec) real = dir;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/model_dir.h"
+#include "common/user_cache.h"
 #include "common/weight_matrix.h"
 #include "kernels/expert_executor.h"
 #include "kernels/thread_pool.h"
@@ -155,14 +156,8 @@ std::string ReadAll(int fd) {
 
 std::string CachePath() {
   if (const char* path = std::getenv("COLIBRI_KERNEL_PROFILE"); path != nullptr && *path != '\0') return path;
-  std::string dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    dir = absl::StrCat(xdg, "/colibri");
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    dir = absl::StrCat(home, "/.cache/colibri");
-  } else {
-    return "";
-  }
+  const std::string dir = common::UserCacheDir();
+  if (dir.empty()) return "";
   return absl::StrCat(dir, "/kernels-v", kProfileVersion, "-", CpuSignature(), "-", IsaName(SelectedIsa()), ".txt");
 }
 
