@@ -92,6 +92,9 @@ class RouterServer {
  private:
   RouterServer() = default;
 
+  absl::StatusOr<std::pair<std::string, std::string>> LoadModelLocked(const std::string& model_dir,
+                                                                      absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
   // Destroys retired versions nothing uses any more; true if none is left.
   bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
 
