@@ -93,7 +93,7 @@ std::vector<std::string> ModelIds(int admin_port) {
   return {info.model_ids().begin(), info.model_ids().end()};
 }
 
-TEST_CASE("a model upgrade under load fails no request and never mixes versions; a corrupt one is refused") {
+TEST_CASE("a model upgrade under load fails no request and never mixes versions, and a corrupt one is refused") {
   TempDir root;
   const tools::SynthOptions synth = SmallSynth(root / "ckpt");
   MakeModel(synth, root / "v1", common::DType::kBF16);
