@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "expert_node/compute_request.h"
+#include "kernels/expert_executor.h"
+#include "kernels/dispatch.h"
 #include "expert_node/reload_request.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_status.h"
@@ -366,6 +368,8 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   response->set_numa_node(options_.numa_node);
   response->set_threads(options_.threads);
   response->set_kernel_isa(options_.kernel_isa);
+  // The engine runs with the default ExecutorOptions: the kernel profile's thresholds.
+  response->set_row_split_limit(kernels::RowSplitLimit({}, kernels::SelectedKernels(), m.weight_type));
   response->set_state(v1::LOAD_STATE_READY);
   response->set_weights_version(set->version());
   response->set_weights_locked(set->locked());

@@ -154,6 +154,11 @@ int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kerne
   return options.onednn_min_tokens >= 0 ? options.onednn_min_tokens : ProfileFor(kernels).onednn_min_tokens;
 }
 
+int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type) {
+  if (type == common::DType::kBF16 || type == common::DType::kF32) return OnednnMinTokens(options, kernels);
+  return TileMinTokens(options, kernels, type);
+}
+
 GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
                             bool to_slots) {
   GroupedRoutes g;

@@ -96,6 +96,10 @@ struct ExecutorOptions {
 int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type);
 // The oneDNN threshold `options` gives with `kernels` (resolving -1).
 int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kernels);
+// The smallest row count at which `type`'s kernel changes (its oneDNN or
+// bf16-tile threshold, whichever applies and is set), 0 when none does.
+// Below it, a row's result is the same bits whatever the expert's row count.
+int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type);
 
 // A layer's routes grouped by expert: the tasks RunExperts takes. `tasks`
 // point into `rows` and `weights` (moving the struct keeps them valid; do not

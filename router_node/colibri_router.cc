@@ -53,6 +53,12 @@ ABSL_FLAG(std::string, node_replies, "exact",
           "What nodes send back: exact (a token's route prefix on one node as one summed row, other entries one "
           "row each: the local engine's bits for any shard map), partial (one row per token and node: fewest "
           "bytes, exact only when a token's experts sit on one node), per_expert (one row per token and expert).");
+ABSL_FLAG(std::string, split_rows, "exact",
+          "When a replicated expert's rows of one call are split among its replicas: exact (only where no bit of "
+          "the answer changes: below every replica's kernel row threshold), always, or never.");
+ABSL_FLAG(int64_t, split_min_rows, 16,
+          "Fewest rows of one expert in a call worth splitting among its replicas (below it each replica would "
+          "mostly re-read the same weights).");
 ABSL_FLAG(int, health_interval_ms, 500, "How often every expert node is asked GetNodeInfo (health and shard map).");
 ABSL_FLAG(int, health_timeout_ms, 1000, "Deadline of one health check.");
 ABSL_FLAG(std::string, node_tls_ca, "", "PEM CA: call the expert nodes over TLS, checking their certificates.");
@@ -157,6 +163,13 @@ int main(int argc, char** argv) {
     std::cerr << "colibri-router: --node_replies must be exact, partial or per_expert\n";
     return 2;
   }
+  if (const auto split = colibri::router_node::ParseRowSplit(absl::GetFlag(FLAGS_split_rows))) {
+    o.remote.row_split.mode = *split;
+  } else {
+    std::cerr << "colibri-router: --split_rows must be exact, always or never\n";
+    return 2;
+  }
+  o.remote.row_split.min_rows = absl::GetFlag(FLAGS_split_min_rows);
   o.remote.health_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_health_timeout_ms));
   o.remote.tls_ca_file = absl::GetFlag(FLAGS_node_tls_ca);
   o.remote.tls_cert_file = absl::GetFlag(FLAGS_node_tls_cert);

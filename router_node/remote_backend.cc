@@ -151,7 +151,7 @@ void RemoteBackend::Rebuild() {
   std::vector<NodeState> states;
   for (const auto& n : topology_->nodes) {
     common::MutexLock lock(&n->mu);
-    states.push_back({n->address, n->live, n->last_error, n->owned});
+    states.push_back({n->address, n->live, n->last_error, n->owned, n->row_split_limit});
   }
   auto topo = std::make_shared<Topology>(*topology_);
   topo->map = std::make_shared<const ShardMap>(options_.n_layers, options_.n_experts + options_.n_shared_experts,
@@ -246,6 +246,7 @@ void RemoteBackend::HealthRound() {
         for (const int32_t e : o.experts()) node.owned.emplace_back(o.layer(), e);
       }
       node.weights_version = info.weights_version();
+      node.row_split_limit = info.row_split_limit();
     }
     if (was_live != node.live && options_.log != nullptr) {
       *options_.log << (node.live ? "" : "WARNING: ") << "node " << node.address

@@ -86,6 +86,8 @@ struct RemoteOptions {
   // cancelled). Off by default; set it near the nodes' p95 call latency.
   absl::Duration hedge_after = absl::ZeroDuration();
   NodeReplies replies = NodeReplies::kExact;
+  // When a replicated expert's rows are split among its replicas (shard_map.h).
+  RowSplitOptions row_split;
   absl::Duration health_interval = absl::Milliseconds(500);
   absl::Duration health_timeout = absl::Seconds(1);  // per GetNodeInfo
   int64_t max_message_bytes = 1 << 30;               // per node call, both ways
@@ -190,6 +192,7 @@ class RemoteBackend final : public ExpertBackend {
   std::atomic<int64_t> retries_{0};
   std::atomic<int64_t> hedges_{0};
   std::atomic<int64_t> hedge_wins_{0};
+  std::atomic<uint32_t> rotation_{0};  // PlanNodeCalls' turn among equally loaded replicas
   common::Mutex calls_mu_;
   common::CondVar calls_cv_;
   int64_t outstanding_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;  // started, callback not finished

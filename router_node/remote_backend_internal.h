@@ -37,6 +37,7 @@ struct RemoteBackend::Node {
   std::string last_error ABSL_GUARDED_BY(mu) = "not checked yet";
   std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
   uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;
+  int64_t row_split_limit ABSL_GUARDED_BY(mu) = 0;
 };
 
 struct RemoteBackend::Topology {

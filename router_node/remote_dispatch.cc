@@ -53,8 +53,8 @@ using Call = RemoteBackend::Call;
 // The request of one node call: the distinct rows its experts need, each once,
 // and per expert the positions of its rows in that list; with grouped
 // replies, per entry its reply row and rank (docs/ROUTER.md, "Node replies").
-void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& model_id, NodeReplies replies,
-                  Call* call) {
+void BuildRequest(const LayerWork& work, const std::vector<ExpertWork>& experts, int64_t d_model,
+                  const std::string& model_id, NodeReplies replies, Call* call) {
   v1::ComputeRequest& req = call->request;
   req.set_layer(work.layer);
   req.set_model_id(model_id);
@@ -62,7 +62,7 @@ void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& mod
   std::vector<int32_t> position(work.num_tokens, -1);
   std::vector<int32_t> rows;
   for (const int w : call->plan.works) {
-    for (const int32_t r : work.experts[w].rows) {
+    for (const int32_t r : experts[w].rows) {
       if (position[r] < 0) {
         position[r] = static_cast<int32_t>(rows.size());
         rows.push_back(r);
@@ -85,7 +85,7 @@ void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& mod
     std::memcpy(&(*data)[i * row_bytes], src, row_bytes);
   }
   for (const int w : call->plan.works) {
-    const ExpertWork& src = work.experts[w];
+    const ExpertWork& src = experts[w];
     v1::ExpertWork* dst = req.add_experts();
     dst->set_expert(src.expert);
     dst->mutable_row_indices()->Reserve(static_cast<int>(src.rows.size()));
@@ -100,7 +100,7 @@ void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& mod
     req.set_per_expert_output(true);
     req.set_output_dtype(v1::DATA_TYPE_F32);
     for (const int w : call->plan.works) {
-      for (const int32_t slot : work.experts[w].slots) {
+      for (const int32_t slot : experts[w].slots) {
         call->group_slots.push_back(slot);
         call->group_start.push_back(static_cast<int32_t>(call->group_slots.size()));
       }
@@ -111,7 +111,7 @@ void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& mod
   // Per token of the call (by its row position), which ranks this call holds.
   std::vector<std::vector<char>> held(rows.size(), std::vector<char>(width, 0));
   for (const int w : call->plan.works) {
-    for (const int32_t slot : work.experts[w].slots) held[position[slot / width]][slot % width] = 1;
+    for (const int32_t slot : experts[w].slots) held[position[slot / width]][slot % width] = 1;
   }
   // Per (row position, rank): the reply row of that entry.
   std::vector<std::vector<int32_t>> reply_row(rows.size(), std::vector<int32_t>(width, -1));
@@ -149,7 +149,7 @@ void BuildRequest(const LayerWork& work, int64_t d_model, const std::string& mod
   req.set_output_dtype(complete && work.bf16_output ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32);
   for (int i = 0; i < req.experts_size(); ++i) {
     v1::ExpertWork* dst = req.mutable_experts(i);
-    const ExpertWork& src = work.experts[call->plan.works[i]];
+    const ExpertWork& src = experts[call->plan.works[i]];
     for (size_t k = 0; k < src.slots.size(); ++k) {
       const int32_t slot = src.slots[k];
       dst->add_output_rows(reply_row[position[slot / width]][slot % width]);
@@ -201,12 +201,16 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         clock_(backend->clock_),
         topo_(backend->topology()),
         start_(std::chrono::steady_clock::now()),
+        rotation_(backend->rotation_.fetch_add(1, std::memory_order_relaxed)),
         work_(work),
         contributions_(contributions),
         control_(control),
         stats_(stats),
         done_(std::move(done)) {
-    pending_.resize(work.experts.size());
+    if (SplitAmongReplicas(*topo_->map, work.layer, work.experts, options_.row_split, &parts_)) {
+      experts_ = &parts_;
+    }
+    pending_.resize(experts_->size());
     for (size_t i = 0; i < pending_.size(); ++i) pending_[i] = static_cast<int>(i);
   }
 
@@ -237,7 +241,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   absl::Status PlanAttempt(std::vector<Call*>* to_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
     absl::StatusOr<std::vector<NodeCall>> plan =
-        PlanNodeCalls(*topo_->map, work_.layer, work_.experts, pending_, Load(), excluded_);
+        PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(), excluded_, rotation_);
     if (!plan.ok()) {
       return first_failure_.empty()
                  ? plan.status()
@@ -277,7 +281,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     call->plan = std::move(nc);
     call->attempt = attempt_;
     call->hedge = hedge;
-    BuildRequest(work_, options_.d_model, options_.model_id, options_.replies, call.get());
+    BuildRequest(work_, *experts_, options_.d_model, options_.model_id, options_.replies, call.get());
     call->context.set_deadline(absl::ToChronoTime(deadline_));
     call->bytes_sent = static_cast<int64_t>(call->request.ByteSizeLong());  // before gRPC reads it on another thread
     call->start_nanos = NanosSince(start_);
@@ -376,7 +380,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (failed.empty()) return absl::OkStatus();
     if (attempt_ == 1) {
       std::string experts;
-      for (const int w : failed) absl::StrAppend(&experts, experts.empty() ? "" : ",", work_.experts[w].expert);
+      for (const int w : failed) absl::StrAppend(&experts, experts.empty() ? "" : ",", (*experts_)[w].expert);
       return absl::UnavailableError(absl::StrCat("layer ", work_.layer, " expert ", experts,
                                                  ": failed on every replica tried (", first_failure_,
                                                  "; retry failed on ", retry_failure_, ")"));
@@ -437,7 +441,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         std::set<int> avoid = excluded_;
         avoid.insert(r.primary->node);
         absl::StatusOr<std::vector<NodeCall>> alternative =
-            PlanNodeCalls(*topo_->map, work_.layer, work_.experts, r.primary->plan.works, load, avoid);
+            PlanNodeCalls(*topo_->map, work_.layer, *experts_, r.primary->plan.works, load, avoid, rotation_);
         if (!alternative.ok()) continue;  // no other replica: wait for the slow one
         for (NodeCall& nc : *alternative) {
           r.hedges.push_back(NewCall(std::move(nc), true));
@@ -508,7 +512,11 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   common::Clock* const clock_;
   const std::shared_ptr<const Topology> topo_;
   const std::chrono::steady_clock::time_point start_;
+  const uint32_t rotation_;
   const LayerWork& work_;
+  // The works planned: work_.experts, or parts_ when some were split among replicas.
+  std::vector<ExpertWork> parts_;
+  const std::vector<ExpertWork>* experts_ = &work_.experts;
   float* const contributions_;
   CallControl& control_;
   BackendStats* const stats_;

@@ -1,6 +1,8 @@
 #include "router_node/shard_map.h"
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,19 +29,69 @@ std::optional<std::pair<int64_t, int64_t>> ShardMap::FirstUncovered() const {
   return std::nullopt;
 }
 
+std::optional<RowSplit> ParseRowSplit(absl::string_view name) {
+  if (name == "never") return RowSplit::kNever;
+  if (name == "exact") return RowSplit::kExact;
+  if (name == "always") return RowSplit::kAlways;
+  return std::nullopt;
+}
+
+bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<ExpertWork>& experts,
+                        const RowSplitOptions& options, std::vector<ExpertWork>* parts) {
+  if (options.mode == RowSplit::kNever) return false;
+  // Per work, how many parts (1: whole).
+  std::vector<int64_t> count(experts.size(), 1);
+  bool any = false;
+  for (size_t w = 0; w < experts.size(); ++w) {
+    const int64_t rows = static_cast<int64_t>(experts[w].rows.size());
+    if (rows < std::max<int64_t>(options.min_rows, 2)) continue;
+    const std::vector<int>& replicas = map.replicas(layer, experts[w].expert);
+    if (replicas.size() < 2) continue;
+    bool exact = true;
+    for (const int n : replicas) {
+      const int64_t limit = map.nodes()[n].row_split_limit;
+      exact = exact && (limit == 0 || rows < limit);
+    }
+    if (options.mode == RowSplit::kExact && !exact) continue;
+    count[w] = std::min<int64_t>(static_cast<int64_t>(replicas.size()), rows);
+    any = true;
+  }
+  if (!any) return false;
+  parts->clear();
+  for (size_t w = 0; w < experts.size(); ++w) {
+    const ExpertWork& src = experts[w];
+    const int64_t rows = static_cast<int64_t>(src.rows.size());
+    for (int64_t p = 0; p < count[w]; ++p) {
+      const int64_t begin = rows * p / count[w], end = rows * (p + 1) / count[w];
+      ExpertWork part;
+      part.expert = src.expert;
+      part.rows.assign(src.rows.begin() + begin, src.rows.begin() + end);
+      part.weights.assign(src.weights.begin() + begin, src.weights.begin() + end);
+      part.slots.assign(src.slots.begin() + begin, src.slots.begin() + end);
+      parts->push_back(std::move(part));
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t layer,
                                                     const std::vector<ExpertWork>& experts,
                                                     const std::vector<int>& works, absl::Span<const int> load,
-                                                    const std::set<int>& excluded) {
+                                                    const std::set<int>& excluded, uint32_t rotation) {
+  const int n_nodes = static_cast<int>(map.nodes().size());
   std::map<int, NodeCall> calls;
+  std::set<std::pair<int32_t, int>> given;  // (expert, node): a part of the expert is planned there
   for (const int w : works) {
     const int32_t expert = experts[w].expert;
     int best = -1;
+    // The rank of a candidate: lower is better.
+    auto rank = [&](int n) {
+      return std::make_tuple(given.count({expert, n}), load[n], calls.count(n) == 0,
+                             (n + n_nodes - static_cast<int>(rotation % n_nodes)) % n_nodes);
+    };
     for (const int n : map.replicas(layer, expert)) {
       if (excluded.count(n) > 0) continue;
-      if (best < 0 || load[n] < load[best] || (load[n] == load[best] && calls.count(n) > 0 && calls.count(best) == 0)) {
-        best = n;
-      }
+      if (best < 0 || rank(n) < rank(best)) best = n;
     }
     if (best < 0) {
       std::string why;
@@ -68,6 +120,7 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
       return absl::UnavailableError(
           absl::StrCat("layer ", layer, " expert ", expert, ": no live expert node serves it", why));
     }
+    given.insert({expert, best});
     NodeCall& call = calls[best];
     call.node = best;
     call.works.push_back(w);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "router_node/expert_backend.h"
 
@@ -26,6 +27,9 @@ struct NodeState {
   bool live = false;
   std::string last_error;                          // why not live
   std::vector<std::pair<int64_t, int64_t>> owned;  // (layer, expert), as the node reported
+  // GetNodeInfo's row_split_limit: below it, a row's result does not depend
+  // on the expert's row count in the call; 0: never depends on it.
+  int64_t row_split_limit = 0;
 };
 
 class ShardMap {
@@ -48,6 +52,30 @@ class ShardMap {
   std::vector<std::vector<int>> replicas_;  // [layer * n_experts + expert]
 };
 
+// When an expert's rows in one layer call are split among its replicas
+// (RowSplitOptions::mode): never; only where no row's bits change (below
+// every replica's row_split_limit); or whenever it has the rows.
+enum class RowSplit { kNever, kExact, kAlways };
+
+// "never", "exact", "always"; nullopt for anything else.
+std::optional<RowSplit> ParseRowSplit(absl::string_view name);
+
+struct RowSplitOptions {
+  RowSplit mode = RowSplit::kExact;
+  // Fewest rows of one expert worth splitting: below it a node's time for
+  // the expert is mostly the read of its weights, which each replica would
+  // pay again (docs/ROUTER.md, "Replicas").
+  int64_t min_rows = 16;
+};
+
+// Splits the works of experts that have at least options.min_rows rows and
+// two or more live replicas into one part per replica (at most one per row):
+// consecutive runs of their rows, as even as possible, each an ExpertWork of
+// the same expert. Returns false (and leaves `parts` alone) when nothing is
+// split; else `parts` holds every work, split or not, ascending by expert.
+bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<ExpertWork>& experts,
+                        const RowSplitOptions& options, std::vector<ExpertWork>* parts);
+
 // One node's share of a layer call.
 struct NodeCall {
   int node = 0;            // index into ShardMap::nodes()
@@ -55,15 +83,18 @@ struct NodeCall {
 };
 
 // Assigns each work in `works` (indices into `experts`) to a live replica of
-// its expert that is not in `excluded`: the least loaded (`load[node]`: calls
-// in flight), then one this plan already calls (fewer calls), then the
-// lowest index. Returns one NodeCall per node used, ascending by node.
-// UNAVAILABLE naming the layer and the expert — and why its nodes are out —
-// when an expert has no replica left. REQUIRES: load.size() == nodes().size().
+// its expert that is not in `excluded`: one not yet given another part of
+// the same expert by this plan, then the least loaded (`load[node]`: calls
+// in flight), then one this plan already calls (fewer calls), then the first
+// in the order rotated by `rotation` (lowest index first for 0), so that
+// calls with equal loads take the replicas in turn. Returns one NodeCall per
+// node used, ascending by node. UNAVAILABLE naming the layer and the expert —
+// and why its nodes are out — when an expert has no replica left.
+// REQUIRES: load.size() == nodes().size().
 absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t layer,
                                                     const std::vector<ExpertWork>& experts,
                                                     const std::vector<int>& works, absl::Span<const int> load,
-                                                    const std::set<int>& excluded);
+                                                    const std::set<int>& excluded, uint32_t rotation = 0);
 
 }  // namespace router_node
 }  // namespace colibri

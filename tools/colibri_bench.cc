@@ -52,6 +52,9 @@ ABSL_FLAG(int64_t, check, 0,
           "run: afterwards, compare this many tokens per layer with the reference MoE layer "
           "(needs --model for a router); exit 1 if outside the weight type's tolerance.");
 ABSL_FLAG(bool, progress, true, "run: a progress line on stderr for runs of 2 s or more.");
+ABSL_FLAG(double, zipf, 0,
+          "run: > 0: the calls carry their own routes (client routing), experts drawn with probability "
+          "proportional to 1/(e+1)^zipf (1.2 on 8 experts, top-2: expert 0 in ~35% of the slots).");
 ABSL_FLAG(uint64_t, seed, 1, "run: seed of the token ids and hidden states.");
 ABSL_FLAG(bool, json, false, "One JSON object per result instead of the table.");
 
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
     r.unary = absl::GetFlag(FLAGS_unary);
     r.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
     r.seed = absl::GetFlag(FLAGS_seed);
+    r.zipf = absl::GetFlag(FLAGS_zipf);
     r.trace_path = absl::GetFlag(FLAGS_trace);
     r.trace_calls = absl::GetFlag(FLAGS_trace_calls);
     r.json = absl::GetFlag(FLAGS_json);

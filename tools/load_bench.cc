@@ -69,7 +69,10 @@ class EngineTarget final : public Target {
     in.hidden_bytes = static_cast<int64_t>(args.hidden.size() * 4);
     in.cols = engine_->manifest().d_model;
     in.num_tokens = static_cast<int64_t>(args.hidden.size()) / in.cols;
-    in.routing = routing_;
+    in.routing = args.routing == client::Routing::kClient ? common::RoutingMode::kClient : routing_;
+    in.client_top_k = args.routes.top_k;
+    in.client_expert_ids = args.routes.expert_ids;
+    in.client_weights = args.routes.weights;
     COLIBRI_ASSIGN_OR_RETURN(router_node::ForwardOutput out, engine_->Forward(in));
     client::ForwardResult r;
     r.output.resize(out.output.size() / 4);
@@ -242,6 +245,26 @@ absl::Status Check(Target& target, const std::string& model_dir, const Model& mo
   return absl::OkStatus();
 }
 
+// T tokens' routes: top_k distinct experts each, drawn with probability
+// proportional to 1 / (e + 1)^s (LoadBenchOptions::zipf), weights 1/top_k.
+client::Routes ZipfRoutes(int64_t tokens, int64_t n_experts, int64_t top_k, double s, std::mt19937_64& rng) {
+  std::vector<double> p(n_experts);
+  for (int64_t e = 0; e < n_experts; ++e) p[e] = 1.0 / std::pow(e + 1, s);
+  client::Routes routes;
+  routes.top_k = static_cast<int32_t>(top_k);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> left = p;
+    for (int64_t j = 0; j < top_k; ++j) {
+      std::discrete_distribution<int32_t> pick(left.begin(), left.end());
+      const int32_t e = pick(rng);
+      left[e] = 0;
+      routes.expert_ids.push_back(e);
+      routes.weights.push_back(1.0f / static_cast<float>(top_k));
+    }
+  }
+  return routes;
+}
+
 }  // namespace
 
 absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
@@ -250,6 +273,9 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   }
   if (o.router.empty() == o.local_model.empty()) {
     return absl::InvalidArgumentError("give exactly one of --router HOST:PORT and --local MODEL_DIR");
+  }
+  if (o.zipf < 0 || (o.zipf > 0 && o.check_tokens > 0)) {
+    return absl::InvalidArgumentError("--zipf must be >= 0, and is not for --check (whose reference routes itself)");
   }
   if (o.batch_size < 1 || o.seq_len < 1 || o.concurrency < 1 || o.layers < 0) {
     return absl::InvalidArgumentError("--batch_size, --seq_len and --concurrency must be >= 1, --layers >= 0");
@@ -316,6 +342,10 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
           for (int64_t t = 0; t < o.batch_size; ++t)
             args.token_ids.push_back(static_cast<int32_t>(rng() % model.vocab));
           args.routing = routing;
+          if (o.zipf > 0) {
+            args.routing = client::Routing::kClient;
+            args.routes = ZipfRoutes(o.batch_size, model.n_experts, model.top_k, o.zipf, rng);
+          }
           args.return_routes = true;
           args.return_timings = true;
           for (int32_t layer = 0; layer < layers && !stop; ++layer) {
@@ -405,6 +435,8 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
     COLIBRI_RETURN_IF_ERROR(WriteTrace(o.trace_path, traced, target_name));
   }
 
+  const std::string routing_name =
+      o.zipf > 0 ? absl::StrFormat("client (zipf %.2f)", o.zipf) : std::string(common::RoutingModeName(o.routing));
   if (o.json) {
     std::string experts;
     for (size_t i = 0; i < load.size(); ++i) absl::StrAppend(&experts, i == 0 ? "" : ",", load[i]);
@@ -416,7 +448,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
         R"("router_total":%.1f},"tokens_per_expert":[%s],"check":%s,"trace":%s})",
         JsonString(target_name), JsonString(model.backend), JsonString(model.weight_type), model.d_model, layers,
         model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency,
-        JsonString(common::RoutingModeName(o.routing)),
+        JsonString(routing_name),
         (o.unary || engine != nullptr || o.deadline_ms > 0) ? "false" : "true", elapsed,
         static_cast<int64_t>(records.size()), abandoned.load(), tokens_per_s, calls_per_s, Percentile(latency, 0.5),
         Percentile(latency, 0.9), Percentile(latency, 0.99), Percentile(latency, 1.0), Percentile(route, 0.5),
@@ -429,7 +461,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
                          model.backend, model.weight_type, model.d_model, model.n_layers, model.n_experts, model.top_k);
   out << absl::StrFormat("workload: %d client(s) x %s, batch %d, seq_len %d, %d layers, %s routing, %.1f s\n",
                          o.concurrency, engine != nullptr ? "in-process" : (o.unary ? "unary" : "stream"), o.batch_size,
-                         o.seq_len, layers, common::RoutingModeName(o.routing), elapsed);
+                         o.seq_len, layers, routing_name, elapsed);
   out << absl::StrFormat("throughput: %.1f tokens/s through %d layers (%.1f layer calls/s)\n", tokens_per_s, layers,
                          calls_per_s);
   if (o.deadline_ms > 0) {

@@ -48,6 +48,11 @@ struct LoadBenchOptions {
   int64_t check_tokens = 0;  // > 0: compare this many tokens per layer with the reference layer
   bool progress = true;      // a progress line on stderr for runs over 2 s
   uint64_t seed = 1;
+  // > 0: the calls carry their own routes (client routing), each token's
+  // top_k distinct experts drawn with probability proportional to
+  // 1 / (e + 1)^zipf, weight 1/top_k each: a skewed load under control
+  // (zipf 1.2 on 8 experts, top-2: expert 0 in about 35% of the slots).
+  double zipf = 0;
 };
 
 // UNAVAILABLE if the router cannot be reached; FAILED_PRECONDITION if

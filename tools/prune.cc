@@ -2,20 +2,16 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
-#include <regex>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/model_dir.h"
 #include "common/routing.h"
-#include "common/safetensors.h"
 #include "common/status_macros.h"
-#include "tools/hf_checkpoint.h"
+#include "tools/expert_load.h"
 #include "tools/model_writer.h"
 
 namespace colibri {
@@ -23,55 +19,6 @@ namespace tools {
 namespace {
 
 using common::DType;
-using Load = std::vector<std::vector<double>>;  // [layer][expert]: routed token slots
-
-// A saved /metrics page of the router (colibri_router_expert_tokens_total{layer,expert} v)
-// or lines "layer expert count"; '#' starts a comment. Adds to `load`.
-absl::Status ReadLoadFile(const std::string& path, Load* load) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the load file ", path));
-  const std::regex metric(R"(^colibri_router_expert_tokens_total\{(.*)\}\s+([0-9.eE+]+)\s*$)");
-  const std::regex layer_label(R"(layer="(\d+)\")"), expert_label(R"(expert="(\d+)\")");
-  std::string line;
-  int64_t number = 0, used = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty() || line[0] == '#') continue;
-    int64_t layer = -1, expert = -1;
-    double count = -1;
-    std::smatch m, l, e;
-    if (std::regex_match(line, m, metric)) {
-      const std::string labels = m[1];
-      if (!std::regex_search(labels, l, layer_label) || !std::regex_search(labels, e, expert_label)) continue;
-      layer = std::stoll(l[1]);
-      expert = std::stoll(e[1]);
-      count = std::stod(m[2]);
-    } else if (line.rfind("colibri_", 0) == 0) {
-      continue;  // another metric of the page
-    } else {
-      std::istringstream fields(line);
-      std::string rest;
-      if (!(fields >> layer >> expert >> count) || (fields >> rest)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("load file ", path, " line ", number, ": expected 'layer expert count' or a metric line"));
-      }
-    }
-    if (layer < 0 || layer >= static_cast<int64_t>(load->size()) || expert < 0 ||
-        expert >= static_cast<int64_t>((*load)[0].size()) || !(count >= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("load file ", path, " line ", number, ": layer ", layer,
-                                                     " expert ", expert, " count ", count,
-                                                     " is outside the model's layers and routed experts"));
-    }
-    (*load)[layer][expert] += count;
-    ++used;
-  }
-  if (used == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "load file ", path, " has no colibri_router_expert_tokens_total sample or 'layer expert count' line"));
-  }
-  return absl::OkStatus();
-}
-
 // Copies an expert file with its header's expert id set to `new_id`.
 absl::StatusOr<common::ManifestFile> CopyExpert(const common::ModelDir& model, int64_t layer, int64_t expert,
                                                 int64_t new_id, const std::string& out_dir) {
@@ -126,34 +73,21 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
   for (int64_t layer = 0; layer < L; ++layer) {
     COLIBRI_ASSIGN_OR_RETURN(routing[layer], model->LoadRouting(layer, /*verify_checksum=*/true));
   }
-  std::unique_ptr<common::SafetensorsFile> calibration;
+  CalibrationRoutes calibration;
   if (!o.calibration_path.empty()) {
-    COLIBRI_ASSIGN_OR_RETURN(calibration, common::SafetensorsFile::Open(o.calibration_path));
-  }
-  std::vector<std::vector<float>> hidden(L);
-  std::vector<common::Routes> before(L);
-  for (int64_t layer = 0; calibration != nullptr && layer < L; ++layer) {
-    const std::string name = absl::StrCat("hidden_states.", layer);
-    const common::SafetensorsTensor* h = calibration->Find(name);
-    if (h == nullptr) continue;
-    if (h->shape.size() != 2 || h->shape[1] != m.d_model ||
-        (h->dtype != "F32" && h->dtype != "BF16" && h->dtype != "F16")) {
-      return absl::InvalidArgumentError(absl::StrCat("calibration file ", o.calibration_path, ": '", name,
-                                                     "' must be F32/BF16/F16 [records, ", m.d_model, "]"));
-    }
-    hidden[layer].resize(h->shape[0] * m.d_model);
-    HfCheckpoint::RowsToFloat(*h, 0, h->shape[0], hidden[layer].data());
-    before[layer] = common::RouteByGateSpec(m.routing, routing[layer]->gate, routing[layer]->bias, E, m.d_model, K,
-                                            m.norm_topk_prob, hidden[layer].data(), h->shape[0]);
-  }
-
-  Load load(L, std::vector<double>(E, 0.0));
-  if (!o.load_path.empty()) {
-    COLIBRI_RETURN_IF_ERROR(ReadLoadFile(o.load_path, &load));
+    COLIBRI_ASSIGN_OR_RETURN(calibration, RouteCalibration(*model, routing, o.calibration_path));
   } else {
-    for (int64_t layer = 0; layer < L; ++layer) {
-      for (int32_t id : before[layer].expert_ids) load[layer][id] += 1;
-    }
+    calibration.hidden.resize(L);
+    calibration.routes.resize(L);
+  }
+  const std::vector<std::vector<float>>& hidden = calibration.hidden;
+  const std::vector<common::Routes>& before = calibration.routes;
+
+  ExpertLoad load(L, std::vector<double>(E, 0.0));
+  if (!o.load_path.empty()) {
+    COLIBRI_RETURN_IF_ERROR(AddLoadFile(o.load_path, &load));
+  } else {
+    AddRoutes(calibration, &load);
   }
 
   // The kept experts: each layer's N most loaded.

@@ -139,5 +139,26 @@ absl::Status Rollout(const RolloutOptions& o, std::ostream& log) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::vector<double>>> FetchExpertLoad(const RolloutOptions& o, int64_t n_layers,
+                                                                 int64_t n_experts) {
+  COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, o.router));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + o.timeout));
+  v1::GetClusterStatusResponse status;
+  const grpc::Status s = v1::Router::NewStub(channel)->GetClusterStatus(&context, {}, &status);
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat("GetClusterStatus on the router ", o.router, ": ", Describe(s)));
+  }
+  std::vector<std::vector<double>> load(n_layers, std::vector<double>(n_experts, 0.0));
+  for (const v1::ExpertLoad& e : status.experts()) {
+    if (e.layer() < 0 || e.layer() >= n_layers || e.expert() < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("the router ", o.router, " reports layer ", e.layer(),
+                                                        " expert ", e.expert(), ": not this model's shape"));
+    }
+    if (e.expert() < n_experts) load[e.layer()][e.expert()] = static_cast<double>(e.tokens());
+  }
+  return load;
+}
+
 }  // namespace tools
 }  // namespace colibri

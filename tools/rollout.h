@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace colibri {
@@ -53,6 +54,13 @@ absl::Status Rollout(const RolloutOptions& options, std::ostream& log);
 absl::Status StageOnNodes(const RolloutOptions& options, std::ostream& log, std::string* model_id);
 absl::Status SwitchRouter(const RolloutOptions& options, std::ostream& log, std::string* previous_model_id);
 absl::Status DropOnNodes(const RolloutOptions& options, const std::string& model_id, std::ostream& log);
+
+// The router's (options.router) routed token counts since it started, from
+// GetClusterStatus: [layer][expert] for a model of n_layers x n_experts
+// routed experts (shared experts left out). FAILED_PRECONDITION when the
+// router serves another shape; the call's error otherwise.
+absl::StatusOr<std::vector<std::vector<double>>> FetchExpertLoad(const RolloutOptions& options, int64_t n_layers,
+                                                                 int64_t n_experts);
 
 }  // namespace tools
 }  // namespace colibri

@@ -1,10 +1,12 @@
 // The shard map and the per-layer plan: replicas, the batch union (one call
 // per node), least-loaded choice, exclusion of failed nodes, and the
-// UNAVAILABLE message naming the layer and the expert.
+// UNAVAILABLE message naming the layer and the expert; replicas in turn and
+// a replicated expert's rows split among them.
 
 #include "router_node/shard_map.h"
 
 #include <catch2/catch.hpp>
+#include <set>
 
 namespace colibri {
 namespace router_node {
@@ -86,6 +88,71 @@ TEST_CASE("a failed node is avoided and an expert without replicas is UNAVAILABL
   CHECK(message.find("node-2: down") != std::string::npos);
   CHECK(message.find("c:1") == std::string::npos);
   CHECK(message.find("connection refused") == std::string::npos);
+}
+
+
+TEST_CASE("equally loaded replicas are taken in turn") {
+  const ShardMap map = Map();
+  const std::vector<ExpertWork> works = Works({2});
+  std::set<int> chosen;
+  for (uint32_t rotation = 0; rotation < 4; ++rotation) {
+    auto plan = PlanNodeCalls(map, 0, works, {0}, std::vector<int>{0, 0, 0}, {}, rotation);
+    REQUIRE(plan.ok());
+    chosen.insert((*plan)[0].node);
+  }
+  CHECK(chosen == std::set<int>{0, 1});
+}
+
+// One work of expert 2 with `rows` rows 0.., weights 0.5, slots 2t.
+std::vector<ExpertWork> Rows(int rows) {
+  ExpertWork w{2, {}, {}, {}};
+  for (int r = 0; r < rows; ++r) {
+    w.rows.push_back(r);
+    w.weights.push_back(0.5f);
+    w.slots.push_back(2 * r);
+  }
+  return {Works({0})[0], w, Works({3})[0]};
+}
+
+TEST_CASE("a replicated expert's rows are split among its replicas and planned on both") {
+  const ShardMap map = Map();
+  const std::vector<ExpertWork> works = Rows(5);
+  std::vector<ExpertWork> parts;
+  REQUIRE(SplitAmongReplicas(map, 0, works, {RowSplit::kAlways, 2}, &parts));
+  REQUIRE(parts.size() == 4);  // expert 0, expert 2 in two parts, expert 3
+  CHECK(parts[0].expert == 0);
+  CHECK(parts[1].expert == 2);
+  CHECK(parts[1].rows == std::vector<int32_t>{0, 1});
+  CHECK(parts[1].slots == std::vector<int32_t>{0, 2});
+  CHECK(parts[2].expert == 2);
+  CHECK(parts[2].rows == std::vector<int32_t>{2, 3, 4});
+  CHECK(parts[2].weights.size() == 3);
+  CHECK(parts[3].expert == 3);
+
+  auto plan = PlanNodeCalls(map, 0, parts, {0, 1, 2, 3}, std::vector<int>{0, 0, 0}, {});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->size() == 2);
+  CHECK((*plan)[0].works == std::vector<int>{0, 1});
+  CHECK((*plan)[1].works == std::vector<int>{2, 3});
+}
+
+TEST_CASE("rows are not split below min_rows, without replicas, or where bits would change") {
+  std::vector<ExpertWork> parts;
+  const ShardMap map = Map();
+  CHECK(!SplitAmongReplicas(map, 0, Rows(5), {RowSplit::kAlways, 6}, &parts));
+  CHECK(!SplitAmongReplicas(map, 0, Rows(5), {RowSplit::kNever, 1}, &parts));
+  CHECK(!SplitAmongReplicas(map, 0, Works({0, 3}), {RowSplit::kAlways, 1}, &parts));  // no replicas
+  CHECK(parts.empty());
+  // exact: only below every replica's row_split_limit (0: none).
+  std::vector<NodeState> nodes = {{"a:1", true, "", {{0, 2}}, 0}, {"b:1", true, "", {{0, 2}}, 8}};
+  const ShardMap limited(1, 4, nodes);
+  const std::vector<ExpertWork> two = {Rows(7)[1]}, many = {Rows(8)[1]};
+  CHECK(SplitAmongReplicas(limited, 0, two, {RowSplit::kExact, 2}, &parts));
+  CHECK(parts.size() == 2);
+  CHECK(!SplitAmongReplicas(limited, 0, many, {RowSplit::kExact, 2}, &parts));
+  CHECK(SplitAmongReplicas(limited, 0, many, {RowSplit::kAlways, 2}, &parts));
+  CHECK(ParseRowSplit("exact") == RowSplit::kExact);
+  CHECK(!ParseRowSplit("sometimes").has_value());
 }
 
 }  // namespace

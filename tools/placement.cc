@@ -1,0 +1,252 @@
+#include "tools/placement.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace colibri {
+namespace tools {
+namespace {
+
+using Owned = std::vector<std::vector<std::pair<int64_t, int64_t>>>;
+
+double Sum(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
+
+// One copy of an expert to place in a layer.
+struct Copy {
+  int64_t expert;
+  int copy;     // 0: the first (must be placed)
+  double rows;  // its expected rows: load / copies
+};
+
+// The layer's copies, heaviest first (ties: lower expert, lower copy).
+std::vector<Copy> Copies(const std::vector<double>& load, const std::vector<int>& replicas) {
+  std::vector<Copy> copies;
+  for (size_t e = 0; e < load.size(); ++e) {
+    for (int c = 0; c < replicas[e]; ++c) copies.push_back({static_cast<int64_t>(e), c, load[e] / replicas[e]});
+  }
+  std::stable_sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.rows > b.rows; });
+  return copies;
+}
+
+// max/mean of the layer's best greedy packing on n nodes, memory aside
+// (no node holds two copies of one expert).
+double PackedRatio(const std::vector<double>& load, const std::vector<int>& replicas, int64_t n_nodes) {
+  std::vector<double> rows(n_nodes, 0.0);
+  std::vector<std::set<int64_t>> holds(n_nodes);
+  for (const Copy& c : Copies(load, replicas)) {
+    int64_t best = -1;
+    for (int64_t n = 0; n < n_nodes; ++n) {
+      if (holds[n].count(c.expert) > 0) continue;
+      if (best < 0 || rows[n] < rows[best]) best = n;
+    }
+    rows[best] += c.rows;
+    holds[best].insert(c.expert);
+  }
+  const double total = Sum(load);
+  return total > 0 ? *std::max_element(rows.begin(), rows.end()) * n_nodes / total : 1.0;
+}
+
+std::string Ranges(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    absl::StrAppend(&out, out.empty() ? "" : ",", ids[i], j > i ? absl::StrCat("-", ids[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  if (bytes < (1 << 20)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  if (bytes < (1 << 30)) return absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
+  return absl::StrFormat("%.2f GiB", bytes / double(1 << 30));
+}
+
+Placement Evaluate(const PlanInput& in, Owned owned) {
+  Placement p;
+  const int64_t N = static_cast<int64_t>(owned.size());
+  p.replicas.assign(in.n_layers, std::vector<int>(in.n_experts + in.n_shared_experts, 0));
+  for (auto& node : owned) {
+    std::sort(node.begin(), node.end());
+    for (const auto& [l, e] : node) ++p.replicas[l][e];
+  }
+  p.bytes.assign(N, 0);
+  p.share.assign(N, std::vector<double>(in.n_layers, 0.0));
+  p.max_over_mean.assign(in.n_layers, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    for (const auto& [l, e] : owned[n]) {
+      p.bytes[n] += in.bytes[l][e];
+      const double total = Sum(in.load[l]);
+      if (total > 0) p.share[n][l] += in.load[l][e] / p.replicas[l][e] / total;
+    }
+  }
+  for (int64_t l = 0; l < in.n_layers; ++l) {
+    for (int64_t n = 0; n < N; ++n) p.max_over_mean[l] = std::max(p.max_over_mean[l], p.share[n][l] * N);
+  }
+  p.owned = std::move(owned);
+  return p;
+}
+
+Owned ContiguousSplit(const PlanInput& in, int64_t n_nodes) {
+  Owned owned(n_nodes);
+  const int64_t base = in.n_experts / n_nodes, extra = in.n_experts % n_nodes;
+  for (int64_t n = 0; n < n_nodes; ++n) {
+    const int64_t first = n * base + std::min(n, extra), count = base + (n < extra ? 1 : 0);
+    for (int64_t l = 0; l < in.n_layers; ++l) {
+      for (int64_t e = first; e < first + count; ++e) owned[n].emplace_back(l, e);
+      if (n == 0) {
+        for (int64_t s = 0; s < in.n_shared_experts; ++s) owned[n].emplace_back(l, in.n_experts + s);
+      }
+    }
+    std::sort(owned[n].begin(), owned[n].end());
+  }
+  return owned;
+}
+
+absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& o) {
+  const int64_t N = static_cast<int64_t>(o.nodes.size());
+  const int64_t L = in.n_layers, X = in.n_experts + in.n_shared_experts;
+  if (N == 0) return absl::InvalidArgumentError("no nodes to place the experts on");
+  if (L <= 0 || in.n_experts <= 0 || static_cast<int64_t>(in.load.size()) != L ||
+      static_cast<int64_t>(in.bytes.size()) != L) {
+    return absl::InvalidArgumentError("PlanInput: load and bytes must have one entry per layer");
+  }
+  int64_t need = 0, memory = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (static_cast<int64_t>(in.load[l].size()) != X || static_cast<int64_t>(in.bytes[l].size()) != X) {
+      return absl::InvalidArgumentError(absl::StrCat("PlanInput: layer ", l, " needs load and bytes for ", X,
+                                                     " experts (routed and shared)"));
+    }
+    for (int64_t e = 0; e < X; ++e) {
+      if (!(in.load[l][e] >= 0) || in.bytes[l][e] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", l, " expert ", e, ": negative load or size"));
+      }
+      need += in.bytes[l][e];
+    }
+    if (!(Sum(in.load[l]) > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("no load for layer ", l, ": nothing to balance it by"));
+    }
+  }
+  for (const PlanNode& node : o.nodes) {
+    if (node.memory_bytes <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(node.name, ": memory must be positive"));
+    }
+    memory += node.memory_bytes;
+  }
+  if (need > memory) {
+    return absl::FailedPreconditionError(absl::StrCat("one copy of every expert takes ", FormatBytes(need), "; the ", N,
+                                                      " nodes have ", FormatBytes(memory), ": ", FormatBytes(need - memory),
+                                                      " missing (add nodes or memory, or prune the model)"));
+  }
+
+  // 2. Replicas, the worst layer first, while the spare memory lasts.
+  const int max_copies = static_cast<int>(o.max_replicas > 0 ? std::min<int64_t>(o.max_replicas, N) : N);
+  std::vector<std::vector<int>> replicas(L, std::vector<int>(X, 1));
+  std::vector<double> ratio(L);
+  std::vector<bool> done(L, false);
+  for (int64_t l = 0; l < L; ++l) ratio[l] = PackedRatio(in.load[l], replicas[l], N);
+  int64_t spare = memory - need;
+  while (true) {
+    int64_t worst = -1;
+    for (int64_t l = 0; l < L; ++l) {
+      if (!done[l] && ratio[l] > o.target_ratio && (worst < 0 || ratio[l] > ratio[worst])) worst = l;
+    }
+    if (worst < 0) break;
+    int64_t heaviest = -1;
+    for (int64_t e = 0; e < X; ++e) {
+      if (replicas[worst][e] >= max_copies || in.bytes[worst][e] > spare) continue;
+      const double rows = in.load[worst][e] / replicas[worst][e];
+      if (heaviest < 0 || rows > in.load[worst][heaviest] / replicas[worst][heaviest]) heaviest = e;
+    }
+    if (heaviest < 0) {
+      done[worst] = true;
+      continue;
+    }
+    ++replicas[worst][heaviest];
+    const double after = PackedRatio(in.load[worst], replicas[worst], N);
+    if (after >= ratio[worst]) {  // no better: keep the memory
+      --replicas[worst][heaviest];
+      done[worst] = true;
+      continue;
+    }
+    ratio[worst] = after;
+    spare -= in.bytes[worst][heaviest];
+  }
+
+  // 3. Packing, layer by layer, each node kept near its share of the bytes.
+  Owned owned(N);
+  std::vector<int64_t> used(N, 0);
+  int64_t placed = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t layer_bytes = 0;
+    for (int64_t e = 0; e < X; ++e) layer_bytes += in.bytes[l][e] * replicas[l][e];
+    std::vector<double> pace(N);
+    for (int64_t n = 0; n < N; ++n) {
+      pace[n] = static_cast<double>(o.nodes[n].memory_bytes) / memory * static_cast<double>(placed + layer_bytes);
+    }
+    std::vector<double> rows(N, 0.0);
+    std::map<int64_t, std::set<int64_t>> holders;  // expert -> nodes holding it in this layer
+    for (const Copy& c : Copies(in.load[l], replicas[l])) {
+      const int64_t b = in.bytes[l][c.expert];
+      std::set<std::string> hosts;
+      for (const int64_t n : holders[c.expert]) {
+        hosts.insert(o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host);
+      }
+      int64_t best = -1;
+      auto key = [&](int64_t n) {
+        const std::string& host = o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host;
+        return std::make_tuple(static_cast<double>(used[n]) >= pace[n], hosts.count(host) > 0, rows[n],
+                               static_cast<double>(used[n]) / o.nodes[n].memory_bytes, n);
+      };
+      for (int64_t n = 0; n < N; ++n) {
+        if (holders[c.expert].count(n) > 0 || used[n] + b > o.nodes[n].memory_bytes) continue;
+        if (best < 0 || key(n) < key(best)) best = n;
+      }
+      if (best < 0) {
+        if (c.copy > 0) continue;  // a replica: drop it
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "layer ", l, " expert ", c.expert, " (", FormatBytes(b), ") fits on no node: the memory left is in pieces ",
+            "smaller than it (", FormatBytes(memory - placed), " free in all); give the nodes more memory"));
+      }
+      owned[best].emplace_back(l, c.expert);
+      holders[c.expert].insert(best);
+      used[best] += b;
+      rows[best] += c.rows;
+      placed += b;
+    }
+  }
+  return Evaluate(in, std::move(owned));
+}
+
+std::string ShardSpecText(const std::vector<std::pair<int64_t, int64_t>>& owned) {
+  std::map<int64_t, std::vector<int64_t>> by_layer;
+  for (const auto& [l, e] : owned) by_layer[l].push_back(e);
+  for (auto& [l, experts] : by_layer) std::sort(experts.begin(), experts.end());
+  std::vector<std::string> clauses;
+  for (auto it = by_layer.begin(); it != by_layer.end();) {
+    auto end = std::next(it);
+    int64_t last = it->first;
+    while (end != by_layer.end() && end->first == last + 1 && end->second == it->second) {
+      last = end->first;
+      ++end;
+    }
+    clauses.push_back(absl::StrCat("layer:", it->first, last > it->first ? absl::StrCat("-", last) : "",
+                                   "/expert:", Ranges(it->second)));
+    it = end;
+  }
+  return absl::StrJoin(clauses, ";");
+}
+
+}  // namespace tools
+}  // namespace colibri
