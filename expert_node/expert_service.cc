@@ -365,6 +365,7 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   response->set_n_layers(static_cast<int32_t>(m.n_layers));
   response->set_n_experts(static_cast<int32_t>(m.n_experts));
   response->set_top_k(static_cast<int32_t>(m.top_k));
+  response->set_n_shared_experts(static_cast<int32_t>(m.n_shared_experts));
   response->set_numa_node(options_.numa_node);
   response->set_threads(options_.threads);
   response->set_kernel_isa(options_.kernel_isa);

@@ -61,7 +61,12 @@ void BuildRequest(const LayerWork& work, const std::vector<ExpertWork>& experts,
   req.set_request_id(work.request_id);
   std::vector<int32_t> position(work.num_tokens, -1);
   std::vector<int32_t> rows;
+  // The request's entries: one per expert, of its works in the plan (parts
+  // of one expert split among replicas may meet again on one node, in a retry).
+  std::vector<std::vector<int>> entries;
   for (const int w : call->plan.works) {
+    if (entries.empty() || experts[entries.back()[0]].expert != experts[w].expert) entries.emplace_back();
+    entries.back().push_back(w);
     for (const int32_t r : experts[w].rows) {
       if (position[r] < 0) {
         position[r] = static_cast<int32_t>(rows.size());
@@ -84,13 +89,14 @@ void BuildRequest(const LayerWork& work, const std::vector<ExpertWork>& experts,
                            : static_cast<const void*>(work.x + rows[i] * d_model);
     std::memcpy(&(*data)[i * row_bytes], src, row_bytes);
   }
-  for (const int w : call->plan.works) {
-    const ExpertWork& src = experts[w];
+  for (const std::vector<int>& entry : entries) {
     v1::ExpertWork* dst = req.add_experts();
-    dst->set_expert(src.expert);
-    dst->mutable_row_indices()->Reserve(static_cast<int>(src.rows.size()));
-    for (const int32_t r : src.rows) dst->add_row_indices(position[r]);
-    dst->mutable_weights()->Add(src.weights.begin(), src.weights.end());
+    dst->set_expert(experts[entry[0]].expert);
+    for (const int w : entry) {
+      const ExpertWork& src = experts[w];
+      for (const int32_t r : src.rows) dst->add_row_indices(position[r]);
+      dst->mutable_weights()->Add(src.weights.begin(), src.weights.end());
+    }
   }
 
   // Reply groups. An entry is (expert, token) with its slot t * width + rank.
@@ -149,11 +155,11 @@ void BuildRequest(const LayerWork& work, const std::vector<ExpertWork>& experts,
   req.set_output_dtype(complete && work.bf16_output ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_F32);
   for (int i = 0; i < req.experts_size(); ++i) {
     v1::ExpertWork* dst = req.mutable_experts(i);
-    const ExpertWork& src = experts[call->plan.works[i]];
-    for (size_t k = 0; k < src.slots.size(); ++k) {
-      const int32_t slot = src.slots[k];
-      dst->add_output_rows(reply_row[position[slot / width]][slot % width]);
-      dst->add_ranks(static_cast<int32_t>(slot % width));
+    for (const int w : entries[i]) {
+      for (const int32_t slot : experts[w].slots) {
+        dst->add_output_rows(reply_row[position[slot / width]][slot % width]);
+        dst->add_ranks(static_cast<int32_t>(slot % width));
+      }
     }
   }
 }
@@ -241,7 +247,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   absl::Status PlanAttempt(std::vector<Call*>* to_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
     absl::StatusOr<std::vector<NodeCall>> plan =
-        PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(), excluded_, rotation_);
+        PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(), excluded_, avoided_, rotation_);
     if (!plan.ok()) {
       return first_failure_.empty()
                  ? plan.status()
@@ -419,8 +425,18 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       return absl::DeadlineExceededError(absl::StrCat("layer ", work_.layer, ": deadline exceeded waiting for ", what));
     }
     if (!Retriable(code)) return absl::InternalError(absl::StrCat("layer ", work_.layer, ": ", what));
-    if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) backend_->MarkDown(c.node_ref, detail);
-    excluded_.insert(c.node);
+    // A node whose weights differ from the map (FAILED_PRECONDITION: it no
+    // longer owns one of the call's experts, after a reload) is alive and
+    // serves the others: the retry avoids it where another copy exists, and
+    // the next health round brings the map up to date. A busy node
+    // (RESOURCE_EXHAUSTED) is left out of this layer call; other failures
+    // take the node out until a health check finds it live.
+    if (code == grpc::StatusCode::FAILED_PRECONDITION) {
+      avoided_.insert(c.node);
+    } else {
+      if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) backend_->MarkDown(c.node_ref, detail);
+      excluded_.insert(c.node);
+    }
     for (const Call* h : r.hedges) excluded_.insert(h->node);
     failed->insert(failed->end(), c.plan.works.begin(), c.plan.works.end());
     if (first_failure_.empty()) first_failure_ = absl::StrCat("first try failed on ", what);
@@ -441,7 +457,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         std::set<int> avoid = excluded_;
         avoid.insert(r.primary->node);
         absl::StatusOr<std::vector<NodeCall>> alternative =
-            PlanNodeCalls(*topo_->map, work_.layer, *experts_, r.primary->plan.works, load, avoid, rotation_);
+            PlanNodeCalls(*topo_->map, work_.layer, *experts_, r.primary->plan.works, load, avoid, avoided_, rotation_);
         if (!alternative.ok()) continue;  // no other replica: wait for the slow one
         for (NodeCall& nc : *alternative) {
           r.hedges.push_back(NewCall(std::move(nc), true));
@@ -528,6 +544,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   int attempt_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> pending_ ABSL_GUARDED_BY(mu_);  // works of the next attempt
   std::set<int> excluded_ ABSL_GUARDED_BY(mu_);    // nodes that failed a call of this layer
+  std::set<int> avoided_ ABSL_GUARDED_BY(mu_);     // ... with FAILED_PRECONDITION: used as a last resort
   absl::Time deadline_ ABSL_GUARDED_BY(mu_);       // of the current attempt's calls
   bool client_deadline_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);  // every call of every attempt

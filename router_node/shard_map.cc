@@ -77,7 +77,8 @@ bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<Ex
 absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t layer,
                                                     const std::vector<ExpertWork>& experts,
                                                     const std::vector<int>& works, absl::Span<const int> load,
-                                                    const std::set<int>& excluded, uint32_t rotation) {
+                                                    const std::set<int>& excluded, const std::set<int>& avoided,
+                                                    uint32_t rotation) {
   const int n_nodes = static_cast<int>(map.nodes().size());
   std::map<int, NodeCall> calls;
   std::set<std::pair<int32_t, int>> given;  // (expert, node): a part of the expert is planned there
@@ -86,7 +87,7 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
     int best = -1;
     // The rank of a candidate: lower is better.
     auto rank = [&](int n) {
-      return std::make_tuple(given.count({expert, n}), load[n], calls.count(n) == 0,
+      return std::make_tuple(avoided.count(n), given.count({expert, n}), load[n], calls.count(n) == 0,
                              (n + n_nodes - static_cast<int>(rotation % n_nodes)) % n_nodes);
     };
     for (const int n : map.replicas(layer, expert)) {

@@ -83,8 +83,10 @@ struct NodeCall {
 };
 
 // Assigns each work in `works` (indices into `experts`) to a live replica of
-// its expert that is not in `excluded`: one not yet given another part of
-// the same expert by this plan, then the least loaded (`load[node]`: calls
+// its expert that is not in `excluded`: one not in `avoided` (nodes that
+// answered but not as the map expected, used only where nothing else serves
+// the expert), then one not yet given another part of the same expert by
+// this plan, then the least loaded (`load[node]`: calls
 // in flight), then one this plan already calls (fewer calls), then the first
 // in the order rotated by `rotation` (lowest index first for 0), so that
 // calls with equal loads take the replicas in turn. Returns one NodeCall per
@@ -94,7 +96,8 @@ struct NodeCall {
 absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t layer,
                                                     const std::vector<ExpertWork>& experts,
                                                     const std::vector<int>& works, absl::Span<const int> load,
-                                                    const std::set<int>& excluded, uint32_t rotation = 0);
+                                                    const std::set<int>& excluded,
+                                                    const std::set<int>& avoided = {}, uint32_t rotation = 0);
 
 }  // namespace router_node
 }  // namespace colibri

@@ -3,7 +3,9 @@
 // failed request; see tools/rollout.h. Exit status: 0 done, 1 failed (rolled
 // back where the steps say so), 2 usage error.
 
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,10 @@ ABSL_FLAG(std::vector<std::string>, nodes, {},
           "upgrade, stage, drop: the expert nodes' admin endpoints, host:port,...");
 ABSL_FLAG(std::string, router, "", "upgrade, switch: the router's admin endpoint, host:port.");
 ABSL_FLAG(std::string, model_id, "", "drop: the model to release on the nodes.");
+ABSL_FLAG(std::string, plan, "",
+          "apply-plan: colibri-plan's output directory (its shards.txt: one shard per node, in --nodes order).");
+ABSL_FLAG(int, settle_ms, 3000,
+          "apply-plan without --router: how long the routers take to see a change (a few health intervals).");
 ABSL_FLAG(int, timeout_s, 120, "Per step: how long a node may take to load, and the router to see the new version.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA of the endpoints' certificates: TLS (else plaintext).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS; an --admin_identities name).");
@@ -33,14 +39,18 @@ constexpr char kUsage[] =
     "  colibri-admin stage  --model DIR --nodes A,B,...   nodes load DIR beside the model in use and serve both\n"
     "  colibri-admin switch --model DIR --router R        the router serves DIR's model once every expert is live\n"
     "  colibri-admin drop   --model_id ID --nodes A,...   nodes release a model (the old one after a switch, or\n"
-    "                                                     the new one to roll back a stage)";
+    "                                                     the new one to roll back a stage)\n"
+    "  colibri-admin apply-plan --plan DIR --nodes A,B,... [--router R]\n"
+    "                                       nodes take colibri-plan's shards: all grow to old + new, then shrink\n"
+    "                                       to new, one at a time (waiting for R to see each step); zero failed\n"
+    "                                       requests";
 
 }  // namespace
 
 int main(int argc, char* argv[]) {
   const std::vector<char*> args = colibri::runtime::ParseFlags(argc, argv, kUsage);
   if (args.size() != 2) {
-    std::cerr << "colibri-admin: give one command: upgrade, stage, switch or drop\n\n" << kUsage << "\n";
+    std::cerr << "colibri-admin: give one command: upgrade, stage, switch, drop or apply-plan\n\n" << kUsage << "\n";
     return 2;
   }
   const std::string command = args[1];
@@ -53,6 +63,32 @@ int main(int argc, char* argv[]) {
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (command == "apply-plan") {
+    const std::string plan = absl::GetFlag(FLAGS_plan);
+    if (plan.empty()) {
+      std::cerr << "colibri-admin apply-plan: --plan is required\n";
+      return 2;
+    }
+    std::ifstream in(plan + "/shards.txt");
+    std::vector<std::string> specs;
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string name, address, spec;
+      if (fields >> name >> address >> spec) specs.push_back(spec);
+    }
+    if (specs.empty()) {
+      std::cerr << "colibri-admin apply-plan: " << plan << "/shards.txt is missing or lists no shard\n";
+      return 1;
+    }
+    const absl::Status s = colibri::tools::ApplyPlacement(o, specs, absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)),
+                                                          std::cout);
+    if (!s.ok()) {
+      std::cerr << "colibri-admin apply-plan: " << s.message() << "\n";
+      return 1;
+    }
+    return 0;
+  }
   const bool needs_model = command != "drop";
   if ((needs_model && o.model_dir.empty()) || (command == "drop" && absl::GetFlag(FLAGS_model_id).empty())) {
     std::cerr << "colibri-admin " << command << ": " << (needs_model ? "--model" : "--model_id") << " is required\n";

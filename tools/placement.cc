@@ -187,13 +187,16 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
   // 3. Packing, layer by layer, each node kept near its share of the bytes.
   Owned owned(N);
   std::vector<int64_t> used(N, 0);
-  int64_t placed = 0;
+  int64_t placed = 0, later = 0;  // bytes placed; bytes of the layers after this one
   for (int64_t l = 0; l < L; ++l) {
-    int64_t layer_bytes = 0;
-    for (int64_t e = 0; e < X; ++e) layer_bytes += in.bytes[l][e] * replicas[l][e];
-    std::vector<double> pace(N);
+    for (int64_t e = 0; e < X; ++e) later += in.bytes[l][e] * replicas[l][e];
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t e = 0; e < X; ++e) later -= in.bytes[l][e] * replicas[l][e];
+    // What each node keeps free for the later layers: its memory's share of them.
+    std::vector<double> reserve(N);
     for (int64_t n = 0; n < N; ++n) {
-      pace[n] = static_cast<double>(o.nodes[n].memory_bytes) / memory * static_cast<double>(placed + layer_bytes);
+      reserve[n] = static_cast<double>(o.nodes[n].memory_bytes) / memory * static_cast<double>(later);
     }
     std::vector<double> rows(N, 0.0);
     std::map<int64_t, std::set<int64_t>> holders;  // expert -> nodes holding it in this layer
@@ -206,7 +209,8 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
       int64_t best = -1;
       auto key = [&](int64_t n) {
         const std::string& host = o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host;
-        return std::make_tuple(static_cast<double>(used[n]) >= pace[n], hosts.count(host) > 0, rows[n],
+        const bool eats_reserve = static_cast<double>(used[n] + b) + reserve[n] > o.nodes[n].memory_bytes;
+        return std::make_tuple(eats_reserve, hosts.count(host) > 0, rows[n],
                                static_cast<double>(used[n]) / o.nodes[n].memory_bytes, n);
       };
       for (int64_t n = 0; n < N; ++n) {

@@ -21,10 +21,10 @@
 //      it — the worst layer first, so layers share the spare memory;
 //   3. packing, layer by layer: copies by expected rows, heaviest first
 //      (ties: lower expert id), each to the node that does not hold that
-//      expert yet with the least work in the layer among those under their
-//      memory pace (their memory share of the bytes placed so far, plus one
-//      expert) — then any node with room; a node on another host than the
-//      expert's other copies first, when hosts are given. A first copy that
+//      expert yet with the least work in the layer among those that keep
+//      their memory's share of the later layers' copies free — then any node
+//      with room; a node on another host than the expert's other copies
+//      first, when hosts are given. A first copy that
 //      fits nowhere fails the plan (RESOURCE_EXHAUSTED naming it); a replica
 //      that fits nowhere is dropped.
 // Deterministic: the same inputs give the same plan.

@@ -2,12 +2,16 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "colibri/v1/router.grpc.pb.h"
 #include "common/status_macros.h"
+#include "expert_node/shard_spec.h"
+#include "tools/placement.h"
 #include "runtime/grpc_credentials.h"
 
 namespace colibri {
@@ -158,6 +162,117 @@ absl::StatusOr<std::vector<std::vector<double>>> FetchExpertLoad(const RolloutOp
     if (e.expert() < n_experts) load[e.layer()][e.expert()] = static_cast<double>(e.tokens());
   }
   return load;
+}
+
+namespace {
+
+using Pairs = std::set<std::pair<int64_t, int64_t>>;
+
+absl::StatusOr<v1::GetNodeInfoResponse> NodeInfo(const RolloutOptions& o, const std::string& node) {
+  COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, node));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + o.timeout));
+  v1::GetNodeInfoResponse info;
+  const grpc::Status s = v1::ExpertNode::NewStub(channel)->GetNodeInfo(&context, {}, &info);
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("node ", node, ": GetNodeInfo: ", Describe(s)));
+  return info;
+}
+
+// Each node's shard becomes `target`, one node at a time.
+absl::Status ReloadShards(const RolloutOptions& o, const char* step, std::vector<Pairs>& owned,
+                          const std::vector<Pairs>& target, std::ostream& log) {
+  for (size_t n = 0; n < o.nodes.size(); ++n) {
+    if (owned[n] == target[n]) continue;
+    v1::ReloadRequest request;
+    request.set_experts(ShardSpecText({target[n].begin(), target[n].end()}));
+    v1::ReloadResponse response;
+    const grpc::Status s = Reload(o, o.nodes[n], request, &response);
+    if (!s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(step, ": node ", o.nodes[n], " could not load '",
+                                                        request.experts(), "': ", Describe(s)));
+    }
+    owned[n] = target[n];
+    log << step << ": node " << o.nodes[n] << " serves " << request.experts() << "\n";
+  }
+  return absl::OkStatus();
+}
+
+// Until the router counts `copies` live nodes for every (layer, expert) (at
+// least: others may serve them too), or o.timeout; without a router, `settle`.
+absl::Status AwaitRouter(const RolloutOptions& o, const std::map<std::pair<int64_t, int64_t>, int>& copies,
+                         absl::Duration settle, std::ostream& log) {
+  if (o.router.empty()) {
+    absl::SleepFor(settle);
+    return absl::OkStatus();
+  }
+  COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, o.router));
+  auto stub = v1::Router::NewStub(channel);
+  const absl::Time until = absl::Now() + o.timeout;
+  std::string missing;
+  do {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::GetClusterStatusResponse status;
+    const grpc::Status s = stub->GetClusterStatus(&context, {}, &status);
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("router ", o.router, ": ", Describe(s)));
+    missing.clear();
+    for (const v1::ExpertLoad& e : status.experts()) {
+      const auto it = copies.find({e.layer(), e.expert()});
+      if (it != copies.end() && e.live_replicas() < it->second && missing.empty()) {
+        missing = absl::StrCat("layer ", e.layer(), " expert ", e.expert(), " has ", e.live_replicas(), " of ",
+                               it->second, " live copies");
+      }
+    }
+    if (missing.empty()) {
+      log << "router " << o.router << " sees every copy\n";
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  } while (absl::Now() < until);
+  return absl::DeadlineExceededError(absl::StrCat("router ", o.router, " does not see the new copies within ",
+                                                  absl::FormatDuration(o.timeout), ": ", missing));
+}
+
+std::map<std::pair<int64_t, int64_t>, int> Copies(const std::vector<Pairs>& shards) {
+  std::map<std::pair<int64_t, int64_t>, int> copies;
+  for (const Pairs& shard : shards) {
+    for (const auto& pair : shard) ++copies[pair];
+  }
+  return copies;
+}
+
+}  // namespace
+
+absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::string>& specs, absl::Duration settle,
+                            std::ostream& log) {
+  if (o.nodes.empty() || o.nodes.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the plan has ", specs.size(), " shards and ", o.nodes.size(),
+                                                   " node endpoints were given (RolloutOptions::nodes): one each"));
+  }
+  std::vector<Pairs> owned(o.nodes.size()), target(o.nodes.size()), grown(o.nodes.size());
+  for (size_t n = 0; n < o.nodes.size(); ++n) {
+    COLIBRI_ASSIGN_OR_RETURN(v1::GetNodeInfoResponse info, NodeInfo(o, o.nodes[n]));
+    for (const v1::OwnedExperts& layer : info.owned()) {
+      for (const int32_t e : layer.experts()) owned[n].insert({layer.layer(), e});
+    }
+    absl::StatusOr<expert_node::ShardSpec> spec = expert_node::ShardSpec::Parse(specs[n]);
+    if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat("shard ", n, ": ", spec.status().message()));
+    absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> pairs =
+        spec->Resolve(info.n_layers(), info.n_experts() + info.n_shared_experts());
+    if (!pairs.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard ", n, " for node ", o.nodes[n], ": ", pairs.status().message()));
+    }
+    target[n] = Pairs(pairs->begin(), pairs->end());
+    grown[n] = owned[n];
+    grown[n].insert(target[n].begin(), target[n].end());
+  }
+  COLIBRI_RETURN_IF_ERROR(ReloadShards(o, "grow", owned, grown, log));
+  COLIBRI_RETURN_IF_ERROR(AwaitRouter(o, Copies(grown), settle, log));
+  COLIBRI_RETURN_IF_ERROR(ReloadShards(o, "shrink", owned, target, log));
+  COLIBRI_RETURN_IF_ERROR(AwaitRouter(o, Copies(target), settle, log));
+  log << "placement applied to " << o.nodes.size() << " nodes\n";
+  return absl::OkStatus();
 }
 
 }  // namespace tools

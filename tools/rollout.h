@@ -55,6 +55,23 @@ absl::Status StageOnNodes(const RolloutOptions& options, std::ostream& log, std:
 absl::Status SwitchRouter(const RolloutOptions& options, std::ostream& log, std::string* previous_model_id);
 absl::Status DropOnNodes(const RolloutOptions& options, const std::string& model_id, std::ostream& log);
 
+// A new placement (colibri-plan's shard specs, one per node in the order of
+// options.nodes) applied to running nodes with no failed request, each node
+// serving throughout (ExpertNode.Reload with a new `experts` selection):
+//   1. grow: each node in turn loads the union of what it owns and its new
+//      shard, so no expert loses a copy;
+//   2. wait until the router (options.router, when given: its GetClusterStatus
+//      counts every expert's live copies) sees every new copy — else wait
+//      `settle`, a few of the routers' health intervals;
+//   3. shrink: each node in turn loads exactly its new shard; a call the
+//      router planned on the old map is retried on a copy that remains;
+//   4. wait for the router again, to the new counts.
+// Every node needs memory for its union while it is grown. A failed grow
+// stops there (the nodes grown keep a superset of their old shard: all is
+// served) and says so; a failed shrink leaves that node with its union.
+absl::Status ApplyPlacement(const RolloutOptions& options, const std::vector<std::string>& specs,
+                            absl::Duration settle, std::ostream& log);
+
 // The router's (options.router) routed token counts since it started, from
 // GetClusterStatus: [layer][expert] for a model of n_layers x n_experts
 // routed experts (shared experts left out). FAILED_PRECONDITION when the

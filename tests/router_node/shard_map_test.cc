@@ -96,11 +96,24 @@ TEST_CASE("equally loaded replicas are taken in turn") {
   const std::vector<ExpertWork> works = Works({2});
   std::set<int> chosen;
   for (uint32_t rotation = 0; rotation < 4; ++rotation) {
-    auto plan = PlanNodeCalls(map, 0, works, {0}, std::vector<int>{0, 0, 0}, {}, rotation);
+    auto plan = PlanNodeCalls(map, 0, works, {0}, std::vector<int>{0, 0, 0}, {}, {}, rotation);
     REQUIRE(plan.ok());
     chosen.insert((*plan)[0].node);
   }
   CHECK(chosen == std::set<int>{0, 1});
+}
+
+TEST_CASE("an avoided node is used only for experts nothing else serves") {
+  const ShardMap map = Map();
+  const std::vector<ExpertWork> works = Works({2, 3});
+  // Node 1 answered that it no longer owns one of them: expert 2 moves to node 0, expert 3 stays.
+  auto plan = PlanNodeCalls(map, 0, works, {0, 1}, std::vector<int>{5, 0, 0}, {}, {1});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->size() == 2);
+  CHECK((*plan)[0].node == 0);
+  CHECK((*plan)[0].works == std::vector<int>{0});
+  CHECK((*plan)[1].node == 1);
+  CHECK((*plan)[1].works == std::vector<int>{1});
 }
 
 // One work of expert 2 with `rows` rows 0.., weights 0.5, slots 2t.

