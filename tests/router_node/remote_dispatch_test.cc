@@ -106,8 +106,23 @@ TEST_CASE("a call failing with a retryable code is retried once on another repli
   CHECK(l.stats.calls[0].attempt == 0);
   CHECK(l.stats.calls[1].attempt == 1);
   CHECK(c.backend->retries() == 1);
-  // Busy is not broken: only RESOURCE_EXHAUSTED leaves the node in the map.
-  CHECK(c.live(0) == (code == grpc::StatusCode::RESOURCE_EXHAUSTED));
+  // Busy is not broken, nor is a node whose shard changed: those stay in the map.
+  CHECK(c.live(0) == (code == grpc::StatusCode::RESOURCE_EXHAUSTED || code == grpc::StatusCode::FAILED_PRECONDITION));
+}
+
+TEST_CASE("after FAILED_PRECONDITION the retry avoids the node only where another copy serves the expert",
+          "[remote_dispatch]") {
+  // Node 0 owns every expert, node 1 experts 0 and 1; node 0's first answer says its shard changed.
+  Cluster c({{0, 1, 2, 3}, {0, 1}});
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::FAILED_PRECONDITION}});
+  Layer l;
+  REQUIRE(Run(c, l).ok());
+  CHECK(l.answered_by(0) == 2);  // moved to node 1
+  CHECK(l.answered_by(1) == 2);
+  CHECK(l.answered_by(2) == 1);  // no other copy: node 0 again
+  CHECK(l.answered_by(3) == 1);
+  CHECK(l.stats.retries == 1);
+  CHECK(c.live(0));
 }
 
 TEST_CASE("other codes from a node are INTERNAL errors naming it, not retried", "[remote_dispatch]") {
