@@ -4,6 +4,7 @@
 # synthesizes ${COLIBRI_BENCH_DIR:-$build/bench}/NAME/checkpoint (8 experts,
 # top-2, vocab 32000, bf16, 2 shards, seed 1) unless it is there, converts it
 # to NAME/TYPE unless that is there, and sets $bench_model to that directory.
+# SHAPE_ARGS come last: they may override the defaults (e.g. --top_k 1).
 # REQUIRES: $build, the build directory with the tools.
 bench_layer() {
   local name=$1 type=$2
@@ -11,8 +12,8 @@ bench_layer() {
   local work=${COLIBRI_BENCH_DIR:-$build/bench}/$name
   mkdir -p "$work"
   if [ ! -f "$work/checkpoint/config.json" ]; then
-    "$build/tools/colibri-synth" --out "$work/checkpoint" --naming mixtral "$@" --layers 1 --experts 8 \
-      --top_k 2 --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite >/dev/null
+    "$build/tools/colibri-synth" --out "$work/checkpoint" --naming mixtral --layers 1 --experts 8 \
+      --top_k 2 --vocab 32000 --dtype bf16 --shards 2 --seed 1 --overwrite "$@" >/dev/null
   fi
   if [ ! -f "$work/$type/manifest.json" ]; then
     "$build/tools/colibri-convert" --checkpoint "$work/checkpoint" --out "$work/$type" --weight_type "$type" \

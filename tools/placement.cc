@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace colibri {
 namespace tools {
@@ -35,24 +36,6 @@ std::vector<Copy> Copies(const std::vector<double>& load, const std::vector<int>
   return copies;
 }
 
-// max/mean of the layer's best greedy packing on n nodes, memory aside
-// (no node holds two copies of one expert).
-double PackedRatio(const std::vector<double>& load, const std::vector<int>& replicas, int64_t n_nodes) {
-  std::vector<double> rows(n_nodes, 0.0);
-  std::vector<std::set<int64_t>> holds(n_nodes);
-  for (const Copy& c : Copies(load, replicas)) {
-    int64_t best = -1;
-    for (int64_t n = 0; n < n_nodes; ++n) {
-      if (holds[n].count(c.expert) > 0) continue;
-      if (best < 0 || rows[n] < rows[best]) best = n;
-    }
-    rows[best] += c.rows;
-    holds[best].insert(c.expert);
-  }
-  const double total = Sum(load);
-  return total > 0 ? *std::max_element(rows.begin(), rows.end()) * n_nodes / total : 1.0;
-}
-
 std::string Ranges(const std::vector<int64_t>& ids) {
   std::string out;
   for (size_t i = 0; i < ids.size();) {
@@ -62,6 +45,60 @@ std::string Ranges(const std::vector<int64_t>& ids) {
     i = j + 1;
   }
   return out;
+}
+
+// Packing (placement.h, step 3) of the copies `replicas` gives; a replica that
+// fits nowhere is dropped. RESOURCE_EXHAUSTED when a first copy fits nowhere.
+absl::StatusOr<Owned> Pack(const PlanInput& in, const PlanOptions& o, const std::vector<std::vector<int>>& replicas,
+                           int64_t memory) {
+  const int64_t N = static_cast<int64_t>(o.nodes.size());
+  const int64_t L = in.n_layers, X = in.n_experts + in.n_shared_experts;
+  Owned owned(N);
+  std::vector<int64_t> used(N, 0);
+  int64_t placed = 0, later = 0;  // bytes placed; bytes of the layers after this one
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t e = 0; e < X; ++e) later += in.bytes[l][e] * replicas[l][e];
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t e = 0; e < X; ++e) later -= in.bytes[l][e] * replicas[l][e];
+    // What each node keeps free for the later layers: its memory's share of them.
+    std::vector<double> reserve(N);
+    for (int64_t n = 0; n < N; ++n) {
+      reserve[n] = static_cast<double>(o.nodes[n].memory_bytes) / memory * static_cast<double>(later);
+    }
+    std::vector<double> rows(N, 0.0);
+    std::map<int64_t, std::set<int64_t>> holders;  // expert -> nodes holding it in this layer
+    for (const Copy& c : Copies(in.load[l], replicas[l])) {
+      const int64_t b = in.bytes[l][c.expert];
+      std::set<std::string> hosts;
+      for (const int64_t n : holders[c.expert]) {
+        hosts.insert(o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host);
+      }
+      int64_t best = -1;
+      auto key = [&](int64_t n) {
+        const std::string& host = o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host;
+        const bool eats_reserve = static_cast<double>(used[n] + b) + reserve[n] > o.nodes[n].memory_bytes;
+        return std::make_tuple(eats_reserve, hosts.count(host) > 0, rows[n],
+                               static_cast<double>(used[n]) / o.nodes[n].memory_bytes, n);
+      };
+      for (int64_t n = 0; n < N; ++n) {
+        if (holders[c.expert].count(n) > 0 || used[n] + b > o.nodes[n].memory_bytes) continue;
+        if (best < 0 || key(n) < key(best)) best = n;
+      }
+      if (best < 0) {
+        if (c.copy > 0) continue;  // a replica: drop it
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "layer ", l, " expert ", c.expert, " (", FormatBytes(b), ") fits on no node: the memory left is in pieces ",
+            "smaller than it (", FormatBytes(memory - placed), " free in all); give the nodes more memory"));
+      }
+      owned[best].emplace_back(l, c.expert);
+      holders[c.expert].insert(best);
+      used[best] += b;
+      rows[best] += c.rows;
+      placed += b;
+    }
+  }
+  return owned;
 }
 
 }  // namespace
@@ -150,17 +187,21 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
                                                       " missing (add nodes or memory, or prune the model)"));
   }
 
-  // 2. Replicas, the worst layer first, while the spare memory lasts.
+  // 2. Replicas, the worst layer first, while the spare memory lasts; each
+  // judged by the packing it leads to.
   const int max_copies = static_cast<int>(o.max_replicas > 0 ? std::min<int64_t>(o.max_replicas, N) : N);
   std::vector<std::vector<int>> replicas(L, std::vector<int>(X, 1));
-  std::vector<double> ratio(L);
+  COLIBRI_ASSIGN_OR_RETURN(Owned owned, Pack(in, o, replicas, memory));
+  Placement best = Evaluate(in, owned);
   std::vector<bool> done(L, false);
-  for (int64_t l = 0; l < L; ++l) ratio[l] = PackedRatio(in.load[l], replicas[l], N);
   int64_t spare = memory - need;
   while (true) {
     int64_t worst = -1;
     for (int64_t l = 0; l < L; ++l) {
-      if (!done[l] && ratio[l] > o.target_ratio && (worst < 0 || ratio[l] > ratio[worst])) worst = l;
+      if (!done[l] && best.max_over_mean[l] > o.target_ratio &&
+          (worst < 0 || best.max_over_mean[l] > best.max_over_mean[worst])) {
+        worst = l;
+      }
     }
     if (worst < 0) break;
     int64_t heaviest = -1;
@@ -174,63 +215,17 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
       continue;
     }
     ++replicas[worst][heaviest];
-    const double after = PackedRatio(in.load[worst], replicas[worst], N);
-    if (after >= ratio[worst]) {  // no better: keep the memory
+    absl::StatusOr<Owned> packed = Pack(in, o, replicas, memory);
+    Placement candidate = packed.ok() ? Evaluate(in, *packed) : Placement{};
+    if (!packed.ok() || candidate.max_over_mean[worst] >= best.max_over_mean[worst]) {  // no better: keep the memory
       --replicas[worst][heaviest];
       done[worst] = true;
       continue;
     }
-    ratio[worst] = after;
+    best = std::move(candidate);
     spare -= in.bytes[worst][heaviest];
   }
-
-  // 3. Packing, layer by layer, each node kept near its share of the bytes.
-  Owned owned(N);
-  std::vector<int64_t> used(N, 0);
-  int64_t placed = 0, later = 0;  // bytes placed; bytes of the layers after this one
-  for (int64_t l = 0; l < L; ++l) {
-    for (int64_t e = 0; e < X; ++e) later += in.bytes[l][e] * replicas[l][e];
-  }
-  for (int64_t l = 0; l < L; ++l) {
-    for (int64_t e = 0; e < X; ++e) later -= in.bytes[l][e] * replicas[l][e];
-    // What each node keeps free for the later layers: its memory's share of them.
-    std::vector<double> reserve(N);
-    for (int64_t n = 0; n < N; ++n) {
-      reserve[n] = static_cast<double>(o.nodes[n].memory_bytes) / memory * static_cast<double>(later);
-    }
-    std::vector<double> rows(N, 0.0);
-    std::map<int64_t, std::set<int64_t>> holders;  // expert -> nodes holding it in this layer
-    for (const Copy& c : Copies(in.load[l], replicas[l])) {
-      const int64_t b = in.bytes[l][c.expert];
-      std::set<std::string> hosts;
-      for (const int64_t n : holders[c.expert]) {
-        hosts.insert(o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host);
-      }
-      int64_t best = -1;
-      auto key = [&](int64_t n) {
-        const std::string& host = o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host;
-        const bool eats_reserve = static_cast<double>(used[n] + b) + reserve[n] > o.nodes[n].memory_bytes;
-        return std::make_tuple(eats_reserve, hosts.count(host) > 0, rows[n],
-                               static_cast<double>(used[n]) / o.nodes[n].memory_bytes, n);
-      };
-      for (int64_t n = 0; n < N; ++n) {
-        if (holders[c.expert].count(n) > 0 || used[n] + b > o.nodes[n].memory_bytes) continue;
-        if (best < 0 || key(n) < key(best)) best = n;
-      }
-      if (best < 0) {
-        if (c.copy > 0) continue;  // a replica: drop it
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "layer ", l, " expert ", c.expert, " (", FormatBytes(b), ") fits on no node: the memory left is in pieces ",
-            "smaller than it (", FormatBytes(memory - placed), " free in all); give the nodes more memory"));
-      }
-      owned[best].emplace_back(l, c.expert);
-      holders[c.expert].insert(best);
-      used[best] += b;
-      rows[best] += c.rows;
-      placed += b;
-    }
-  }
-  return Evaluate(in, std::move(owned));
+  return best;
 }
 
 std::string ShardSpecText(const std::vector<std::pair<int64_t, int64_t>>& owned) {
