@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "expert_node/compute_request.h"
-#include "kernels/expert_executor.h"
-#include "kernels/dispatch.h"
 #include "expert_node/reload_request.h"
+#include "kernels/dispatch.h"
+#include "kernels/expert_executor.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_status.h"
 

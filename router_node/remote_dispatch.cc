@@ -15,8 +15,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/mutex.h"
 #include "common/half.h"
+#include "common/mutex.h"
 #include "router_node/remote_backend.h"
 #include "router_node/remote_backend_internal.h"
 

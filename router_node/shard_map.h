@@ -96,8 +96,8 @@ struct NodeCall {
 absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t layer,
                                                     const std::vector<ExpertWork>& experts,
                                                     const std::vector<int>& works, absl::Span<const int> load,
-                                                    const std::set<int>& excluded,
-                                                    const std::set<int>& avoided = {}, uint32_t rotation = 0);
+                                                    const std::set<int>& excluded, const std::set<int>& avoided = {},
+                                                    uint32_t rotation = 0);
 
 }  // namespace router_node
 }  // namespace colibri

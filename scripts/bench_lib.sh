@@ -1,3 +1,5 @@
+# Helpers of the benchmark scripts.
+#
 # The benchmarks' one-layer Mixtral-naming model, made once and cached
 # (sourced by bench_kernels.sh, bench_router.sh, bench_e2e.sh, bench_hedge.sh).
 #   bench_layer NAME TYPE SHAPE_ARGS...   e.g. bench_layer small_layer bf16 --d_model 1024 --d_ff 2816
@@ -20,4 +22,13 @@ bench_layer() {
       --progress=false --overwrite >/dev/null
   fi
   bench_model=$work/$type
+}
+
+# bench_run_figures OUTPUT: "tokens/s|p50 us|p99 us" from `colibri-bench run`'s table output.
+bench_run_figures() {
+  local tps p50 p99
+  tps=$(sed -n 's/^throughput: \([0-9.]*\) tokens\/s.*/\1/p' <<<"$1")
+  p50=$(sed -n 's/^latency per layer call (us): p50 \([0-9]*\).*/\1/p' <<<"$1")
+  p99=$(sed -n 's/.* p99 \([0-9]*\) .*/\1/p' <<<"$1" | head -1)
+  echo "$tps|$p50|$p99"
 }

@@ -65,14 +65,11 @@ all_cpus=0-$(($(nproc) - 1))
 # run_load TITLE ROUTER: colibri-bench run against ROUTER; prints and records "TITLE | tokens/s | p50 | p99".
 results=()
 run_load() {
-  local title=$1 out tps p50 p99
+  local title=$1 out
   out=$(taskset -c "$all_cpus" "$build/tools/colibri-bench" run --router "$2" --zipf "$zipf" \
     --concurrency "$streams" --duration "$duration" --batch_size 1 --progress=false)
-  tps=$(sed -n 's/^throughput: \([0-9.]*\) tokens\/s.*/\1/p' <<<"$out")
-  p50=$(sed -n 's/^latency per layer call (us): p50 \([0-9]*\).*/\1/p' <<<"$out")
-  p99=$(sed -n 's/.* p99 \([0-9]*\) .*/\1/p' <<<"$out" | head -1)
-  results+=("$title|$tps|$p50|$p99")
-  echo "$title | $tps | $p50 | $p99"
+  results+=("$title|$(bench_run_figures "$out")")
+  echo "${results[-1]//|/ | }"
 }
 
 # start_cluster NAME SPEC0 SPEC1: a node per CPU with these --experts, and a router; sets $router.

@@ -78,12 +78,8 @@ run_load() {
   local out
   out=$(on 0 0-$(($(nproc) - 1)) "$build/tools/colibri-bench" run "$@" --concurrency "$streams" \
     --duration "$duration" --batch_size 1 --progress=false)
-  local tps p50 p99
-  tps=$(sed -n 's/^throughput: \([0-9.]*\) tokens\/s.*/\1/p' <<<"$out")
-  p50=$(sed -n 's/^latency per layer call (us): p50 \([0-9]*\).*/\1/p' <<<"$out")
-  p99=$(sed -n 's/.* p99 \([0-9]*\) .*/\1/p' <<<"$out" | head -1)
-  results+=("$title|$tps|$p50|$p99")
-  echo "$title | $tps | $p50 | $p99"
+  results+=("$title|$(bench_run_figures "$out")")
+  echo "${results[-1]//|/ | }"
 }
 
 # start_router NODE_ADDRESSES...: a router on host 0 in front of them; sets $router.

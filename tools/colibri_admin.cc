@@ -81,8 +81,8 @@ int main(int argc, char* argv[]) {
       std::cerr << "colibri-admin apply-plan: " << plan << "/shards.txt is missing or lists no shard\n";
       return 1;
     }
-    const absl::Status s = colibri::tools::ApplyPlacement(o, specs, absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)),
-                                                          std::cout);
+    const absl::Status s =
+        colibri::tools::ApplyPlacement(o, specs, absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)), std::cout);
     if (!s.ok()) {
       std::cerr << "colibri-admin apply-plan: " << s.message() << "\n";
       return 1;

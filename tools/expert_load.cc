@@ -77,8 +77,8 @@ absl::StatusOr<CalibrationRoutes> RouteCalibration(const common::ModelDir& model
     out.hidden[layer].resize(h->shape[0] * m.d_model);
     HfCheckpoint::RowsToFloat(*h, 0, h->shape[0], out.hidden[layer].data());
     out.routes[layer] =
-        common::RouteByGateSpec(m.routing, routing[layer]->gate, routing[layer]->bias, m.n_experts, m.d_model,
-                                m.top_k, m.norm_topk_prob, out.hidden[layer].data(), h->shape[0]);
+        common::RouteByGateSpec(m.routing, routing[layer]->gate, routing[layer]->bias, m.n_experts, m.d_model, m.top_k,
+                                m.norm_topk_prob, out.hidden[layer].data(), h->shape[0]);
   }
   return out;
 }

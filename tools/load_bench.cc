@@ -447,8 +447,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
         R"("stages_p50_us":{"route":%.1f,"dispatch":%.1f,"slowest_node":%.1f,"node_compute":%.1f,"aggregate":%.1f,)"
         R"("router_total":%.1f},"tokens_per_expert":[%s],"check":%s,"trace":%s})",
         JsonString(target_name), JsonString(model.backend), JsonString(model.weight_type), model.d_model, layers,
-        model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency,
-        JsonString(routing_name),
+        model.n_experts, model.top_k, o.batch_size, o.seq_len, o.concurrency, JsonString(routing_name),
         (o.unary || engine != nullptr || o.deadline_ms > 0) ? "false" : "true", elapsed,
         static_cast<int64_t>(records.size()), abandoned.load(), tokens_per_s, calls_per_s, Percentile(latency, 0.5),
         Percentile(latency, 0.9), Percentile(latency, 0.99), Percentile(latency, 1.0), Percentile(route, 0.5),

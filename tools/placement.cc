@@ -162,8 +162,8 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
   int64_t need = 0, memory = 0;
   for (int64_t l = 0; l < L; ++l) {
     if (static_cast<int64_t>(in.load[l].size()) != X || static_cast<int64_t>(in.bytes[l].size()) != X) {
-      return absl::InvalidArgumentError(absl::StrCat("PlanInput: layer ", l, " needs load and bytes for ", X,
-                                                     " experts (routed and shared)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PlanInput: layer ", l, " needs load and bytes for ", X, " experts (routed and shared)"));
     }
     for (int64_t e = 0; e < X; ++e) {
       if (!(in.load[l][e] >= 0) || in.bytes[l][e] < 0) {
@@ -182,9 +182,9 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
     memory += node.memory_bytes;
   }
   if (need > memory) {
-    return absl::FailedPreconditionError(absl::StrCat("one copy of every expert takes ", FormatBytes(need), "; the ", N,
-                                                      " nodes have ", FormatBytes(memory), ": ", FormatBytes(need - memory),
-                                                      " missing (add nodes or memory, or prune the model)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "one copy of every expert takes ", FormatBytes(need), "; the ", N, " nodes have ", FormatBytes(memory), ": ",
+        FormatBytes(need - memory), " missing (add nodes or memory, or prune the model)"));
   }
 
   // 2. Replicas, the worst layer first, while the spare memory lasts; each

@@ -48,7 +48,7 @@ struct PlanNode {
 
 struct PlanInput {
   int64_t n_layers = 0;
-  int64_t n_experts = 0;         // routed; shared experts are ids n_experts..
+  int64_t n_experts = 0;  // routed; shared experts are ids n_experts..
   int64_t n_shared_experts = 0;
   // [layer][expert id, shared included]: expected rows per unit of time
   // (routed token slots; for a shared expert, the layer's tokens).
@@ -58,7 +58,7 @@ struct PlanInput {
 
 struct PlanOptions {
   std::vector<PlanNode> nodes;
-  int max_replicas = 0;       // copies of one expert at most; 0: one per node
+  int max_replicas = 0;        // copies of one expert at most; 0: one per node
   double target_ratio = 1.05;  // stop adding replicas to a layer once its max/mean is at most this
 };
 
@@ -67,7 +67,7 @@ struct Placement {
   std::vector<int64_t> bytes;                                   // [node] weight bytes
   std::vector<std::vector<int>> replicas;                       // [layer][expert]: copies
   std::vector<std::vector<double>> share;  // [node][layer]: share of the layer's rows (replicas split evenly)
-  std::vector<double> max_over_mean;      // [layer]: busiest node's rows / the mean over nodes
+  std::vector<double> max_over_mean;       // [layer]: busiest node's rows / the mean over nodes
 };
 
 // INVALID_ARGUMENT for inconsistent input (sizes, no nodes, a negative load

@@ -64,15 +64,18 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   if (end == 0 || !absl::SimpleAtod(t.substr(0, end), &value)) {
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (e.g. 64GiB, 512MiB, 1000000)"));
   }
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},           {"b", 1},           {"k", 1024.0},      {"kb", 1024.0},    {"kib", 1024.0},
-      {"m", 1 << 20},    {"mb", 1 << 20},    {"mib", 1 << 20},   {"g", 1 << 30},    {"gb", 1 << 30},
-      {"gib", 1 << 30},  {"t", 1024.0 * (1 << 30)}, {"tb", 1024.0 * (1 << 30)}, {"tib", 1024.0 * (1 << 30)}};
-  const auto unit = kUnits.find(t.substr(end));
-  if (unit == kUnits.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("'", text, "': unknown unit (B, KiB, MiB, GiB or TiB)"));
+  // "" or "b"; else k, m, g or t, alone or with "b" or "ib": binary units either way.
+  const std::string unit(absl::StripAsciiWhitespace(t.substr(end)));
+  double scale = 1;
+  if (!unit.empty() && unit != "b") {
+    const size_t prefix = std::string("kmgt").find(unit[0]);
+    const std::string rest = unit.substr(1);
+    if (prefix == std::string::npos || !(rest.empty() || rest == "b" || rest == "ib")) {
+      return absl::InvalidArgumentError(absl::StrCat("'", text, "': unknown unit (B, KiB, MiB, GiB or TiB)"));
+    }
+    scale = std::ldexp(1.0, 10 * static_cast<int>(prefix + 1));
   }
-  return static_cast<int64_t>(std::llround(value * unit->second));
+  return static_cast<int64_t>(std::llround(value * scale));
 }
 
 absl::StatusOr<std::vector<PlanNode>> ParseNodes(const std::string& nodes, const std::string& memory,
@@ -94,8 +97,8 @@ absl::StatusOr<std::vector<PlanNode>> ParseNodes(const std::string& nodes, const
       }
       absl::StatusOr<int64_t> bytes = ParseBytes(size);
       if (!bytes.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("node file ", node_file, " line ", number, ": ",
-                                                       bytes.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("node file ", node_file, " line ", number, ": ", bytes.status().message()));
       }
       out.push_back({absl::StrCat("node-", out.size()), address, *bytes, host});
     }
@@ -156,8 +159,8 @@ absl::Status MakePlan(const PlanToolOptions& o, std::ostream& log, Placement* pl
   in.bytes.assign(L, std::vector<int64_t>(X, 0));
   for (int64_t l = 0; l < L; ++l) {
     if (static_cast<int64_t>(load[l].size()) != E) {
-      return absl::InvalidArgumentError(absl::StrCat("the load of layer ", l, " has ", load[l].size(),
-                                                     " experts, the model ", E));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the load of layer ", l, " has ", load[l].size(), " experts, the model ", E));
     }
     // A shared expert computes every token: the layer's routed slots / top_k.
     const double tokens = std::accumulate(load[l].begin(), load[l].end(), 0.0) / m.top_k;
@@ -193,8 +196,7 @@ absl::Status MakePlan(const PlanToolOptions& o, std::ostream& log, Placement* pl
   for (int64_t l = 0; l < L; ++l) {
     int copies = 0;
     for (int64_t e = 0; e < X; ++e) copies += plan.replicas[l][e];
-    log << absl::StrFormat("%-6d %10d %16.3f %16.3f\n", l, copies - X, plan.max_over_mean[l],
-                           naive.max_over_mean[l]);
+    log << absl::StrFormat("%-6d %10d %16.3f %16.3f\n", l, copies - X, plan.max_over_mean[l], naive.max_over_mean[l]);
     worst_plan = std::max(worst_plan, plan.max_over_mean[l]);
     worst_naive = std::max(worst_naive, naive.max_over_mean[l]);
   }

@@ -11,8 +11,8 @@
 #include "colibri/v1/router.grpc.pb.h"
 #include "common/status_macros.h"
 #include "expert_node/shard_spec.h"
-#include "tools/placement.h"
 #include "runtime/grpc_credentials.h"
+#include "tools/placement.h"
 
 namespace colibri {
 namespace tools {
@@ -188,8 +188,8 @@ absl::Status ReloadShards(const RolloutOptions& o, const char* step, std::vector
     v1::ReloadResponse response;
     const grpc::Status s = Reload(o, o.nodes[n], request, &response);
     if (!s.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(step, ": node ", o.nodes[n], " could not load '",
-                                                        request.experts(), "': ", Describe(s)));
+      return absl::FailedPreconditionError(
+          absl::StrCat(step, ": node ", o.nodes[n], " could not load '", request.experts(), "': ", Describe(s)));
     }
     owned[n] = target[n];
     log << step << ": node " << o.nodes[n] << " serves " << request.experts() << "\n";

@@ -69,8 +69,8 @@ absl::Status DropOnNodes(const RolloutOptions& options, const std::string& model
 // Every node needs memory for its union while it is grown. A failed grow
 // stops there (the nodes grown keep a superset of their old shard: all is
 // served) and says so; a failed shrink leaves that node with its union.
-absl::Status ApplyPlacement(const RolloutOptions& options, const std::vector<std::string>& specs,
-                            absl::Duration settle, std::ostream& log);
+absl::Status ApplyPlacement(const RolloutOptions& options, const std::vector<std::string>& specs, absl::Duration settle,
+                            std::ostream& log);
 
 // The router's (options.router) routed token counts since it started, from
 // GetClusterStatus: [layer][expert] for a model of n_layers x n_experts

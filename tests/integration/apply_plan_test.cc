@@ -28,15 +28,9 @@ v1::ForwardRequest Nth(int i) {
 }
 
 std::vector<std::string> LocalAnswers(const std::string& model) {
-  Proc local = StartRouter({"--local=" + model, "--threads=1"});
-  auto stub = Connect(local.port);
-  std::vector<std::string> answers;
-  for (int i = 0; i < kRequests; ++i) {
-    v1::ForwardResponse response;
-    REQUIRE(Call(*stub, Nth(i), &response).ok());
-    answers.push_back(response.output().data());
-  }
-  return answers;
+  std::vector<v1::ForwardRequest> requests;
+  for (int i = 0; i < kRequests; ++i) requests.push_back(Nth(i));
+  return testing::LocalAnswers(model, requests);
 }
 
 // Clients sending the requests in turn, each answer compared with the local one.
@@ -73,12 +67,6 @@ struct CheckedLoad {
   }
 };
 
-int Run(const std::string& command, const std::string& out) {
-  const int status = std::system((command + " >" + out + " 2>&1").c_str());
-  std::printf("%s -> %d:\n%s", command.c_str(), WEXITSTATUS(status), ReadFile(out).c_str());
-  return WEXITSTATUS(status);
-}
-
 // colibri-plan for two nodes of 3 experts' memory per layer, expert 0 taking
 // 60% of the load in both layers: its specs, one per node.
 std::vector<std::string> Plan(const TempDir& root, const std::string& model) {
@@ -90,7 +78,7 @@ std::vector<std::string> Plan(const TempDir& root, const std::string& model) {
   }
   std::ifstream expert(model + "/layer_000/expert_000.bin", std::ios::binary | std::ios::ate);
   const int64_t memory = 6 * static_cast<int64_t>(expert.tellg()) + 4096;
-  REQUIRE(Run(Binary("tools/colibri-plan") + " --model=" + model + " --nodes=2 --node_memory=" +
+  REQUIRE(RunCommand(Binary("tools/colibri-plan") + " --model=" + model + " --nodes=2 --node_memory=" +
                   std::to_string(memory) + " --load=" + root / "load.txt" + " --out=" + root / "plan",
               root / "plan.txt") == 0);
   CHECK(ReadFile(root / "plan.txt").find("busiest node 1.000 x the mean with the plan") != std::string::npos);
@@ -150,15 +138,15 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
   const int x_admin = x.process->ReadPort("admin on port ");
   Proc y = StartNode(model, "2-3", 0, {"--admin_listen=127.0.0.1:0"});
   const int y_admin = y.process->ReadPort("admin on port ");
-  Proc router = StartRouter({"--model=" + model, "--admin_listen=127.0.0.1:0",
-                             "--experts_at=" + Address(x.port) + "," + Address(y.port)});
+  Proc router = StartRouter(
+      {"--model=" + model, "--admin_listen=127.0.0.1:0", "--experts_at=" + Address(x.port) + "," + Address(y.port)});
   const int router_admin = router.process->ReadPort("admin on port ");
   auto stub = Connect(router.port);
 
   CheckedLoad load;
   load.Start(router.port, expected);
   REQUIRE(WaitFor([&] { return load.exact > 30; }));
-  CHECK(Run(Binary("tools/colibri-admin") + " apply-plan --plan=" + root / "plan" + " --nodes=" + Address(x_admin) +
+  CHECK(RunCommand(Binary("tools/colibri-admin") + " apply-plan --plan=" + root / "plan" + " --nodes=" + Address(x_admin) +
                 "," + Address(y_admin) + " --router=" + Address(router_admin) + " --timeout_s=30",
             root / "apply.txt") == 0);
   const int before = load.exact;

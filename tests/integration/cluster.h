@@ -11,6 +11,8 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -125,6 +127,28 @@ bool WaitFor(F done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
+}
+
+// The answers (output bytes) of a local-mode router on `model` to `requests`.
+inline std::vector<std::string> LocalAnswers(const std::string& model,
+                                             const std::vector<v1::ForwardRequest>& requests) {
+  Proc local = StartRouter({"--local=" + model, "--threads=1"});
+  auto stub = Connect(local.port);
+  std::vector<std::string> answers;
+  for (const v1::ForwardRequest& request : requests) {
+    v1::ForwardResponse response;
+    REQUIRE(Call(*stub, request, &response).ok());
+    answers.push_back(response.output().data());
+  }
+  return answers;
+}
+
+// Runs a shell command with its output to the file `out`, prints both, and
+// returns its exit status.
+inline int RunCommand(const std::string& command, const std::string& out) {
+  const int status = std::system((command + " >" + out + " 2>&1").c_str());
+  std::printf("%s -> %d:\n%s", command.c_str(), WEXITSTATUS(status), ReadFile(out).c_str());
+  return WEXITSTATUS(status);
 }
 
 struct Model {

@@ -24,15 +24,9 @@ v1::ForwardRequest Nth(int i) {
 
 // The answers of a local-mode router on `model` to the kRequests requests.
 std::vector<std::string> LocalAnswers(const std::string& model) {
-  Proc local = StartRouter({"--local=" + model, "--threads=1"});
-  auto stub = Connect(local.port);
-  std::vector<std::string> answers;
-  for (int i = 0; i < kRequests; ++i) {
-    v1::ForwardResponse response;
-    REQUIRE(Call(*stub, Nth(i), &response).ok());
-    answers.push_back(response.output().data());
-  }
-  return answers;
+  std::vector<v1::ForwardRequest> requests;
+  for (int i = 0; i < kRequests; ++i) requests.push_back(Nth(i));
+  return testing::LocalAnswers(model, requests);
 }
 
 // Clients sending the requests in turn; each answer is classified as v1's, v2's or neither.
@@ -79,9 +73,7 @@ struct VersionedLoad {
 };
 
 int Admin(const std::string& args, const std::string& out) {
-  const int status = std::system((Binary("tools/colibri-admin") + " " + args + " >" + out + " 2>&1").c_str());
-  std::printf("colibri-admin %s -> %d:\n%s", args.c_str(), WEXITSTATUS(status), ReadFile(out).c_str());
-  return WEXITSTATUS(status);
+  return RunCommand(Binary("tools/colibri-admin") + " " + args, out);
 }
 
 std::vector<std::string> ModelIds(int admin_port) {

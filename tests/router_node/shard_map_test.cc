@@ -90,7 +90,6 @@ TEST_CASE("a failed node is avoided and an expert without replicas is UNAVAILABL
   CHECK(message.find("connection refused") == std::string::npos);
 }
 
-
 TEST_CASE("equally loaded replicas are taken in turn") {
   const ShardMap map = Map();
   const std::vector<ExpertWork> works = Works({2});

@@ -166,8 +166,8 @@ TEST_CASE("replicas go to different hosts first") {
 }
 
 TEST_CASE("shard spec text round-trips through the node's parser") {
-  const std::vector<std::pair<int64_t, int64_t>> owned = {{0, 0}, {0, 1}, {0, 2}, {0, 5}, {1, 0}, {1, 1},
-                                                          {1, 2}, {1, 5}, {2, 7}, {4, 7}};
+  const std::vector<std::pair<int64_t, int64_t>> owned = {{0, 0}, {0, 1}, {0, 2}, {0, 5}, {1, 0},
+                                                          {1, 1}, {1, 2}, {1, 5}, {2, 7}, {4, 7}};
   const std::string text = ShardSpecText(owned);
   CHECK(text == "layer:0-1/expert:0-2,5;layer:2/expert:7;layer:4/expert:7");
   auto spec = expert_node::ShardSpec::Parse(text);
@@ -182,6 +182,7 @@ TEST_CASE("sizes and node lists parse") {
   CHECK(*ParseBytes("1.5g") == int64_t{3} << 29);
   CHECK(*ParseBytes("512MiB") == int64_t{512} << 20);
   CHECK(*ParseBytes("1000") == 1000);
+  CHECK(*ParseBytes("2 TiB") == int64_t{2} << 40);
   CHECK(!ParseBytes("lots").ok());
   CHECK(!ParseBytes("5 parsecs").ok());
   auto nodes = ParseNodes("4", "1GiB", 2, "");
