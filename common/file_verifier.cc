@@ -4,19 +4,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checksum.h"
+#include "common/parallel_for.h"
 #include "common/user_cache.h"
 
 namespace colibri {
@@ -149,17 +148,10 @@ absl::StatusOr<VerifyReport> VerifyMappedFiles(const ModelDir& model, absl::Span
   std::sort(to_hash.begin(), to_hash.end(), [&](size_t a, size_t b) { return files[a]->size() > files[b]->size(); });
   std::vector<std::string> actual(files.size());
   report.threads = static_cast<int>(std::clamp<size_t>(options.threads, 1, std::max<size_t>(1, to_hash.size())));
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t k; (k = next.fetch_add(1)) < to_hash.size();) {
-      const MappedFile& f = *files[to_hash[k]];
-      actual[to_hash[k]] = ChecksumBytes(f.data(), f.size());
-    }
-  };
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < report.threads; ++t) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
+  ParallelFor(to_hash.size(), report.threads, [&](size_t k) {
+    const MappedFile& f = *files[to_hash[k]];
+    actual[to_hash[k]] = ChecksumBytes(f.data(), f.size());
+  });
 
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);

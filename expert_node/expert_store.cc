@@ -4,7 +4,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -12,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_verifier.h"
+#include "common/parallel_for.h"
 #include "common/status_macros.h"
 
 namespace colibri {
@@ -24,18 +24,10 @@ std::pair<const uint8_t*, size_t> Backing(const common::ExpertWeights& e) {
   return {e.file->data(), e.file->size()};
 }
 
-// Runs fn(0..n-1) on up to `threads` threads; the error of the lowest index
-// that failed, else OK.
+// common::ParallelFor; the error of the lowest index that failed, else OK.
 absl::Status ParallelFor(size_t n, int threads, const std::function<absl::Status(size_t)>& fn) {
   std::vector<absl::Status> status(n);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) status[i] = fn(i);
-  };
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < std::min<int64_t>(threads, n); ++t) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
+  common::ParallelFor(n, threads, [&](size_t i) { status[i] = fn(i); });
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }

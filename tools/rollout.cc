@@ -43,14 +43,9 @@ grpc::Status Reload(const RolloutOptions& o, const std::string& node, const v1::
 // The nodes that staged `model_id` drop it: the model they served before is current again.
 void RollBack(const RolloutOptions& o, const std::vector<std::string>& nodes, const std::string& model_id,
               std::ostream& log) {
-  for (const std::string& node : nodes) {
-    v1::ReloadRequest drop;
-    drop.set_drop_model_id(model_id);
-    v1::ReloadResponse response;
-    const grpc::Status s = Reload(o, node, drop, &response);
-    log << "rollback: node " << node << (s.ok() ? " dropped the new model" : " could not drop the new model: ")
-        << (s.ok() ? "" : Describe(s)) << "\n";
-  }
+  RolloutOptions staged = o;
+  staged.nodes = nodes;
+  if (absl::Status s = DropOnNodes(staged, model_id, log); !s.ok()) log << "rollback: " << s.message() << "\n";
 }
 
 }  // namespace
