@@ -16,8 +16,8 @@
 namespace colibri {
 namespace expert_node {
 
-ComputeEngine::ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limits limits)
-    : store_(store), pool_(pool), limits_(limits) {}
+ComputeEngine::ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limits limits, bool advise_reads)
+    : store_(store), pool_(pool), limits_(limits), advise_reads_(advise_reads) {}
 
 absl::StatusOr<ComputeOutput> ComputeEngine::Compute(const ComputeInput& in) {
   COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<PreparedCall> call, Prepare(in));
@@ -161,7 +161,7 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
   // Ask the kernel to start reading any page-cache weights of this call now
   // (a no-op for weights locked in RAM or copied to anonymous memory).
   for (const kernels::ExpertTask& t : tasks) {
-    if (t.expert->file != nullptr && !set->locked()) {
+    if (advise_reads_ && t.expert->file != nullptr && !set->locked()) {
       madvise(const_cast<uint8_t*>(t.expert->file->data()), t.expert->file->size(), MADV_WILLNEED);
     }
   }

@@ -92,8 +92,11 @@ class ComputeEngine {
     int64_t max_row_indices = 1 << 20;  // Σ over experts
   };
 
-  // `store` and `pool` must outlive the engine.
-  ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limits limits);
+  // `store` and `pool` must outlive the engine. `advise_reads`: Prepare asks
+  // the kernel to start reading the call's experts that are mapped and not
+  // locked (MADV_WILLNEED); off where something else reads them in first
+  // (PagedWeights, for paged residency), so the call does not ask again.
+  ComputeEngine(ExpertStore* store, kernels::ThreadPool* pool, Limits limits, bool advise_reads = true);
 
   // INVALID_ARGUMENT (bad layer, negative row count, rows size, expert id
   // outside the model, row index, duplicate expert or index, weights length,
@@ -122,6 +125,7 @@ class ComputeEngine {
   ExpertStore* const store_;
   kernels::ThreadPool* const pool_;
   const Limits limits_;
+  const bool advise_reads_;
   common::Mutex workspace_mu_;
   kernels::Workspace workspace_ ABSL_GUARDED_BY(workspace_mu_);
 };

@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   // The compute thread (ExpertService) is the pool's worker 0: a call wakes one thread fewer.
   COLIBRI_ASSIGN_OR_RETURN(s->pool_, kernels::ThreadPool::Create({options.threads, options.store.numa_node,
                                                                   /*pin=*/true, /*caller_joins=*/true}));
-  s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits);
+  s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits,
+                                               /*advise_reads=*/s->paged_ == nullptr);
   ExpertService::Options service_options;
   service_options.model_root = options.model_root;  // empty: Reload cannot load another directory
   service_options.check_finite = options.check_finite;
