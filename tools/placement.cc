@@ -110,7 +110,20 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", bytes / double(1 << 30));
 }
 
-Placement Evaluate(const PlanInput& in, Owned owned) {
+namespace {
+
+// `in` with each expert's load weighted by its size: the work of a copy, what
+// a node reads (decode) or computes (prefill) for it, both proportional to
+// rows x weight bytes.
+PlanInput Weighted(PlanInput in) {
+  for (int64_t l = 0; l < in.n_layers; ++l) {
+    for (size_t e = 0; e < in.load[l].size(); ++e) in.load[l][e] *= static_cast<double>(in.bytes[l][e]);
+  }
+  return in;
+}
+
+// Evaluate on an already weighted input.
+Placement EvaluateWork(const PlanInput& in, Owned owned) {
   Placement p;
   const int64_t N = static_cast<int64_t>(owned.size());
   p.replicas.assign(in.n_layers, std::vector<int>(in.n_experts + in.n_shared_experts, 0));
@@ -134,6 +147,10 @@ Placement Evaluate(const PlanInput& in, Owned owned) {
   p.owned = std::move(owned);
   return p;
 }
+
+}  // namespace
+
+Placement Evaluate(const PlanInput& in, Owned owned) { return EvaluateWork(Weighted(in), std::move(owned)); }
 
 Owned ContiguousSplit(const PlanInput& in, int64_t n_nodes) {
   Owned owned(n_nodes);
@@ -189,10 +206,11 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
 
   // 2. Replicas, the worst layer first, while the spare memory lasts; each
   // judged by the packing it leads to.
+  const PlanInput work = Weighted(in);
   const int max_copies = static_cast<int>(o.max_replicas > 0 ? std::min<int64_t>(o.max_replicas, N) : N);
   std::vector<std::vector<int>> replicas(L, std::vector<int>(X, 1));
-  COLIBRI_ASSIGN_OR_RETURN(Owned owned, Pack(in, o, replicas, memory));
-  Placement best = Evaluate(in, owned);
+  COLIBRI_ASSIGN_OR_RETURN(Owned owned, Pack(work, o, replicas, memory));
+  Placement best = EvaluateWork(work, owned);
   std::vector<bool> done(L, false);
   int64_t spare = memory - need;
   while (true) {
@@ -206,24 +224,24 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
     if (worst < 0) break;
     int64_t heaviest = -1;
     for (int64_t e = 0; e < X; ++e) {
-      if (replicas[worst][e] >= max_copies || in.bytes[worst][e] > spare) continue;
-      const double rows = in.load[worst][e] / replicas[worst][e];
-      if (heaviest < 0 || rows > in.load[worst][heaviest] / replicas[worst][heaviest]) heaviest = e;
+      if (replicas[worst][e] >= max_copies || work.bytes[worst][e] > spare) continue;
+      const double per_copy = work.load[worst][e] / replicas[worst][e];
+      if (heaviest < 0 || per_copy > work.load[worst][heaviest] / replicas[worst][heaviest]) heaviest = e;
     }
     if (heaviest < 0) {
       done[worst] = true;
       continue;
     }
     ++replicas[worst][heaviest];
-    absl::StatusOr<Owned> packed = Pack(in, o, replicas, memory);
-    Placement candidate = packed.ok() ? Evaluate(in, *packed) : Placement{};
+    absl::StatusOr<Owned> packed = Pack(work, o, replicas, memory);
+    Placement candidate = packed.ok() ? EvaluateWork(work, *packed) : Placement{};
     if (!packed.ok() || candidate.max_over_mean[worst] >= best.max_over_mean[worst]) {  // no better: keep the memory
       --replicas[worst][heaviest];
       done[worst] = true;
       continue;
     }
     best = std::move(candidate);
-    spare -= in.bytes[worst][heaviest];
+    spare -= work.bytes[worst][heaviest];
   }
   return best;
 }

@@ -7,26 +7,29 @@
 // (docs/TOOLS.md, "colibri-plan"). Pure logic: no I/O.
 //
 // The model: a layer call waits for its slowest node, and a node's work in
-// a layer is the rows it computes. An expert's expected rows are its load
-// (ExpertLoad: routed token slots; a shared expert gets every token), split
-// evenly among its replicas (the router spreads a replicated expert's work
-// over them: docs/ROUTER.md, "Replicas"). The plan minimizes, layer by
-// layer, the largest node's share of that layer's rows:
+// a layer is what it reads (decode) or computes (prefill) for its experts:
+// both grow with the rows times the expert's size. An expert's work is its
+// load (expected rows: routed token slots; a shared expert gets every token)
+// times its weight bytes, split evenly among its copies (the router spreads
+// a replicated expert's work over them: docs/ROUTER.md, "Replicas"). The
+// plan minimizes, layer by layer, the largest node's share of the layer's
+// work:
 //   1. one copy of every (layer, expert) must fit: else FAILED_PRECONDITION
 //      saying how many bytes are missing;
-//   2. replicas: while a layer's best packing leaves its busiest node above
-//      target_ratio x the mean, its heaviest expert per replica (fewer
-//      replicas than nodes, up to max_replicas) gets one more copy, if the
-//      spare memory (all nodes' memory minus one copy of everything) holds
-//      it — the worst layer first, so layers share the spare memory;
-//   3. packing, layer by layer: copies by expected rows, heaviest first
+//   2. copies: while a layer's busiest node is above target_ratio x the
+//      mean, the layer's heaviest expert per copy (with fewer copies than
+//      nodes and max_replicas) gets one more, if the spare memory (all
+//      nodes' memory minus one copy of everything) holds it and the packing
+//      (3) then lowers that layer's busiest node — the worst layer first, so
+//      layers share the spare memory;
+//   3. packing, layer by layer: copies by expected work, heaviest first
 //      (ties: lower expert id), each to the node that does not hold that
 //      expert yet with the least work in the layer among those that keep
 //      their memory's share of the later layers' copies free — then any node
 //      with room; a node on another host than the expert's other copies
-//      first, when hosts are given. A first copy that
-//      fits nowhere fails the plan (RESOURCE_EXHAUSTED naming it); a replica
-//      that fits nowhere is dropped.
+//      first, when hosts are given. A first copy that fits nowhere fails the
+//      plan (RESOURCE_EXHAUSTED naming it); a replica that fits nowhere is
+//      dropped.
 // Deterministic: the same inputs give the same plan.
 
 #include <cstdint>
@@ -51,7 +54,8 @@ struct PlanInput {
   int64_t n_experts = 0;  // routed; shared experts are ids n_experts..
   int64_t n_shared_experts = 0;
   // [layer][expert id, shared included]: expected rows per unit of time
-  // (routed token slots; for a shared expert, the layer's tokens).
+  // (routed token slots; for a shared expert, the layer's tokens); weighted
+  // by `bytes` into work.
   std::vector<std::vector<double>> load;
   std::vector<std::vector<int64_t>> bytes;  // [layer][expert id]: its weight file's size
 };
@@ -66,8 +70,8 @@ struct Placement {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> owned;  // [node] (layer, expert), sorted
   std::vector<int64_t> bytes;                                   // [node] weight bytes
   std::vector<std::vector<int>> replicas;                       // [layer][expert]: copies
-  std::vector<std::vector<double>> share;  // [node][layer]: share of the layer's rows (replicas split evenly)
-  std::vector<double> max_over_mean;       // [layer]: busiest node's rows / the mean over nodes
+  std::vector<std::vector<double>> share;  // [node][layer]: share of the layer's work (copies split evenly)
+  std::vector<double> max_over_mean;       // [layer]: busiest node's work / the mean over nodes
 };
 
 // INVALID_ARGUMENT for inconsistent input (sizes, no nodes, a negative load

@@ -76,6 +76,18 @@ TEST_CASE("a skewed layer is balanced by replicating its hot experts") {
   CHECK(plan->replicas[0][7] == 1);  // a cold one is not
 }
 
+TEST_CASE("an expert's work is its load times its size") {
+  // Equal loads, expert 0 twice the bytes (a wide shared expert): alone, it is half the layer's work.
+  PlanInput in = Skewed(1, 3, 0.0);
+  in.bytes[0] = {200, 100, 100};
+  auto plan = PlanPlacement(in, Nodes(2, 1000));
+  REQUIRE(plan.ok());
+  CHECK(plan->max_over_mean[0] == Approx(1.0));
+  const auto& alone = plan->owned[0].size() == 1 ? plan->owned[0] : plan->owned[1];
+  REQUIRE(alone.size() == 1);
+  CHECK(alone[0].second == 0);
+}
+
 TEST_CASE("plans are deterministic") {
   const PlanInput in = Skewed(4, 16, 1.0, 1);
   const PlanOptions o = Nodes(3, 30 * kExpert);

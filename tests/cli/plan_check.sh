@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# colibri-plan end to end: a qwen2_moe-named model (2 layers, 8 experts,
+# top-2, a shared expert) planned for three nodes from calibration records;
+# the nodes start with the planned specs and a router over them serves (every
+# expert covered) and answers within the reference's tolerance; the load of
+# that traffic, read off the live router, plans again; a node file with
+# addresses gives a cluster file the router takes; the same inputs give the
+# same plan; and every refusal names its reason.
+# Usage: plan_check.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+source "$src/scripts/process_lib.sh"
+proc_init
+tmp=$proc_logs
+fail() { echo "FAIL: $*"; exit 1; }
+plan() { "$build/tools/colibri-plan" --model "$tmp/model" "$@"; }
+
+"$build/tools/colibri-synth" --out "$tmp/ckpt" --naming qwen2_moe --d_model 64 --d_ff 64 --shared_d_ff 128 \
+  --layers 2 --experts 8 --top_k 2 --vocab 100 --dtype bf16 --seed 77 --calibration "$tmp/calib.safetensors" \
+  --calibration_records 300 >/dev/null
+"$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type bf16 --progress=false \
+  >/dev/null
+expert=$(stat -c %s "$tmp/model/layer_000/expert_000.bin")
+shared=$(stat -c %s "$tmp/model/layer_000/expert_008.bin")
+need=$(((16 * expert + 2 * shared)))
+memory=$((need / 2))  # three nodes: room for about half the model again in replicas
+
+plan --nodes 3 --node_memory "$memory" --calibration "$tmp/calib.safetensors" --out "$tmp/plan" | tee "$tmp/plan.txt"
+grep -q "busiest node .* x the mean with the plan" "$tmp/plan.txt" || fail "no summary line"
+[ "$(wc -l <"$tmp/plan/shards.txt")" = 3 ] || fail "shards.txt does not list 3 nodes"
+[ "$(grep -c '^    - "layer:' "$tmp/plan/values-plan.yaml")" = 3 ] || fail "values-plan.yaml lacks 3 shard specs"
+grep -q "assignment: explicit" "$tmp/plan/values-plan.yaml" || fail "values-plan.yaml: no explicit assignment"
+[ ! -e "$tmp/plan/cluster.txt" ] || fail "a cluster file without addresses"
+grep -q "expert:.*8" "$tmp/plan/shards.txt" || fail "the shared expert (id 8) is placed nowhere"
+echo "ok: planned from calibration records: shards.txt, <node>.experts, values-plan.yaml"
+
+plan --nodes 3 --node_memory "$memory" --calibration "$tmp/calib.safetensors" --out "$tmp/again" >/dev/null
+cmp -s "$tmp/plan/shards.txt" "$tmp/again/shards.txt" || fail "the same inputs gave another plan"
+echo "ok: deterministic"
+
+addresses=""
+for n in 0 1 2; do
+  proc_start "node$n" "$build/expert_node/colibri-expert" --model "$tmp/model" --residency=paged --threads 1 \
+    --experts "$(cat "$tmp/plan/node-$n.experts")" --listen 127.0.0.1:0
+  addresses+="${addresses:+,}127.0.0.1:$port"
+done
+proc_start router "$build/router_node/colibri-router" --model "$tmp/model" --experts_at "$addresses" \
+  --listen 127.0.0.1:0 --health_interval_ms 100
+router=127.0.0.1:$port
+for _ in $(seq 1 100); do
+  "$build/tools/colibri-health" --target "$router" --timeout_ms 500 >/dev/null 2>&1 && break
+  sleep 0.1
+done
+"$build/tools/colibri-health" --target "$router" --timeout_ms 500 >/dev/null || fail "the planned cluster does not serve"
+"$build/tools/colibri-bench" run --router "$router" --model "$tmp/model" --concurrency 2 --batch_size 5 --seq_len 4 \
+  --routing gate --check 4 --progress=false >"$tmp/run.txt" || { cat "$tmp/run.txt"; fail "answers off the reference"; }
+echo "ok: three nodes on the planned specs serve; $(grep '^check:' "$tmp/run.txt")"
+
+plan --nodes 3 --node_memory "$memory" --router "$router" >"$tmp/live.txt" || fail "no plan from the live router"
+grep -q "busiest node" "$tmp/live.txt" || fail "no plan from the live router"
+echo "ok: planned from the live router's load"
+
+printf '# address memory host\n%s %s a\n%s %s a\n%s %s b\n' \
+  "${addresses%%,*}" "$memory" "$(cut -d, -f2 <<<"$addresses")" "$memory" "${addresses##*,}" "$memory" \
+  >"$tmp/nodes.txt"
+plan --node_file "$tmp/nodes.txt" --calibration "$tmp/calib.safetensors" --out "$tmp/withaddr" >/dev/null
+[ "$(tr '\n' , <"$tmp/withaddr/cluster.txt")" = "$addresses," ] || fail "cluster.txt does not list the addresses"
+proc_start router2 "$build/router_node/colibri-router" --model "$tmp/model" \
+  --cluster_file "$tmp/withaddr/cluster.txt" --listen 127.0.0.1:0
+echo "ok: a node file with addresses gives a cluster file the router takes"
+
+refuse() {  # refuse TEXT ARGS...: colibri-plan ARGS fails naming TEXT
+  local want=$1
+  shift
+  if plan "$@" >"$tmp/out.txt" 2>&1; then fail "accepted: $*"; fi
+  grep -q -- "$want" "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "refusal of '$*' does not say '$want'"; }
+  echo "ok: refused ($want)"
+}
+refuse "missing" --nodes 2 --node_memory $((need / 4)) --calibration "$tmp/calib.safetensors"
+refuse "is not a size" --nodes 2 --node_memory lots --calibration "$tmp/calib.safetensors"
+refuse "load once" --nodes 2 --node_memory "$need"
+refuse "load once" --nodes 2 --node_memory "$need" --calibration "$tmp/calib.safetensors" --load "$tmp/nodes.txt"
+echo "0 1 oops" >"$tmp/bad_load.txt"
+refuse "line 1" --nodes 2 --node_memory "$need" --load "$tmp/bad_load.txt"
+echo "127.0.0.1:1" >"$tmp/bad_nodes.txt"
+refuse "address memory" --node_file "$tmp/bad_nodes.txt" --calibration "$tmp/calib.safetensors"
+refuse "once" --nodes 2 --node_memory "$need" --node_file "$tmp/nodes.txt" --calibration "$tmp/calib.safetensors"
+echo "PASS"
