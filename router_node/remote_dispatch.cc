@@ -215,6 +215,12 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         done_(std::move(done)) {
     if (SplitAmongReplicas(*topo_->map, work.layer, work.experts, options_.row_split, &parts_)) {
       experts_ = &parts_;
+      if (options_.metrics != nullptr) {
+        options_.metrics
+            ->GetCounter("colibri_router_split_layer_calls_total",
+                         "Layer calls in which a replicated expert's rows were split among its copies.")
+            ->Increment();
+      }
     }
     pending_.resize(experts_->size());
     for (size_t i = 0; i < pending_.size(); ++i) pending_[i] = static_cast<int>(i);

@@ -138,9 +138,10 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
   const int x_admin = x.process->ReadPort("admin on port ");
   Proc y = StartNode(model, "2-3", 0, {"--admin_listen=127.0.0.1:0"});
   const int y_admin = y.process->ReadPort("admin on port ");
-  Proc router = StartRouter(
-      {"--model=" + model, "--admin_listen=127.0.0.1:0", "--experts_at=" + Address(x.port) + "," + Address(y.port)});
+  Proc router = StartRouter({"--model=" + model, "--admin_listen=127.0.0.1:0", "--metrics_port=0",
+                             "--metrics_host=127.0.0.1", "--experts_at=" + Address(x.port) + "," + Address(y.port)});
   const int router_admin = router.process->ReadPort("admin on port ");
+  const int metrics_port = router.process->ReadPort("metrics on port ");
   auto stub = Connect(router.port);
 
   CheckedLoad load;
@@ -156,6 +157,11 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
 
   CHECK(LiveCopies(*stub, 0, 0) == 2);  // the hot expert on both nodes
   CHECK(LiveCopies(*stub, 1, 0) == 2);
+  // The 37-token batches had their replicated experts' rows split between the copies.
+  const std::string page = HttpGet(metrics_port, "/metrics");
+  const size_t at = page.find("\ncolibri_router_split_layer_calls_total ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(page.substr(at + 40)) > 0);
   CHECK(Owned(x_admin) != Owned(y_admin));
   CHECK(ReadFile(root / "apply.txt").find("placement applied to 2 nodes") != std::string::npos);
 }
