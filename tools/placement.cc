@@ -23,7 +23,7 @@ double Sum(const std::vector<double>& v) { return std::accumulate(v.begin(), v.e
 struct Copy {
   int64_t expert;
   int copy;     // 0: the first (must be placed)
-  double rows;  // its expected rows: load / copies
+  double work;  // its expected work: the expert's / copies
 };
 
 // The layer's copies, heaviest first (ties: lower expert, lower copy).
@@ -32,7 +32,7 @@ std::vector<Copy> Copies(const std::vector<double>& load, const std::vector<int>
   for (size_t e = 0; e < load.size(); ++e) {
     for (int c = 0; c < replicas[e]; ++c) copies.push_back({static_cast<int64_t>(e), c, load[e] / replicas[e]});
   }
-  std::stable_sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.rows > b.rows; });
+  std::stable_sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.work > b.work; });
   return copies;
 }
 
@@ -66,7 +66,7 @@ absl::StatusOr<Owned> Pack(const PlanInput& in, const PlanOptions& o, const std:
     for (int64_t n = 0; n < N; ++n) {
       reserve[n] = static_cast<double>(o.nodes[n].memory_bytes) / memory * static_cast<double>(later);
     }
-    std::vector<double> rows(N, 0.0);
+    std::vector<double> work(N, 0.0);              // each node's in this layer
     std::map<int64_t, std::set<int64_t>> holders;  // expert -> nodes holding it in this layer
     for (const Copy& c : Copies(in.load[l], replicas[l])) {
       const int64_t b = in.bytes[l][c.expert];
@@ -78,7 +78,7 @@ absl::StatusOr<Owned> Pack(const PlanInput& in, const PlanOptions& o, const std:
       auto key = [&](int64_t n) {
         const std::string& host = o.nodes[n].host.empty() ? o.nodes[n].name : o.nodes[n].host;
         const bool eats_reserve = static_cast<double>(used[n] + b) + reserve[n] > o.nodes[n].memory_bytes;
-        return std::make_tuple(eats_reserve, hosts.count(host) > 0, rows[n],
+        return std::make_tuple(eats_reserve, hosts.count(host) > 0, work[n],
                                static_cast<double>(used[n]) / o.nodes[n].memory_bytes, n);
       };
       for (int64_t n = 0; n < N; ++n) {
@@ -94,7 +94,7 @@ absl::StatusOr<Owned> Pack(const PlanInput& in, const PlanOptions& o, const std:
       owned[best].emplace_back(l, c.expert);
       holders[c.expert].insert(best);
       used[best] += b;
-      rows[best] += c.rows;
+      work[best] += c.work;
       placed += b;
     }
   }
