@@ -32,6 +32,7 @@
 // remote_backend_internal.h; with router_service.cc and router_server.cc
 // this is the router's gRPC transport. Thread-safe.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -162,7 +163,9 @@ class RemoteBackend final : public ExpertBackend {
   struct Node;
   struct Topology;
   explicit RemoteBackend(RemoteOptions options)
-      : options_(std::move(options)), clock_(options_.clock != nullptr ? options_.clock : common::Clock::Real()) {}
+      : options_(std::move(options)),
+        clock_(options_.clock != nullptr ? options_.clock : common::Clock::Real()),
+        rotation_(new std::atomic<uint32_t>[std::max<int64_t>(options_.n_layers, 1)]()) {}
 
   std::unique_ptr<NodeChannel> Connect(const std::string& address) const;
   absl::Status SetAddresses(const std::vector<std::string>& addresses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -192,7 +195,8 @@ class RemoteBackend final : public ExpertBackend {
   std::atomic<int64_t> retries_{0};
   std::atomic<int64_t> hedges_{0};
   std::atomic<int64_t> hedge_wins_{0};
-  std::atomic<uint32_t> rotation_{0};  // PlanNodeCalls' turn among equally loaded replicas
+  // Per layer: PlanNodeCalls' turn among equally loaded replicas, advanced by each call of the layer.
+  std::unique_ptr<std::atomic<uint32_t>[]> rotation_;
   common::Mutex calls_mu_;
   common::CondVar calls_cv_;
   int64_t outstanding_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;  // started, callback not finished

@@ -207,7 +207,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         clock_(backend->clock_),
         topo_(backend->topology()),
         start_(std::chrono::steady_clock::now()),
-        rotation_(backend->rotation_.fetch_add(1, std::memory_order_relaxed)),
+        rotation_(backend->rotation_[work.layer].fetch_add(1, std::memory_order_relaxed)),
         work_(work),
         contributions_(contributions),
         control_(control),

@@ -50,7 +50,7 @@ bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<Ex
     bool exact = true;
     for (const int n : replicas) {
       const int64_t limit = map.nodes()[n].row_split_limit;
-      exact = exact && (limit == 0 || rows < limit);
+      exact = exact && (limit < 0 || rows < limit);  // 0, unknown: never
     }
     if (options.mode == RowSplit::kExact && !exact) continue;
     count[w] = std::min<int64_t>(static_cast<int64_t>(replicas.size()), rows);
@@ -79,20 +79,26 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
                                                     const std::vector<int>& works, absl::Span<const int> load,
                                                     const std::set<int>& excluded, const std::set<int>& avoided,
                                                     uint32_t rotation) {
-  const int n_nodes = static_cast<int>(map.nodes().size());
   std::map<int, NodeCall> calls;
   std::set<std::pair<int32_t, int>> given;  // (expert, node): a part of the expert is planned there
   for (const int w : works) {
     const int32_t expert = experts[w].expert;
     int best = -1;
-    // The rank of a candidate: lower is better.
-    auto rank = [&](int n) {
+    const std::vector<int>& replicas = map.replicas(layer, expert);
+    const size_t R = replicas.size();
+    // The rank of the candidate at position i of the replicas: lower is better.
+    auto rank = [&](size_t i) {
+      const int n = replicas[i];
       return std::make_tuple(avoided.count(n), given.count({expert, n}), load[n], calls.count(n) == 0,
-                             (n + n_nodes - static_cast<int>(rotation % n_nodes)) % n_nodes);
+                             (i + R - rotation % R) % R);
     };
-    for (const int n : map.replicas(layer, expert)) {
-      if (excluded.count(n) > 0) continue;
-      if (best < 0 || rank(n) < rank(best)) best = n;
+    size_t best_at = 0;
+    for (size_t i = 0; i < R; ++i) {
+      if (excluded.count(replicas[i]) > 0) continue;
+      if (best < 0 || rank(i) < rank(best_at)) {
+        best = replicas[i];
+        best_at = i;
+      }
     }
     if (best < 0) {
       std::string why;

@@ -28,7 +28,7 @@ struct NodeState {
   std::string last_error;                          // why not live
   std::vector<std::pair<int64_t, int64_t>> owned;  // (layer, expert), as the node reported
   // GetNodeInfo's row_split_limit: below it, a row's result does not depend
-  // on the expert's row count in the call; 0: never depends on it.
+  // on the expert's row count in the call; -1: never depends on it; 0: unknown.
   int64_t row_split_limit = 0;
 };
 
@@ -54,7 +54,8 @@ class ShardMap {
 
 // When an expert's rows in one layer call are split among its replicas
 // (RowSplitOptions::mode): never; only where no row's bits change (below
-// every replica's row_split_limit); or whenever it has the rows.
+// every replica's row_split_limit, none of them unknown); or whenever it has
+// the rows.
 enum class RowSplit { kNever, kExact, kAlways };
 
 // "never", "exact", "always"; nullopt for anything else.
@@ -86,10 +87,11 @@ struct NodeCall {
 // its expert that is not in `excluded`: one not in `avoided` (nodes that
 // answered but not as the map expected, used only where nothing else serves
 // the expert), then one not yet given another part of the same expert by
-// this plan, then the least loaded (`load[node]`: calls
-// in flight), then one this plan already calls (fewer calls), then the first
-// in the order rotated by `rotation` (lowest index first for 0), so that
-// calls with equal loads take the replicas in turn. Returns one NodeCall per
+// this plan, then the least loaded (`load[node]`: calls in flight), then one
+// this plan already calls (fewer calls), then the first of the expert's
+// replicas in their order rotated by `rotation` (the lowest index for 0), so
+// that calls with equal loads and successive rotations take the replicas in
+// turn. Returns one NodeCall per
 // node used, ascending by node. UNAVAILABLE naming the layer and the expert —
 // and why its nodes are out — when an expert has no replica left.
 // REQUIRES: load.size() == nodes().size().

@@ -39,6 +39,7 @@ namespace {
 const colibri::runtime::OptionFlags kOptionFlags = {
     {"PlanToolOptions::load_path", "--load"},
     {"PlanToolOptions::calibration_path", "--calibration"},
+    {"PlanToolOptions::max_replicas", "--max_replicas"},
 };
 
 }  // namespace
@@ -77,7 +78,8 @@ int main(int argc, char* argv[]) {
     call.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
     call.tls_key_file = absl::GetFlag(FLAGS_tls_key);
     call.timeout = absl::Seconds(30);
-    auto load = colibri::tools::FetchExpertLoad(call, (*model)->manifest().n_layers, (*model)->manifest().n_experts);
+    const colibri::common::Manifest& m = (*model)->manifest();
+    auto load = colibri::tools::FetchExpertLoad(call, m.n_layers, m.n_experts, m.n_shared_experts);
     if (!load.ok()) {
       std::cerr << "colibri-plan: " << load.status().message() << "\n";
       return 1;

@@ -134,11 +134,12 @@ Placement EvaluateWork(const PlanInput& in, Owned owned) {
   p.bytes.assign(N, 0);
   p.share.assign(N, std::vector<double>(in.n_layers, 0.0));
   p.max_over_mean.assign(in.n_layers, 0.0);
+  std::vector<double> total(in.n_layers);
+  for (int64_t l = 0; l < in.n_layers; ++l) total[l] = Sum(in.load[l]);
   for (int64_t n = 0; n < N; ++n) {
     for (const auto& [l, e] : owned[n]) {
       p.bytes[n] += in.bytes[l][e];
-      const double total = Sum(in.load[l]);
-      if (total > 0) p.share[n][l] += in.load[l][e] / p.replicas[l][e] / total;
+      if (total[l] > 0) p.share[n][l] += in.load[l][e] / p.replicas[l][e] / total[l];
     }
   }
   for (int64_t l = 0; l < in.n_layers; ++l) {
@@ -240,8 +241,10 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
       done[worst] = true;
       continue;
     }
+    // The packing may have dropped a copy that fit nowhere: count what it placed.
+    replicas = candidate.replicas;
+    spare = memory - std::accumulate(candidate.bytes.begin(), candidate.bytes.end(), int64_t{0});
     best = std::move(candidate);
-    spare -= work.bytes[worst][heaviest];
   }
   return best;
 }

@@ -92,7 +92,8 @@ std::string FormatBytes(int64_t bytes);
 
 // `owned` (one node's pairs, sorted) as a --experts shard spec
 // (expert_node/shard_spec.h): runs of layers with the same experts as one
-// clause, "layer:0-3/expert:0-2,5;layer:4/expert:1".
+// clause, "layer:0-3/expert:0-2,5;layer:4/expert:1". Empty for no pair —
+// which, given to a node, means every expert: never write it as a spec.
 std::string ShardSpecText(const std::vector<std::pair<int64_t, int64_t>>& owned);
 
 }  // namespace tools

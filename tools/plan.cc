@@ -203,7 +203,12 @@ absl::Status MakePlan(const PlanToolOptions& o, std::ostream& log, Placement* pl
   log << absl::StrFormat("worst layer: busiest node %.3f x the mean with the plan, %.3f with the contiguous split\n",
                          worst_plan, worst_naive);
   for (int64_t n = 0; n < N; ++n) {
-    if (plan.owned[n].empty()) log << "WARNING: " << o.nodes[n].name << " gets no expert: fewer nodes would do\n";
+    if (plan.owned[n].empty()) {
+      // An empty --experts spec would mean every expert: refuse rather than write one.
+      return absl::FailedPreconditionError(absl::StrCat(
+          o.nodes[n].name, " gets no expert: the model's copies do not reach every node; plan for fewer nodes",
+          o.max_replicas > 0 ? " or allow more copies (PlanToolOptions::max_replicas)" : ""));
+    }
   }
   if (!o.out_dir.empty()) {
     COLIBRI_RETURN_IF_ERROR(WriteOutputs(o.out_dir, o.nodes, plan));

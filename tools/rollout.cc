@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -139,7 +140,7 @@ absl::Status Rollout(const RolloutOptions& o, std::ostream& log) {
 }
 
 absl::StatusOr<std::vector<std::vector<double>>> FetchExpertLoad(const RolloutOptions& o, int64_t n_layers,
-                                                                 int64_t n_experts) {
+                                                                 int64_t n_experts, int64_t n_shared) {
   COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, o.router));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + o.timeout));
@@ -149,8 +150,14 @@ absl::StatusOr<std::vector<std::vector<double>>> FetchExpertLoad(const RolloutOp
     return absl::UnavailableError(absl::StrCat("GetClusterStatus on the router ", o.router, ": ", Describe(s)));
   }
   std::vector<std::vector<double>> load(n_layers, std::vector<double>(n_experts, 0.0));
+  const int64_t per_layer = n_experts + n_shared;
+  if (status.experts_size() != n_layers * per_layer) {
+    return absl::FailedPreconditionError(absl::StrCat("the router ", o.router, " reports ", status.experts_size(),
+                                                      " (layer, expert) pairs; the model has ", n_layers, " x ",
+                                                      per_layer, ": it serves another model"));
+  }
   for (const v1::ExpertLoad& e : status.experts()) {
-    if (e.layer() < 0 || e.layer() >= n_layers || e.expert() < 0) {
+    if (e.layer() < 0 || e.layer() >= n_layers || e.expert() < 0 || e.expert() >= per_layer) {
       return absl::FailedPreconditionError(absl::StrCat("the router ", o.router, " reports layer ", e.layer(),
                                                         " expert ", e.expert(), ": not this model's shape"));
     }
@@ -173,67 +180,72 @@ absl::StatusOr<v1::GetNodeInfoResponse> NodeInfo(const RolloutOptions& o, const 
   return info;
 }
 
-// Each node's shard becomes `target`, one node at a time.
-absl::Status ReloadShards(const RolloutOptions& o, const char* step, std::vector<Pairs>& owned,
-                          const std::vector<Pairs>& target, std::ostream& log) {
-  for (size_t n = 0; n < o.nodes.size(); ++n) {
-    if (owned[n] == target[n]) continue;
-    v1::ReloadRequest request;
-    request.set_experts(ShardSpecText({target[n].begin(), target[n].end()}));
-    v1::ReloadResponse response;
-    const grpc::Status s = Reload(o, o.nodes[n], request, &response);
-    if (!s.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(step, ": node ", o.nodes[n], " could not load '", request.experts(), "': ", Describe(s)));
-    }
-    owned[n] = target[n];
-    log << step << ": node " << o.nodes[n] << " serves " << request.experts() << "\n";
+// Node n's shard becomes `target`.
+absl::Status ReloadShard(const RolloutOptions& o, const char* step, size_t n, Pairs* owned, const Pairs& target,
+                         std::ostream& log) {
+  if (*owned == target) return absl::OkStatus();
+  v1::ReloadRequest request;
+  request.set_experts(ShardSpecText({target.begin(), target.end()}));
+  v1::ReloadResponse response;
+  const grpc::Status s = Reload(o, o.nodes[n], request, &response);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(step, ": node ", o.nodes[n], " could not load '", request.experts(), "': ", Describe(s)));
   }
+  *owned = target;
+  log << step << ": node " << o.nodes[n] << " serves " << request.experts() << "\n";
   return absl::OkStatus();
 }
 
-// Until the router counts `copies` live nodes for every (layer, expert) (at
-// least: others may serve them too), or o.timeout; without a router, `settle`.
-absl::Status AwaitRouter(const RolloutOptions& o, const std::map<std::pair<int64_t, int64_t>, int>& copies,
-                         absl::Duration settle, std::ostream& log) {
-  if (o.router.empty()) {
-    absl::SleepFor(settle);
-    return absl::OkStatus();
-  }
-  COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, o.router));
-  auto stub = v1::Router::NewStub(channel);
-  const absl::Time until = absl::Now() + o.timeout;
-  std::string missing;
-  do {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    v1::GetClusterStatusResponse status;
-    const grpc::Status s = stub->GetClusterStatus(&context, {}, &status);
-    if (!s.ok()) return absl::UnavailableError(absl::StrCat("router ", o.router, ": ", Describe(s)));
-    missing.clear();
-    for (const v1::ExpertLoad& e : status.experts()) {
-      const auto it = copies.find({e.layer(), e.expert()});
-      if (it != copies.end() && e.live_replicas() < it->second && missing.empty()) {
-        missing = absl::StrCat("layer ", e.layer(), " expert ", e.expert(), " has ", e.live_replicas(), " of ",
-                               it->second, " live copies");
-      }
-    }
-    if (missing.empty()) {
-      log << "router " << o.router << " sees every copy\n";
-      return absl::OkStatus();
-    }
-    absl::SleepFor(absl::Milliseconds(100));
-  } while (absl::Now() < until);
-  return absl::DeadlineExceededError(absl::StrCat("router ", o.router, " does not see the new copies within ",
-                                                  absl::FormatDuration(o.timeout), ": ", missing));
-}
+using Counts = std::map<std::pair<int64_t, int64_t>, int>;  // (layer, expert) -> live copies
 
-std::map<std::pair<int64_t, int64_t>, int> Copies(const std::vector<Pairs>& shards) {
-  std::map<std::pair<int64_t, int64_t>, int> copies;
+Counts CopiesOf(const std::vector<Pairs>& shards) {
+  Counts copies;
   for (const Pairs& shard : shards) {
     for (const auto& pair : shard) ++copies[pair];
   }
   return copies;
+}
+
+// The live copies of every (layer, expert) the router (o.router) counts.
+absl::StatusOr<Counts> RouterCounts(const RolloutOptions& o) {
+  COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, o.router));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::GetClusterStatusResponse status;
+  const grpc::Status s = v1::Router::NewStub(channel)->GetClusterStatus(&context, {}, &status);
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("router ", o.router, ": ", Describe(s)));
+  Counts counts;
+  for (const v1::ExpertLoad& e : status.experts()) counts[{e.layer(), e.expert()}] = e.live_replicas();
+  return counts;
+}
+
+// Polls the router until `unmet` finds nothing to say of its counts (or
+// o.timeout: DEADLINE_EXCEEDED with what it last said); without a router,
+// waits `settle`.
+absl::Status AwaitRouter(const RolloutOptions& o, absl::Duration settle,
+                         const std::function<std::string(const Counts&)>& unmet, std::ostream& log) {
+  if (o.router.empty()) {
+    absl::SleepFor(settle);
+    return absl::OkStatus();
+  }
+  const absl::Time until = absl::Now() + o.timeout;
+  std::string missing;
+  do {
+    COLIBRI_ASSIGN_OR_RETURN(const Counts counts, RouterCounts(o));
+    missing = unmet(counts);
+    if (missing.empty()) {
+      log << "router " << o.router << " sees the change\n";
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  } while (absl::Now() < until);
+  return absl::DeadlineExceededError(absl::StrCat("router ", o.router, " does not see the change within ",
+                                                  absl::FormatDuration(o.timeout), ": ", missing));
+}
+
+std::string Name(const std::pair<int64_t, int64_t>& pair) {
+  return absl::StrCat("layer ", pair.first, " expert ", pair.second);
 }
 
 }  // namespace
@@ -262,10 +274,48 @@ absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::stri
     grown[n] = owned[n];
     grown[n].insert(target[n].begin(), target[n].end());
   }
-  COLIBRI_RETURN_IF_ERROR(ReloadShards(o, "grow", owned, grown, log));
-  COLIBRI_RETURN_IF_ERROR(AwaitRouter(o, Copies(grown), settle, log));
-  COLIBRI_RETURN_IF_ERROR(ReloadShards(o, "shrink", owned, target, log));
-  COLIBRI_RETURN_IF_ERROR(AwaitRouter(o, Copies(target), settle, log));
+  for (size_t n = 0; n < o.nodes.size(); ++n) {
+    COLIBRI_RETURN_IF_ERROR(ReloadShard(o, "grow", n, &owned[n], grown[n], log));
+  }
+  const Counts grown_copies = CopiesOf(grown);
+  COLIBRI_RETURN_IF_ERROR(AwaitRouter(
+      o, settle,
+      [&](const Counts& live) -> std::string {
+        for (const auto& [pair, copies] : grown_copies) {
+          const auto it = live.find(pair);
+          const int have = it == live.end() ? 0 : it->second;
+          if (have < copies) return absl::StrCat(Name(pair), " has ", have, " of ", copies, " live copies");
+        }
+        return "";
+      },
+      log));
+  // One node at a time, each shrink seen by the router before the next: a
+  // call planned on the stale map is retried on a copy that still has it.
+  for (size_t n = 0; n < o.nodes.size(); ++n) {
+    if (owned[n] == target[n]) continue;
+    Counts before;
+    if (!o.router.empty()) {
+      COLIBRI_ASSIGN_OR_RETURN(before, RouterCounts(o));
+    }
+    Pairs dropped;
+    for (const auto& pair : owned[n]) {
+      if (target[n].count(pair) == 0) dropped.insert(pair);
+    }
+    COLIBRI_RETURN_IF_ERROR(ReloadShard(o, "shrink", n, &owned[n], target[n], log));
+    COLIBRI_RETURN_IF_ERROR(AwaitRouter(
+        o, settle,
+        [&](const Counts& live) -> std::string {
+          for (const auto& pair : dropped) {
+            const auto it = live.find(pair);
+            const auto was = before.find(pair);
+            if (it != live.end() && was != before.end() && it->second >= was->second) {
+              return absl::StrCat(Name(pair), " still has ", it->second, " live copies");
+            }
+          }
+          return "";
+        },
+        log));
+  }
   log << "placement applied to " << o.nodes.size() << " nodes\n";
   return absl::OkStatus();
 }

@@ -63,9 +63,10 @@ absl::Status DropOnNodes(const RolloutOptions& options, const std::string& model
 //   2. wait until the router (options.router, when given: its GetClusterStatus
 //      counts every expert's live copies) sees every new copy — else wait
 //      `settle`, a few of the routers' health intervals;
-//   3. shrink: each node in turn loads exactly its new shard; a call the
-//      router planned on the old map is retried on a copy that remains;
-//   4. wait for the router again, to the new counts.
+//   3. shrink: each node in turn loads exactly its new shard, and the next
+//      waits until the router counts one copy fewer of each expert the node
+//      dropped (without a router, `settle`); a call the router planned on
+//      the old map is retried on a copy that remains.
 // Every node needs memory for its union while it is grown. A failed grow
 // stops there (the nodes grown keep a superset of their old shard: all is
 // served) and says so; a failed shrink leaves that node with its union.
@@ -74,10 +75,10 @@ absl::Status ApplyPlacement(const RolloutOptions& options, const std::vector<std
 
 // The router's (options.router) routed token counts since it started, from
 // GetClusterStatus: [layer][expert] for a model of n_layers x n_experts
-// routed experts (shared experts left out). FAILED_PRECONDITION when the
-// router serves another shape; the call's error otherwise.
+// routed experts (its n_shared shared experts left out). FAILED_PRECONDITION
+// when the router serves another shape; the call's error otherwise.
 absl::StatusOr<std::vector<std::vector<double>>> FetchExpertLoad(const RolloutOptions& options, int64_t n_layers,
-                                                                 int64_t n_experts);
+                                                                 int64_t n_experts, int64_t n_shared);
 
 }  // namespace tools
 }  // namespace colibri

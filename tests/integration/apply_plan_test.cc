@@ -1,7 +1,6 @@
 // A placement from colibri-plan applied to a running cluster under load, both
 // ways docs/RELIABILITY.md gives: nodes reloading their new shards
-// (colibri-admin apply-plan: grow, then shrink) on a contiguous split with no
-// replica, and nodes restarted one at a time with their new shard specs where
+// (colibri-admin apply-plan: grow, then shrink) on a split with no replica, and nodes restarted one at a time with their new shard specs where
 // every shard has two nodes. Zero failed requests, and every answer equal
 // byte for byte to the local engine's — including batches of 37 tokens, whose
 // replicated experts' rows the router splits between their copies.
@@ -134,9 +133,10 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
   const std::vector<std::string> expected = LocalAnswers(model);
   const std::vector<std::string> specs = Plan(root, model);
 
-  Proc x = StartNode(model, "0-1", 0, {"--admin_listen=127.0.0.1:0"});
+  // Experts 0 and 2 | 1 and 3: the plan (0-1 | 0,2-3) makes both nodes grow, then shrink.
+  Proc x = StartNode(model, "0,2", 0, {"--admin_listen=127.0.0.1:0"});
   const int x_admin = x.process->ReadPort("admin on port ");
-  Proc y = StartNode(model, "2-3", 0, {"--admin_listen=127.0.0.1:0"});
+  Proc y = StartNode(model, "1,3", 0, {"--admin_listen=127.0.0.1:0"});
   const int y_admin = y.process->ReadPort("admin on port ");
   Proc router = StartRouter({"--model=" + model, "--admin_listen=127.0.0.1:0", "--metrics_port=0",
                              "--metrics_host=127.0.0.1", "--experts_at=" + Address(x.port) + "," + Address(y.port)});
@@ -163,7 +163,10 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
   REQUIRE(at != std::string::npos);
   CHECK(std::stod(page.substr(at + 40)) > 0);
   CHECK(Owned(x_admin) != Owned(y_admin));
-  CHECK(ReadFile(root / "apply.txt").find("placement applied to 2 nodes") != std::string::npos);
+  const std::string applied = ReadFile(root / "apply.txt");
+  CHECK(applied.find("placement applied to 2 nodes") != std::string::npos);
+  CHECK(applied.find("shrink: node " + Address(x_admin)) != std::string::npos);
+  CHECK(applied.find("shrink: node " + Address(y_admin)) != std::string::npos);
 }
 
 TEST_CASE("a plan applied by restarting nodes one at a time, two per shard, fails no request and keeps the bits") {

@@ -6,6 +6,7 @@
 #include "router_node/shard_map.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <set>
 
 namespace colibri {
@@ -90,16 +91,17 @@ TEST_CASE("a failed node is avoided and an expert without replicas is UNAVAILABL
   CHECK(message.find("connection refused") == std::string::npos);
 }
 
-TEST_CASE("equally loaded replicas are taken in turn") {
+TEST_CASE("equally loaded replicas are taken in turn, evenly") {
+  // Expert 2's replicas are nodes 0 and 1 of three: every other rotation picks each.
   const ShardMap map = Map();
   const std::vector<ExpertWork> works = Works({2});
-  std::set<int> chosen;
-  for (uint32_t rotation = 0; rotation < 4; ++rotation) {
+  std::map<int, int> chosen;
+  for (uint32_t rotation = 0; rotation < 6; ++rotation) {
     auto plan = PlanNodeCalls(map, 0, works, {0}, std::vector<int>{0, 0, 0}, {}, {}, rotation);
     REQUIRE(plan.ok());
-    chosen.insert((*plan)[0].node);
+    ++chosen[(*plan)[0].node];
   }
-  CHECK(chosen == std::set<int>{0, 1});
+  CHECK(chosen == std::map<int, int>{{0, 3}, {1, 3}});
 }
 
 TEST_CASE("an avoided node is used only for experts nothing else serves") {
@@ -153,16 +155,23 @@ TEST_CASE("rows are not split below min_rows, without replicas, or where bits wo
   const ShardMap map = Map();
   CHECK(!SplitAmongReplicas(map, 0, Rows(5), {RowSplit::kAlways, 6}, &parts));
   CHECK(!SplitAmongReplicas(map, 0, Rows(5), {RowSplit::kNever, 1}, &parts));
-  CHECK(!SplitAmongReplicas(map, 0, Works({0, 3}), {RowSplit::kAlways, 1}, &parts));  // no replicas
+  std::vector<ExpertWork> lone = Rows(5);  // expert 2 has two replicas, 0 and 3 one each
+  lone.erase(lone.begin() + 1);
+  lone[0].rows = lone[1].rows = {0, 1, 2, 3, 4};
+  lone[0].weights = lone[1].weights = std::vector<float>(5, 0.5f);
+  lone[0].slots = lone[1].slots = {0, 2, 4, 6, 8};
+  CHECK(!SplitAmongReplicas(map, 0, lone, {RowSplit::kAlways, 1}, &parts));  // no replicas
   CHECK(parts.empty());
-  // exact: only below every replica's row_split_limit (0: none).
-  std::vector<NodeState> nodes = {{"a:1", true, "", {{0, 2}}, 0}, {"b:1", true, "", {{0, 2}}, 8}};
+  // exact: only below every replica's row_split_limit (-1: none; 0: unknown, never).
+  std::vector<NodeState> nodes = {{"a:1", true, "", {{0, 2}}, -1}, {"b:1", true, "", {{0, 2}}, 8}};
   const ShardMap limited(1, 4, nodes);
   const std::vector<ExpertWork> two = {Rows(7)[1]}, many = {Rows(8)[1]};
   CHECK(SplitAmongReplicas(limited, 0, two, {RowSplit::kExact, 2}, &parts));
   CHECK(parts.size() == 2);
   CHECK(!SplitAmongReplicas(limited, 0, many, {RowSplit::kExact, 2}, &parts));
   CHECK(SplitAmongReplicas(limited, 0, many, {RowSplit::kAlways, 2}, &parts));
+  nodes[1].row_split_limit = 0;  // a node that does not say
+  CHECK(!SplitAmongReplicas(ShardMap(1, 4, nodes), 0, two, {RowSplit::kExact, 2}, &parts));
   CHECK(ParseRowSplit("exact") == RowSplit::kExact);
   CHECK(!ParseRowSplit("sometimes").has_value());
 }
