@@ -1,8 +1,9 @@
 // A placement from colibri-plan applied to a running cluster under load, both
 // ways docs/RELIABILITY.md gives: nodes reloading their new shards
-// (colibri-admin apply-plan: grow, then shrink) on a split with no replica, and nodes restarted one at a time with their new shard specs where
-// every shard has two nodes. Zero failed requests, and every answer equal
-// byte for byte to the local engine's — including batches of 37 tokens, whose
+// (colibri-admin apply-plan: grow, then shrink) on a split with no replica,
+// and nodes restarted one at a time with their new shard specs where every
+// shard has two nodes. Zero failed requests, and every answer equal byte for
+// byte to the local engine's — including batches of 37 tokens, whose
 // replicated experts' rows the router splits between their copies.
 #include <catch2/catch.hpp>
 #include <csignal>
