@@ -236,14 +236,15 @@ absl::StatusOr<Placement> PlanPlacement(const PlanInput& in, const PlanOptions& 
     ++replicas[worst][heaviest];
     absl::StatusOr<Owned> packed = Pack(work, o, replicas, memory);
     Placement candidate = packed.ok() ? EvaluateWork(work, *packed) : Placement{};
-    if (!packed.ok() || candidate.max_over_mean[worst] >= best.max_over_mean[worst]) {  // no better: keep the memory
+    // Kept only if it lowers the layer's busiest node and every copy asked
+    // for was placed (a packing that drops one is not taken: the loop only
+    // ever adds copies, so it ends).
+    if (!packed.ok() || candidate.replicas != replicas || candidate.max_over_mean[worst] >= best.max_over_mean[worst]) {
       --replicas[worst][heaviest];
       done[worst] = true;
       continue;
     }
-    // The packing may have dropped a copy that fit nowhere: count what it placed.
-    replicas = candidate.replicas;
-    spare = memory - std::accumulate(candidate.bytes.begin(), candidate.bytes.end(), int64_t{0});
+    spare -= work.bytes[worst][heaviest];
     best = std::move(candidate);
   }
   return best;

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -293,13 +294,19 @@ absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::stri
   // call planned on the stale map is retried on a copy that still has it.
   for (size_t n = 0; n < o.nodes.size(); ++n) {
     if (owned[n] == target[n]) continue;
+    // Each dropped expert's copies before the shrink: as the router counts
+    // them (other nodes may hold it too) or as the nodes do (the router may
+    // not count node n just now), whichever is more.
     Counts before;
     if (!o.router.empty()) {
       COLIBRI_ASSIGN_OR_RETURN(before, RouterCounts(o));
     }
+    const Counts held = CopiesOf(owned);
     Pairs dropped;
     for (const auto& pair : owned[n]) {
-      if (target[n].count(pair) == 0) dropped.insert(pair);
+      if (target[n].count(pair) > 0) continue;
+      dropped.insert(pair);
+      before[pair] = std::max(before[pair], held.at(pair));
     }
     COLIBRI_RETURN_IF_ERROR(ReloadShard(o, "shrink", n, &owned[n], target[n], log));
     COLIBRI_RETURN_IF_ERROR(AwaitRouter(
@@ -307,10 +314,9 @@ absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::stri
         [&](const Counts& live) -> std::string {
           for (const auto& pair : dropped) {
             const auto it = live.find(pair);
-            const auto was = before.find(pair);
-            if (it != live.end() && was != before.end() && it->second >= was->second) {
+            if (it == live.end()) return absl::StrCat("the router does not list ", Name(pair), " (another model?)");
+            if (it->second >= before.at(pair))
               return absl::StrCat(Name(pair), " still has ", it->second, " live copies");
-            }
           }
           return "";
         },
