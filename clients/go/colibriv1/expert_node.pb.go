@@ -581,7 +581,8 @@ type GetNodeInfoResponse struct {
 	// (its kernel profile's oneDNN or bf16-tile threshold): below it a row's
 	// result does not depend on how many rows the call gave its expert, so a
 	// router may split an expert's rows among replicas without changing any
-	// bit. 0: no such threshold (never depends on the row count).
+	// bit. -1: no such threshold (never depends on the row count). 0 (a node
+	// that does not report it): unknown — routers keep its experts' rows whole.
 	RowSplitLimit int64 `protobuf:"varint,18,opt,name=row_split_limit,json=rowSplitLimit,proto3" json:"row_split_limit,omitempty"`
 	// Shared experts per layer (ids n_experts .. n_experts + n_shared_experts - 1).
 	NSharedExperts int32 `protobuf:"varint,19,opt,name=n_shared_experts,json=nSharedExperts,proto3" json:"n_shared_experts,omitempty"`
