@@ -34,36 +34,15 @@ std::vector<std::string> LocalAnswers(const std::string& model) {
 }
 
 // Clients sending the requests in turn, each answer compared with the local one.
-struct CheckedLoad {
-  std::atomic<bool> stop{false};
-  std::atomic<int> exact{0}, differ{0}, failed{0};
-  std::string first_error;
-  std::mutex mu;
-  std::vector<std::thread> clients;
+struct CheckedLoad : AnswerLoad {
+  std::atomic<int> exact{0}, differ{0};
 
   void Start(int port, const std::vector<std::string>& expected) {
-    for (int c = 0; c < 3; ++c) {
-      clients.emplace_back([this, port, c, &expected] {
-        auto stub = Connect(port);
-        for (int i = c; !stop; ++i) {
-          v1::ForwardResponse response;
-          const grpc::Status s = Call(*stub, Nth(i % kRequests), &response);
-          if (!s.ok()) {
-            ++failed;
-            std::lock_guard<std::mutex> lock(mu);
-            if (first_error.empty()) first_error = s.error_message();
-          } else if (response.output().data() == expected[i % kRequests]) {
-            ++exact;
-          } else {
-            ++differ;
-          }
-        }
-      });
-    }
-  }
-  void Stop() {
-    stop = true;
-    for (std::thread& t : clients) t.join();
+    AnswerLoad::Start(
+        port, 3, [](int i) { return Nth(i % kRequests); },
+        [this, &expected](int i, const std::string& out, bool) {
+          ++(out == expected[i % kRequests] ? exact : differ);
+        });
   }
 };
 
@@ -79,8 +58,8 @@ std::vector<std::string> Plan(const TempDir& root, const std::string& model) {
   std::ifstream expert(model + "/layer_000/expert_000.bin", std::ios::binary | std::ios::ate);
   const int64_t memory = 6 * static_cast<int64_t>(expert.tellg()) + 4096;
   REQUIRE(RunCommand(Binary("tools/colibri-plan") + " --model=" + model + " --nodes=2 --node_memory=" +
-                  std::to_string(memory) + " --load=" + root / "load.txt" + " --out=" + root / "plan",
-              root / "plan.txt") == 0);
+                         std::to_string(memory) + " --load=" + root / "load.txt" + " --out=" + root / "plan",
+                     root / "plan.txt") == 0);
   CHECK(ReadFile(root / "plan.txt").find("busiest node 1.000 x the mean with the plan") != std::string::npos);
   std::vector<std::string> specs;
   for (const char* node : {"node-0", "node-1"}) {
@@ -148,9 +127,10 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
   CheckedLoad load;
   load.Start(router.port, expected);
   REQUIRE(WaitFor([&] { return load.exact > 30; }));
-  CHECK(RunCommand(Binary("tools/colibri-admin") + " apply-plan --plan=" + root / "plan" + " --nodes=" + Address(x_admin) +
-                "," + Address(y_admin) + " --router=" + Address(router_admin) + " --timeout_s=30",
-            root / "apply.txt") == 0);
+  CHECK(RunCommand(Binary("tools/colibri-admin") + " apply-plan --plan=" + root / "plan" +
+                       " --nodes=" + Address(x_admin) + "," + Address(y_admin) + " --router=" + Address(router_admin) +
+                       " --timeout_s=30",
+                   root / "apply.txt") == 0);
   const int before = load.exact;
   CHECK(WaitFor([&] { return load.exact > before + 60; }));
   load.Stop();

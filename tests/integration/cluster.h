@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -161,6 +162,44 @@ struct Model {
 
 // Sends Forward calls from `threads` clients until Stop(); counts outcomes by
 // status code (the first error message is kept).
+// Sends request(i) from `threads` clients until Stop(), client c from i = c
+// on, counting failures (the first error kept); every answer's output goes to
+// check(i, output, flag), flag being what flag() returned just before that
+// call was sent. `check` runs on the client threads.
+struct AnswerLoad {
+  std::atomic<bool> stop{false};
+  std::atomic<int> failed{0};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+
+  void Start(
+      int port, int threads, std::function<v1::ForwardRequest(int)> request,
+      std::function<void(int, const std::string&, bool)> check, std::function<bool()> flag = [] { return false; }) {
+    for (int c = 0; c < threads; ++c) {
+      clients.emplace_back([this, port, c, request, check, flag] {
+        auto stub = Connect(port);
+        for (int i = c; !stop; ++i) {
+          const bool flagged = flag();
+          v1::ForwardResponse response;
+          const grpc::Status s = Call(*stub, request(i), &response);
+          if (s.ok()) {
+            check(i, response.output().data(), flagged);
+          } else {
+            ++failed;
+            std::lock_guard<std::mutex> lock(mu);
+            if (first_error.empty()) first_error = s.error_message();
+          }
+        }
+      });
+    }
+  }
+  void Stop() {
+    stop = true;
+    for (std::thread& t : clients) t.join();
+  }
+};
+
 struct Load {
   std::atomic<bool> stop{false};
   std::atomic<int> ok{0}, failed{0};

@@ -30,45 +30,25 @@ std::vector<std::string> LocalAnswers(const std::string& model) {
 }
 
 // Clients sending the requests in turn; each answer is classified as v1's, v2's or neither.
-struct VersionedLoad {
-  std::atomic<bool> stop{false};
-  std::atomic<int> v1{0}, v2{0}, other{0}, failed{0};
+struct VersionedLoad : AnswerLoad {
+  std::atomic<int> v1{0}, v2{0}, other{0};
   std::atomic<int> v1_after_switch{0};
   std::atomic<bool> switched{false};
-  std::string first_error;
-  std::mutex mu;
-  std::vector<std::thread> clients;
 
   void Start(int port, const std::vector<std::string>& a, const std::vector<std::string>& b) {
-    for (int c = 0; c < 3; ++c) {
-      clients.emplace_back([this, port, c, &a, &b] {
-        auto stub = Connect(port);
-        for (int i = c; !stop; ++i) {
-          const bool after = switched;  // read before the call: its answer must then be v2's
-          v1::ForwardResponse response;
-          const grpc::Status s = Call(*stub, Nth(i % kRequests), &response);
-          if (!s.ok()) {
-            ++failed;
-            std::lock_guard<std::mutex> lock(mu);
-            if (first_error.empty()) first_error = s.error_message();
-            continue;
-          }
-          const std::string& out = response.output().data();
+    AnswerLoad::Start(
+        port, 3, [](int i) { return Nth(i % kRequests); },
+        [this, &a, &b](int i, const std::string& out, bool after) {
           if (out == a[i % kRequests]) {
             ++v1;
-            v1_after_switch += after;
+            v1_after_switch += after;  // `switched` read before the call: its answer must then be v2's
           } else if (out == b[i % kRequests]) {
             ++v2;
           } else {
             ++other;
           }
-        }
-      });
-    }
-  }
-  void Stop() {
-    stop = true;
-    for (std::thread& t : clients) t.join();
+        },
+        [this] { return switched.load(); });
   }
 };
 
