@@ -39,9 +39,9 @@ struct CheckedLoad : AnswerLoad {
 
   void Start(int port, const std::vector<std::string>& expected) {
     AnswerLoad::Start(
-        port, 3, [](int i) { return Nth(i % kRequests); },
-        [this, &expected](int i, const std::string& out, bool) {
-          ++(out == expected[i % kRequests] ? exact : differ);
+        port, 3, [](int c, int i) { return Nth((c + i) % kRequests); },
+        [this, &expected](int c, int i, const std::string& out, bool) {
+          ++(out == expected[(c + i) % kRequests] ? exact : differ);
         });
   }
 };

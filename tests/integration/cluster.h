@@ -160,12 +160,10 @@ struct Model {
   }
 };
 
-// Sends Forward calls from `threads` clients until Stop(); counts outcomes by
-// status code (the first error message is kept).
-// Sends request(i) from `threads` clients until Stop(), client c from i = c
-// on, counting failures (the first error kept); every answer's output goes to
-// check(i, output, flag), flag being what flag() returned just before that
-// call was sent. `check` runs on the client threads.
+// Sends request(c, i) from `threads` clients c until Stop(), i = 0, 1, …
+// per client, counting failures (the first error kept); every answer's output
+// goes to check(c, i, output, flag), flag being what flag() returned just
+// before that call was sent. `check` runs on the client threads.
 struct AnswerLoad {
   std::atomic<bool> stop{false};
   std::atomic<int> failed{0};
@@ -174,17 +172,18 @@ struct AnswerLoad {
   std::vector<std::thread> clients;
 
   void Start(
-      int port, int threads, std::function<v1::ForwardRequest(int)> request,
-      std::function<void(int, const std::string&, bool)> check, std::function<bool()> flag = [] { return false; }) {
+      int port, int threads, std::function<v1::ForwardRequest(int, int)> request,
+      std::function<void(int, int, const std::string&, bool)> check,
+      std::function<bool()> flag = [] { return false; }) {
     for (int c = 0; c < threads; ++c) {
       clients.emplace_back([this, port, c, request, check, flag] {
         auto stub = Connect(port);
-        for (int i = c; !stop; ++i) {
+        for (int i = 0; !stop; ++i) {
           const bool flagged = flag();
           v1::ForwardResponse response;
-          const grpc::Status s = Call(*stub, request(i), &response);
+          const grpc::Status s = Call(*stub, request(c, i), &response);
           if (s.ok()) {
-            check(i, response.output().data(), flagged);
+            check(c, i, response.output().data(), flagged);
           } else {
             ++failed;
             std::lock_guard<std::mutex> lock(mu);
@@ -200,36 +199,18 @@ struct AnswerLoad {
   }
 };
 
-struct Load {
-  std::atomic<bool> stop{false};
-  std::atomic<int> ok{0}, failed{0};
-  std::string first_error;
-  std::mutex mu;
-  std::vector<std::thread> clients;
+// Gate-routed calls of 4 tokens on alternating layers from `threads`
+// clients until Stop(), counted by outcome.
+struct Load : AnswerLoad {
+  std::atomic<int> ok{0};
 
   void Start(int port, int threads) {
-    for (int c = 0; c < threads; ++c) {
-      clients.emplace_back([this, port, c] {
-        auto stub = Connect(port);
-        for (int i = 0; !stop; ++i) {
-          const v1::ForwardRequest request =
-              Request(i % 2, {static_cast<int32_t>((i * 7 + c) % 64), 3, 9, 33}, i, v1::ROUTING_MODE_GATE);
-          v1::ForwardResponse response;
-          const grpc::Status s = Call(*stub, request, &response);
-          if (s.ok()) {
-            ++ok;
-          } else {
-            ++failed;
-            std::lock_guard<std::mutex> lock(mu);
-            if (first_error.empty()) first_error = s.error_message();
-          }
-        }
-      });
-    }
-  }
-  void Stop() {
-    stop = true;
-    for (std::thread& t : clients) t.join();
+    AnswerLoad::Start(
+        port, threads,
+        [](int c, int i) {
+          return Request(i % 2, {static_cast<int32_t>((i * 7 + c) % 64), 3, 9, 33}, i, v1::ROUTING_MODE_GATE);
+        },
+        [this](int, int, const std::string&, bool) { ++ok; });
   }
 };
 

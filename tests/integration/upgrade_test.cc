@@ -37,12 +37,12 @@ struct VersionedLoad : AnswerLoad {
 
   void Start(int port, const std::vector<std::string>& a, const std::vector<std::string>& b) {
     AnswerLoad::Start(
-        port, 3, [](int i) { return Nth(i % kRequests); },
-        [this, &a, &b](int i, const std::string& out, bool after) {
-          if (out == a[i % kRequests]) {
+        port, 3, [](int c, int i) { return Nth((c + i) % kRequests); },
+        [this, &a, &b](int c, int i, const std::string& out, bool after) {
+          if (out == a[(c + i) % kRequests]) {
             ++v1;
             v1_after_switch += after;  // `switched` read before the call: its answer must then be v2's
-          } else if (out == b[i % kRequests]) {
+          } else if (out == b[(c + i) % kRequests]) {
             ++v2;
           } else {
             ++other;
