@@ -101,6 +101,10 @@ class Notification {
     MutexLock lock(&mu_);
     while (!notified_) cv_.Wait(&mu_);
   }
+  bool HasBeenNotified() {
+    MutexLock lock(&mu_);
+    return notified_;
+  }
 
  private:
   Mutex mu_;

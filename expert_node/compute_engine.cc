@@ -77,6 +77,10 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
       return absl::InvalidArgumentError(
           absl::StrCat("experts[", w, "]: expert ", work.expert, " is outside [0, ", m.total_experts(), ")"));
     }
+    if (work.kernel_rows < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("experts[", w, "] (expert ", work.expert, "): kernel_rows = ", work.kernel_rows, " is negative"));
+    }
     auto weights = set->Find(in.layer, work.expert);
     if (!weights.ok()) return weights.status();
     if (work.row_indices.size() != work.weights.size()) {
@@ -118,8 +122,8 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
       }
     }
     if (!work.row_indices.empty()) {
-      tasks.push_back(
-          {*weights, work.row_indices.data(), work.weights.data(), static_cast<int64_t>(work.row_indices.size())});
+      tasks.push_back({*weights, work.row_indices.data(), work.weights.data(),
+                       static_cast<int64_t>(work.row_indices.size()), nullptr, work.kernel_rows});
     }
   }
   if (grouped) {

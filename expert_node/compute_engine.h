@@ -39,6 +39,9 @@ struct ExpertWork {
   // the output row it is added into, and its rank (the order of additions).
   std::vector<int32_t> output_rows;
   std::vector<int32_t> ranks;
+  // >= 0: the row count that chooses the kernel; 0: row_indices.size()
+  // (kernels::ExpertTask::kernel_rows).
+  int64_t kernel_rows = 0;
 };
 
 struct ComputeInput {

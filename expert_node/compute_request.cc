@@ -72,7 +72,8 @@ absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_mo
                               {w.row_indices().begin(), w.row_indices().end()},
                               {w.weights().begin(), w.weights().end()},
                               {w.output_rows().begin(), w.output_rows().end()},
-                              {w.ranks().begin(), w.ranks().end()}});
+                              {w.ranks().begin(), w.ranks().end()},
+                              w.kernel_rows()});
   }
   return absl::OkStatus();
 }

@@ -239,8 +239,9 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       p.h_q8_scales = arena.Add<float>(t.num_rows * k2 / 64);
       p.h_q8_sums = arena.Add<float>(t.num_rows * k2 / 64);
     }
-    p.onednn = onednn_type && onednn_min_tokens > 0 && t.num_rows >= onednn_min_tokens;
-    p.dequant = tile_min_tokens > 0 && t.num_rows >= tile_min_tokens;
+    const int64_t kernel_rows = t.kernel_rows > 0 ? t.kernel_rows : t.num_rows;
+    p.onednn = onednn_type && onednn_min_tokens > 0 && kernel_rows >= onednn_min_tokens;
+    p.dequant = tile_min_tokens > 0 && kernel_rows >= tile_min_tokens;
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);
     any_onednn |= p.onednn;

@@ -56,6 +56,12 @@ struct ExpertTask {
   // weight_at_input), whatever else the call computes: the
   // router's partition-independent sums are built from those.
   const int32_t* out_rows = nullptr;
+  // The row count that chooses the kernel (oneDNN, bf16 tiles or the block
+  // kernel); 0: num_rows. A task that merges several callers' rows of one
+  // expert sets the largest caller's count, so each row runs the kernel its
+  // caller's own call would; below RowSplitLimit that kernel gives every row
+  // the same bits whatever the rows beside it.
+  int64_t kernel_rows = 0;
 };
 
 // Scratch memory for Run, owned by the caller and reused across calls.

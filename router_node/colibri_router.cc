@@ -32,6 +32,10 @@ ABSL_FLAG(std::string, cluster_file, "",
           "comments); re-read when it changes.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 picks a free port (printed).");
 ABSL_FLAG(int64_t, max_tokens, 65536, "Most tokens one Forward call may carry (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(int64_t, batch_window_us, 500,
+          "Merge concurrent Forward calls of one layer into one call per node (docs/ROUTER.md, \"Merging "
+          "concurrent calls\"): the longest a call waits for the others expected with it; 0: no merging.");
+ABSL_FLAG(int64_t, batch_max_tokens, 256, "Most tokens of one merged call; a call with more is not merged.");
 ABSL_FLAG(int, workers, 8, "Threads running Forward calls (each waits for its nodes, so more than cores is fine).");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Memory budget of the Forward calls being run (estimated from each request's size before parsing): a call "
@@ -93,6 +97,7 @@ namespace {
 // The options named in the libraries' errors, and the flags that set them.
 const colibri::runtime::OptionFlags kOptionFlags = {
     {"RouterOptions::max_tokens", "--max_tokens"},
+    {"BatchOptions::max_tokens", "--batch_max_tokens"},
     {"RouterServerOptions::model_dir", "--model"},
     {"RouterServerOptions::tls_cert_file", "--tls_cert"},
     {"RouterServerOptions::tls_key_file", "--tls_key"},
@@ -148,6 +153,8 @@ int main(int argc, char** argv) {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.router.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   o.router.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
+  o.router.batching.window = absl::Microseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_batch_window_us)));
+  o.router.batching.max_tokens = absl::GetFlag(FLAGS_batch_max_tokens);
   o.service.workers = absl::GetFlag(FLAGS_workers);
   o.service.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.service.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);

@@ -63,6 +63,10 @@ struct ExpertWork {
   std::vector<int32_t> rows;   // token rows of LayerWork::x, ascending
   std::vector<float> weights;  // routing weight per row
   std::vector<int32_t> slots;  // where each row's result goes: t * top_k + j
+  // The row count that chooses the node's kernel; 0: rows.size()
+  // (kernels::ExpertTask::kernel_rows): set where several callers' rows
+  // are merged into one work.
+  int64_t kernel_rows = 0;
 };
 
 struct LayerWork {
@@ -128,6 +132,13 @@ class ExpertBackend {
   // True when ComputeAsync returns before the experts have run (it only
   // sends them work), so it may be called from a thread that must not block.
   virtual bool asynchronous() const { return false; }
+
+  // True when every expert of `work` has fewer rows than the count at which
+  // the kernels of any node that may compute it change (their
+  // row_split_limit): its rows may then share one kernel pass with other
+  // callers' rows of the same expert, in a work whose kernel_rows is the
+  // largest caller's count, and keep their bits. The default: never.
+  virtual bool Mergeable(const LayerWork& work) const { return false; }
 
   // "local" or "distributed".
   virtual std::string kind() const = 0;

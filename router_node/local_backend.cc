@@ -19,7 +19,8 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
   for (const ExpertWork& w : work.experts) {
     absl::StatusOr<const common::ExpertWeights*> weights = set->Find(work.layer, w.expert);
     if (!weights.ok()) return weights.status();
-    tasks.push_back({*weights, w.rows.data(), w.weights.data(), static_cast<int64_t>(w.rows.size()), w.slots.data()});
+    tasks.push_back({*weights, w.rows.data(), w.weights.data(), static_cast<int64_t>(w.rows.size()), w.slots.data(),
+                     w.kernel_rows});
   }
   common::MutexLock lock(&mu_);
   if (control.cancelled()) return absl::CancelledError("cancelled before the experts ran");
@@ -43,6 +44,19 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
     stats->calls.push_back(r);
   }
   return absl::OkStatus();
+}
+
+bool LocalBackend::Mergeable(const LayerWork& work) const {
+  const std::shared_ptr<const expert_node::WeightSet> set = store_->Current();
+  for (const ExpertWork& w : work.experts) {
+    absl::StatusOr<const common::ExpertWeights*> weights = set->Find(work.layer, w.expert);
+    if (!weights.ok()) return false;
+    // Compute runs the executor with its default options.
+    const int64_t limit =
+        kernels::RowSplitLimit(kernels::ExecutorOptions{}, kernels::SelectedKernels(), (*weights)->w1.layout.dtype);
+    if (limit > 0 && static_cast<int64_t>(w.rows.size()) >= limit) return false;
+  }
+  return true;
 }
 
 }  // namespace router_node

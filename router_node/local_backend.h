@@ -28,6 +28,7 @@ class LocalBackend final : public ExpertBackend {
   // the kernels start (a running layer is not interrupted). Calls are
   // serialized on the pool.
   absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats) override;
+  bool Mergeable(const LayerWork& work) const override;
   std::string kind() const override { return "local"; }
 
  private:

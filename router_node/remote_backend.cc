@@ -166,6 +166,21 @@ std::shared_ptr<const RemoteBackend::Topology> RemoteBackend::topology() const {
 
 std::shared_ptr<const ShardMap> RemoteBackend::map() const { return topology()->map; }
 
+bool RemoteBackend::Mergeable(const LayerWork& work) const {
+  const std::shared_ptr<const Topology> topo = topology();
+  const ShardMap& map = *topo->map;
+  for (const ExpertWork& w : work.experts) {
+    if (work.layer >= options_.n_layers || w.expert >= options_.n_experts + options_.n_shared_experts) return false;
+    const std::vector<int>& replicas = map.replicas(work.layer, w.expert);
+    if (replicas.empty()) return false;
+    for (const int n : replicas) {
+      const int64_t limit = map.nodes()[n].row_split_limit;
+      if (limit == 0 || (limit > 0 && static_cast<int64_t>(w.rows.size()) >= limit)) return false;
+    }
+  }
+  return true;
+}
+
 bool RemoteBackend::serving() const { return !map()->FirstUncovered().has_value(); }
 
 void RemoteBackend::SetServingListener(std::function<void(bool)> listener) {

@@ -139,6 +139,9 @@ class RemoteBackend final : public ExpertBackend {
   void ComputeAsync(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats,
                     std::function<void(absl::Status)> done) override;
   bool asynchronous() const override { return true; }
+  // By the live replicas' row_split_limit; an expert with an unknown limit
+  // (0) or no live replica is not mergeable.
+  bool Mergeable(const LayerWork& work) const override;
   std::string kind() const override { return "distributed"; }
 
   // Runs a health round now (also re-reads the cluster file) and returns

@@ -92,6 +92,7 @@ void BuildRequest(const LayerWork& work, const std::vector<ExpertWork>& experts,
   for (const std::vector<int>& entry : entries) {
     v1::ExpertWork* dst = req.add_experts();
     dst->set_expert(experts[entry[0]].expert);
+    dst->set_kernel_rows(experts[entry[0]].kernel_rows);  // parts of one work: all the same
     for (const int w : entry) {
       const ExpertWork& src = experts[w];
       for (const int32_t r : src.rows) dst->add_row_indices(position[r]);

@@ -95,12 +95,18 @@ std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
                                    {"dispatch", t.route_nanos, t.dispatch_nanos, ""},
                                    {"aggregate", t.route_nanos + t.dispatch_nanos, t.aggregate_nanos, ""},
                                    {"total", 0, t.total_nanos, ""}};
+  if (t.merged_callers > 0) {
+    spans.push_back({"queue", t.route_nanos, t.queue_nanos,
+                     absl::StrCat("callers ", t.merged_callers, " tokens ", t.merged_tokens)});
+  }
+  // Node calls are timed from the start of the backend's call: after the queue.
+  const int64_t sent = t.route_nanos + t.queue_nanos;
   for (const NodeCallRecord& c : out.backend.calls) {
     const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
                                             c.hedge ? " hedge" : "");
-    spans.push_back({absl::StrCat("node:", c.node), t.route_nanos + c.start_nanos, c.end_nanos - c.start_nanos, detail,
+    spans.push_back({absl::StrCat("node:", c.node), sent + c.start_nanos, c.end_nanos - c.start_nanos, detail,
                      c.rows, c.bytes_sent, c.bytes_received});
-    spans.push_back({absl::StrCat("node_compute:", c.node), t.route_nanos + c.end_nanos - c.node_compute_nanos,
+    spans.push_back({absl::StrCat("node_compute:", c.node), sent + c.end_nanos - c.node_compute_nanos,
                      c.node_compute_nanos, detail});
   }
   return spans;
@@ -132,6 +138,15 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const std::string& model_
           "colibri_router_expert_tokens_total", "Token rows routed to each (layer, expert).",
           {{"layer", std::to_string(i / m.total_experts())}, {"expert", std::to_string(i % m.total_experts())}}));
     }
+  }
+  if (options.batching.window > absl::ZeroDuration()) {
+    if (options.batching.max_tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BatchOptions::max_tokens ", options.batching.max_tokens, " must be >= 1"));
+    }
+    BatchOptions batching = options.batching;
+    batching.metrics = options.metrics;
+    r->batcher_ = std::make_unique<LayerBatcher>(backend, m.n_layers, m.d_model, batching);
   }
   return r;
 }
@@ -190,6 +205,7 @@ struct Router::Pending {
   const common::Routes* routes;  // the routes computed: out.routes or with_shared
   LayerWork work;
   std::vector<float> slots;  // [num_slots][d_model]
+  BatchInfo batch;           // when merged with other callers
 };
 
 absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
@@ -272,6 +288,9 @@ absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
 ForwardOutput Router::Aggregate(Pending& p) {
   ForwardOutput& out = p.out;
   out.timings.dispatch_nanos = NanosSince(p.dispatch);
+  out.timings.queue_nanos = p.batch.queue_nanos;
+  out.timings.merged_callers = p.batch.callers;
+  out.timings.merged_tokens = p.batch.tokens;
   // Each token's slots in route order, the shared experts last.
   const auto aggregate = std::chrono::steady_clock::now();
   const int64_t d_model = manifest().d_model;
@@ -302,6 +321,14 @@ void Router::ForwardAsync(const ForwardInput& in, CallControl& control,
   if (!s.ok()) return done(std::move(s));
   p->dispatch = std::chrono::steady_clock::now();
   if (p->work.experts.empty()) return done(Aggregate(*p));
+  if (batcher_ != nullptr && batcher_->Accepts(p->work)) {
+    BatchCall call{&p->work, p->slots.data(), &p->out.backend, &p->batch, &control, p,
+                   [this, p, done = std::move(done)](absl::Status status) {
+                     if (!status.ok()) return done(std::move(status));
+                     done(Aggregate(*p));
+                   }};
+    return batcher_->Submit(std::move(call));
+  }
   backend_->ComputeAsync(p->work, p->slots.data(), control, &p->out.backend,
                          [this, p, done = std::move(done)](absl::Status status) {
                            if (!status.ok()) return done(std::move(status));

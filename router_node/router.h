@@ -29,6 +29,7 @@
 #include "common/model_dir.h"
 #include "common/routing.h"
 #include "router_node/expert_backend.h"
+#include "router_node/layer_batcher.h"
 
 namespace colibri {
 namespace router_node {
@@ -57,6 +58,11 @@ struct StageTimings {
   int64_t dispatch_nanos = 0;  // until the backend returned (the slowest node)
   int64_t aggregate_nanos = 0;
   int64_t total_nanos = 0;
+  // Merged with other callers (RouterOptions::batching): the wait before the
+  // merged call was sent (part of dispatch), its callers and tokens.
+  int64_t queue_nanos = 0;
+  int64_t merged_callers = 0;
+  int64_t merged_tokens = 0;
 };
 
 struct ForwardOutput {
@@ -68,7 +74,8 @@ struct ForwardOutput {
 };
 
 // One stage of a Forward as clients see it (Router's Timing message):
-// route, dispatch, aggregate, total, and per node call "node:node-<i>" and
+// route, dispatch, aggregate, total, "queue" when it was merged with other
+// callers ("callers N tokens M"), and per node call "node:node-<i>" and
 // "node_compute:node-<i>" (placed at the end of the call: a node reports
 // how long its kernels ran, not when they started). Starts are from the
 // beginning of the Forward.
@@ -87,6 +94,9 @@ struct RouterOptions {
   int64_t max_tokens = 65536;                  // tokens of one Forward; beyond: RESOURCE_EXHAUSTED
   bool verify_checksums = true;                // of the gate and LUT files at load
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the router
+  // Merging concurrent calls of one layer (layer_batcher.h): on when
+  // batching.window > 0. Its metrics are `metrics`.
+  BatchOptions batching;
 };
 
 class Router {
@@ -119,6 +129,8 @@ class Router {
   // expert >= n_experts, counts every token), and requests served.
   int64_t tokens_routed(int64_t layer, int64_t expert) const;
   int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  // Calls queued to be merged with others (0 when batching is off).
+  int64_t queued_calls() const { return batcher_ != nullptr ? batcher_->queued() : 0; }
 
  private:
   struct Pending;  // a Forward between sending its work and aggregating
@@ -134,6 +146,7 @@ class Router {
   const RouterOptions options_;
   std::vector<std::unique_ptr<common::LayerRouting>> routing_;  // [layer]
   std::vector<common::Counter*> token_counters_;                // [layer * n_experts + e], if metrics
+  std::unique_ptr<LayerBatcher> batcher_;                       // if batching is on
 
   // Statistics (atomics).
   std::unique_ptr<std::atomic<int64_t>[]> tokens_;  // [layer * n_experts + e]

@@ -45,12 +45,14 @@ bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<Ex
   for (size_t w = 0; w < experts.size(); ++w) {
     const int64_t rows = static_cast<int64_t>(experts[w].rows.size());
     if (rows < std::max<int64_t>(options.min_rows, 2)) continue;
+    // The count that picks the kernel: a part keeps it, so the whole and its parts run the same one.
+    const int64_t kernel_rows = experts[w].kernel_rows > 0 ? experts[w].kernel_rows : rows;
     const std::vector<int>& replicas = map.replicas(layer, experts[w].expert);
     if (replicas.size() < 2) continue;
     bool exact = true;
     for (const int n : replicas) {
       const int64_t limit = map.nodes()[n].row_split_limit;
-      exact = exact && (limit < 0 || rows < limit);  // 0, unknown: never
+      exact = exact && (limit < 0 || kernel_rows < limit);  // 0, unknown: never
     }
     if (options.mode == RowSplit::kExact && !exact) continue;
     count[w] = std::min<int64_t>(static_cast<int64_t>(replicas.size()), rows);
@@ -65,6 +67,7 @@ bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<Ex
       const int64_t begin = rows * p / count[w], end = rows * (p + 1) / count[w];
       ExpertWork part;
       part.expert = src.expert;
+      part.kernel_rows = src.kernel_rows;
       part.rows.assign(src.rows.begin() + begin, src.rows.begin() + end);
       part.weights.assign(src.weights.begin() + begin, src.weights.begin() + end);
       part.slots.assign(src.slots.begin() + begin, src.slots.begin() + end);

@@ -261,6 +261,45 @@ TEST_CASE("gpt-oss's and Llama 4's experts (biases, clamped SwiGLU, weight at th
   }
 }
 
+TEST_CASE("rows merged into one task with kernel_rows get the bits of their own smaller tasks") {
+  // Thresholds low enough that the merged row count crosses them: the
+  // merged task must still run the kernel of each caller's own count.
+  for (const DType type : {DType::kBF16, DType::kF32, DType::kInt8, DType::kInt4}) {
+    CAPTURE(common::DTypeName(type));
+    TempDir dir;
+    colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", type);
+    const Layer layer = LoadLayer(dir / "model");
+    const int64_t d_model = layer.model->manifest().d_model;
+    const common::ExpertWeights* expert = layer.experts[1].get();
+    // Three callers of one expert with 1, 2 and 1 rows; kernels change from 3 rows on.
+    ExecutorOptions options;
+    options.onednn_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens = 3;
+    const int64_t tokens = 4;
+    std::vector<float> x(tokens * d_model);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)));
+    const std::vector<int32_t> rows = {0, 1, 2, 3};
+    const std::vector<float> weights = {0.5f, -1.25f, 0.75f, 2.f};
+    auto pool = ThreadPool::Create({2, -1, false});
+    REQUIRE(pool.ok());
+    Workspace ws;
+    std::vector<float> alone(x.size(), 0.f), merged(x.size(), 0.f);
+    const std::vector<std::pair<int, int>> callers = {{0, 1}, {1, 3}, {3, 4}};  // [begin, end) of rows
+    for (const auto& [begin, end] : callers) {
+      const ExpertTask task{expert, rows.data() + begin, weights.data() + begin, end - begin};
+      REQUIRE(RunExperts(**pool, {task}, x.data(), d_model, alone.data(), ws, options));
+    }
+    const ExpertTask all{expert, rows.data(), weights.data(), tokens, nullptr, /*kernel_rows=*/2};
+    REQUIRE(RunExperts(**pool, {all}, x.data(), d_model, merged.data(), ws, options));
+    CHECK(merged == alone);
+    // kernel_rows at the threshold runs the other kernel: the same values
+    // within the type's tolerance.
+    std::vector<float> crossed(x.size(), 0.f);
+    const ExpertTask big{expert, rows.data(), weights.data(), tokens, nullptr, /*kernel_rows=*/3};
+    REQUIRE(RunExperts(**pool, {big}, x.data(), d_model, crossed.data(), ws, options));
+    CHECK(RelativeL2(crossed, alone) < Tolerance(type, 3, options) + 1e-2);
+  }
+}
+
 TEST_CASE("should_stop abandons a call between blocks, and a call never stopped is unchanged") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt8);
