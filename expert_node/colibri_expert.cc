@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, metrics_host, "", "IP address the metrics endpoint listen
 ABSL_FLAG(int, inject_delay_ms, 0,
           "Fault injection for tests and benchmarks: a Compute call waits this long "
           "before it runs (a slow node); 0: off.");
+ABSL_FLAG(bool, merge_calls, true,
+          "Run queued Compute calls of one layer (from several routers or clients) as one pass, reading each "
+          "expert once; every answer keeps its bits.");
 ABSL_FLAG(int, inject_delay_every, 1, "With --inject_delay_ms: delay every Nth Compute call (1: all of them).");
 ABSL_FLAG(std::string, log_format, "text",
           "Log lines on stderr: text (glog's: level, time, thread, file:line, message) or json (one object per line).");
@@ -162,6 +165,7 @@ int main(int argc, char** argv) {
   options.admin_identities = absl::GetFlag(FLAGS_admin_identities);
   options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
   options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.merge_calls = absl::GetFlag(FLAGS_merge_calls);
   options.inject_delay_ms = absl::GetFlag(FLAGS_inject_delay_ms);
   options.inject_delay_every = absl::GetFlag(FLAGS_inject_delay_every);
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -78,8 +79,8 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
           absl::StrCat("experts[", w, "]: expert ", work.expert, " is outside [0, ", m.total_experts(), ")"));
     }
     if (work.kernel_rows < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("experts[", w, "] (expert ", work.expert, "): kernel_rows = ", work.kernel_rows, " is negative"));
+      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "] (expert ", work.expert,
+                                                     "): kernel_rows = ", work.kernel_rows, " is negative"));
     }
     auto weights = set->Find(in.layer, work.expert);
     if (!weights.ok()) return weights.status();
@@ -172,6 +173,8 @@ absl::StatusOr<std::unique_ptr<PreparedCall>> ComputeEngine::Prepare(const Compu
   call->output.assign((in.per_expert_output || grouped ? indices : in.num_rows) * m.d_model, 0.f);
   call->tasks = kernels::ExecutionOrder(tasks);
   call->rows = in.rows.data();
+  call->num_rows = in.num_rows;
+  call->per_entry = in.per_expert_output || grouped;
   call->should_stop = in.should_stop;
   return call;
 }
@@ -184,21 +187,29 @@ absl::StatusOr<bool> ComputeEngine::RunSlice(PreparedCall& call, int64_t slice_r
     ++end;
   }
   const auto start = std::chrono::steady_clock::now();
-  bool completed = false;
-  {
-    common::MutexLock lock(&workspace_mu_);
-    kernels::ExecutorOptions options;
-    options.should_stop = call.should_stop;
-    const absl::Span<const kernels::ExpertTask> slice =
-        absl::MakeConstSpan(call.tasks).subspan(call.next, end - call.next);
-    completed = kernels::RunExperts(*pool_, slice, call.rows, call.set->model().manifest().d_model, call.output.data(),
-                                    workspace_, options);
-  }
+  const absl::Span<const kernels::ExpertTask> slice =
+      absl::MakeConstSpan(call.tasks).subspan(call.next, end - call.next);
+  const bool completed =
+      Run(slice, call.rows, call.set->model().manifest().d_model, call.output.data(), call.should_stop);
   call.compute_nanos +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  COLIBRI_RETURN_IF_ERROR(Check(completed, slice));
+  call.next = end;
+  return call.next == call.tasks.size();
+}
+
+bool ComputeEngine::Run(absl::Span<const kernels::ExpertTask> tasks, const float* rows, int64_t d_model, float* output,
+                        const std::function<bool()>& should_stop) {
+  common::MutexLock lock(&workspace_mu_);
+  kernels::ExecutorOptions options;
+  options.should_stop = should_stop;
+  return kernels::RunExperts(*pool_, tasks, rows, d_model, output, workspace_, options);
+}
+
+absl::Status ComputeEngine::Check(bool completed, absl::Span<const kernels::ExpertTask> tasks) {
   if (!completed) return absl::CancelledError("the call was abandoned during compute (cancelled or past its deadline)");
-  for (size_t i = call.next; i < end; ++i) {
-    const common::ExpertWeights& e = *call.tasks[i].expert;
+  for (const kernels::ExpertTask& t : tasks) {
+    const common::ExpertWeights& e = *t.expert;
     if (e.file != nullptr && e.file->faulted()) {
       return absl::DataLossError(absl::StrCat(
           "layer ", e.layer, " expert ", e.expert,
@@ -206,8 +217,77 @@ absl::StatusOr<bool> ComputeEngine::RunSlice(PreparedCall& call, int64_t slice_r
           "must be reloaded with intact files"));
     }
   }
-  call.next = end;
-  return call.next == call.tasks.size();
+  return absl::OkStatus();
+}
+
+absl::Status ComputeEngine::RunMerged(absl::Span<PreparedCall* const> calls) {
+  const int64_t d = calls[0]->set->model().manifest().d_model;
+  // The calls' rows one after the other, and their outputs likewise.
+  std::vector<int64_t> row_base, out_base;
+  int64_t rows = 0, outputs = 0;
+  for (const PreparedCall* c : calls) {
+    row_base.push_back(rows);
+    out_base.push_back(outputs);
+    rows += c->num_rows;
+    outputs += static_cast<int64_t>(c->output.size()) / d;
+  }
+  std::vector<float> x(rows * d), out(outputs * d, 0.f);
+  for (size_t i = 0; i < calls.size(); ++i)
+    std::copy_n(calls[i]->rows, calls[i]->num_rows * d, x.data() + row_base[i] * d);
+  // One work per expert where the calls' counts allow, else one per call's task.
+  struct Work {
+    explicit Work(const common::ExpertWeights* e) : expert(e) {}
+    const common::ExpertWeights* expert;
+    std::vector<int32_t> rows, out_rows;
+    std::vector<float> weights;
+    int64_t kernel_rows = 0;
+  };
+  std::vector<Work> works;
+  std::map<const common::ExpertWeights*, size_t> shared;  // expert -> its merged work
+  const kernels::KernelTable& kernels = kernels::SelectedKernels();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    for (const kernels::ExpertTask& t : calls[i]->tasks) {
+      const int64_t own = t.kernel_rows > 0 ? t.kernel_rows : t.num_rows;
+      const int64_t limit = kernels::RowSplitLimit(kernels::ExecutorOptions{}, kernels, t.expert->w1.layout.dtype);
+      size_t w = works.size();
+      if (limit <= 0 || own < limit) {
+        const auto [at, added] = shared.emplace(t.expert, works.size());
+        w = at->second;
+        if (added) works.emplace_back(t.expert);
+      } else {
+        works.emplace_back(t.expert);
+      }
+      Work& work = works[w];
+      for (int64_t r = 0; r < t.num_rows; ++r) {
+        work.rows.push_back(static_cast<int32_t>(t.rows[r] + row_base[i]));
+        work.out_rows.push_back(static_cast<int32_t>(t.out_rows[r] + out_base[i]));
+        work.weights.push_back(t.weights[r]);
+      }
+      work.kernel_rows = std::max(work.kernel_rows, own);
+    }
+  }
+  std::vector<kernels::ExpertTask> tasks;
+  for (const Work& w : works) {
+    tasks.push_back({w.expert, w.rows.data(), w.weights.data(), static_cast<int64_t>(w.rows.size()), w.out_rows.data(),
+                     w.kernel_rows});
+  }
+  // The pass stops only when every caller has given up.
+  auto stop = [calls] {
+    return std::all_of(calls.begin(), calls.end(),
+                       [](const PreparedCall* c) { return c->should_stop != nullptr && c->should_stop(); });
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const bool completed = Run(tasks, x.data(), d, out.data(), stop);
+  const int64_t nanos =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  COLIBRI_RETURN_IF_ERROR(Check(completed, tasks));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    PreparedCall& c = *calls[i];
+    std::copy_n(out.data() + out_base[i] * d, c.output.size(), c.output.data());
+    c.compute_nanos += nanos;
+    c.next = c.tasks.size();
+  }
+  return absl::OkStatus();
 }
 
 ComputeOutput ComputeEngine::Finish(PreparedCall& call) {

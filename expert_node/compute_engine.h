@@ -80,6 +80,8 @@ struct PreparedCall {
   std::function<bool()> should_stop;
   std::vector<float> output;
   int64_t compute_nanos = 0;  // summed over the slices run so far
+  int64_t num_rows = 0;       // of `rows`
+  bool per_entry = false;     // one output row per (expert, row index): per_expert_output or grouped
 };
 
 struct ComputeOutput {
@@ -122,9 +124,28 @@ class ComputeEngine {
   absl::StatusOr<bool> RunSlice(PreparedCall& call, int64_t slice_rows);
   static ComputeOutput Finish(PreparedCall& call);
 
+  // Runs several prepared calls as one executor pass, so that an expert
+  // several of them need is read once: each expert's rows of all the calls
+  // form one task wherever each call's own row count for it is below the
+  // kernels' row threshold (kernels::RowSplitLimit; kernel_rows is the
+  // largest), else the call's task stays its own. Every call's output is
+  // then the bits it gets alone. Afterwards each call is complete (Finish
+  // it); CANCELLED when every call's should_stop stopped the pass, DATA_LOSS
+  // as RunSlice (for all of them).
+  // REQUIRES: calls share one weight set, none has run a slice, all have
+  // per_entry output (a call summing its experts into its rows adds them in
+  // its own order, which a shared pass would not keep).
+  absl::Status RunMerged(absl::Span<PreparedCall* const> calls);
+
   const Limits& limits() const { return limits_; }
 
  private:
+  // RunExperts on the pool with the engine's workspace; false if stopped.
+  bool Run(absl::Span<const kernels::ExpertTask> tasks, const float* rows, int64_t d_model, float* output,
+           const std::function<bool()>& should_stop);
+  // CANCELLED when not `completed`; DATA_LOSS when a task's weight file shrank under it.
+  static absl::Status Check(bool completed, absl::Span<const kernels::ExpertTask> tasks);
+
   ExpertStore* const store_;
   kernels::ThreadPool* const pool_;
   const Limits limits_;

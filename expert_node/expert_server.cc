@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.admin_identities = options.admin_identities;
   service_options.metrics = &s->metrics_;
   service_options.paged = s->paged_.get();
+  service_options.merge_calls = options.merge_calls;
   service_options.inject_delay_ms = options.inject_delay_ms;
   service_options.inject_delay_every = options.inject_delay_every;
   if (options.metrics_port >= 0) {

@@ -62,6 +62,7 @@ struct ServerOptions {
   // one of `admin_identities` (needs tls_client_ca_file).
   std::string admin_listen;
   std::vector<std::string> admin_identities;
+  bool merge_calls = true;     // ExpertService::Options::merge_calls
   int inject_delay_ms = 0;     // fault injection: a Compute sleeps this long first ...
   int inject_delay_every = 1;  // ... every this many calls
   int metrics_port = -1;       // >= 0: serve Prometheus /metrics on it (0 picks a free port)

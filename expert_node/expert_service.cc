@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -141,24 +143,206 @@ void ExpertService::ObservePaging(const ProcessIo& before) {
       ->Set(static_cast<double>(stats.evictions));
 }
 
+// One Compute call, from its arrival until it is answered. The request and
+// response stay alive until the reactor finishes.
+struct ExpertService::ComputeCall {
+  grpc::CallbackServerContext* context = nullptr;
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  const v1::ComputeRequest* request = nullptr;
+  v1::ComputeResponse* response = nullptr;
+  v1::DataType output_dtype = v1::DATA_TYPE_UNSPECIFIED;
+  common::MemoryBudget::Reservation reservation;  // released when the call is dropped
+  PagedWeights::Pin pin;                          // paged residency: the call's experts, read in and kept
+  ProcessIo io;                                   // paged residency: faults and reads before the first step
+  std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
+  int64_t queue_nanos = 0;
+  int64_t entries = 0;     // (expert, row index) pairs
+  bool mergeable = false;  // one slice, one output row per entry: may share a pass (RunTogether)
+  ComputeInput input;
+  std::unique_ptr<PreparedCall> prepared;
+};
+
 void ExpertService::ComputeLoop() {
   for (;;) {
-    Job job;
+    std::vector<Job> jobs;
     bool run = false;
     {
       common::MutexLock lock(&mu_);
       while (!stopping_ && (queue_.empty() || busy_)) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping and drained
-      job = std::move(queue_.front());
+      jobs.push_back(std::move(queue_.front()));
       queue_.pop_front();
       run = !stopping_;
       busy_ = true;
+      // Queued calls of the same layer and model that have not started join it, up to kMergeRows entries.
+      const ComputeCall& first = *jobs[0].call;
+      if (run && options_.merge_calls && first.mergeable && first.prepared == nullptr) {
+        int64_t entries = first.entries;
+        for (auto it = queue_.begin(); it != queue_.end();) {
+          const ComputeCall& c = *it->call;
+          if (c.mergeable && c.prepared == nullptr && c.request->layer() == first.request->layer() &&
+              c.request->model_id() == first.request->model_id() && entries + c.entries <= kMergeRows) {
+            entries += c.entries;
+            jobs.push_back(std::move(*it));
+            it = queue_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
     }
-    const bool finished = job.step(run);
+    std::vector<Job> unfinished;
+    if (jobs.size() > 1) {
+      RunTogether(jobs);
+    } else if (!Step(*jobs[0].call, run)) {
+      unfinished.push_back(std::move(jobs[0]));
+    }
     common::MutexLock lock(&mu_);
     busy_ = false;
-    if (!finished) queue_.push_back(std::move(job));  // round robin: its next slice after every other call's
+    // Round robin: an unfinished call's next slice after every other call's.
+    for (Job& job : unfinished) queue_.push_back(std::move(job));
   }
+}
+
+bool ExpertService::Start(ComputeCall& call) {
+  if (call.context->IsCancelled()) {
+    Finish(call.reactor, "Compute", grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
+    return false;
+  }
+  if (call.context->deadline() < std::chrono::system_clock::now()) {
+    Finish(call.reactor, "Compute", grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
+    return false;
+  }
+  if (options_.inject_delay_ms > 0 && ++computes_ % std::max(1, options_.inject_delay_every) == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_delay_ms));
+  }
+  call.queue_nanos =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.queued).count();
+  if (options_.paged != nullptr) call.io = SampleProcessIo();
+  ComputeInput& input = call.input;
+  input.check_finite = options_.check_finite;
+  const int64_t d_model = store_->Current()->model().manifest().d_model;
+  if (absl::Status s = ParseComputeRequest(*call.request, d_model, engine_->limits(), &input); !s.ok()) {
+    Finish(call.reactor, "Compute", runtime::ToGrpcStatus(s));
+    return false;
+  }
+  // Checked between blocks while computing: a cancelled call or one past its
+  // deadline frees the pool within one block, not at the end of the call.
+  input.should_stop = [context = call.context] {
+    return context->IsCancelled() || context->deadline() < std::chrono::system_clock::now();
+  };
+  absl::StatusOr<std::unique_ptr<PreparedCall>> prepared = engine_->Prepare(input);
+  if (!prepared.ok()) {
+    Finish(call.reactor, "Compute", runtime::ToGrpcStatus(prepared.status()));
+    return false;
+  }
+  call.prepared = *std::move(prepared);
+  return true;
+}
+
+bool ExpertService::Step(ComputeCall& call, bool run) {
+  if (!run) {
+    Finish(call.reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+    return true;
+  }
+  if (call.prepared == nullptr && !Start(call)) return true;
+  absl::StatusOr<bool> done = engine_->RunSlice(*call.prepared, kSliceRows);
+  if (!done.ok()) {
+    Finish(call.reactor, "Compute", runtime::ToGrpcStatus(done.status()));
+    return true;
+  }
+  if (!*done) return false;  // the next slice after the other calls' turns
+  Complete(call, true);
+  return true;
+}
+
+void ExpertService::RunTogether(std::vector<Job>& jobs) {
+  std::vector<ComputeCall*> started;
+  std::vector<PreparedCall*> prepared;
+  for (Job& job : jobs) {
+    ComputeCall& c = *job.call;
+    if (!Start(c)) continue;
+    if (!prepared.empty() && c.prepared->set != prepared[0]->set) {  // a reload between the two: on its own
+      while (!Step(c, true)) {
+      }
+      continue;
+    }
+    started.push_back(&c);
+    prepared.push_back(c.prepared.get());
+  }
+  if (started.empty()) return;
+  const absl::Status status = engine_->RunMerged(prepared);
+  if (!status.ok()) {
+    for (ComputeCall* c : started) Finish(c->reactor, "Compute", runtime::ToGrpcStatus(status));
+    return;
+  }
+  for (ComputeCall* c : started) Complete(*c, false);
+  if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
+    m->GetCounter("colibri_expert_merged_calls_total", "Compute calls that shared one pass with others.")
+        ->Increment(static_cast<double>(started.size()));
+    // The pass read each expert once, however many calls asked for it.
+    std::set<std::pair<int64_t, int64_t>> experts;
+    for (const ComputeCall* c : started) {
+      for (const ExpertWork& w : c->input.experts) {
+        if (!w.row_indices.empty()) experts.insert({c->input.layer, w.expert});
+      }
+    }
+    AddWeightBytes(*prepared[0]->set, experts);
+  }
+}
+
+void ExpertService::AddWeightBytes(const WeightSet& set, const std::set<std::pair<int64_t, int64_t>>& experts) {
+  std::map<int64_t, double> bytes;  // per layer
+  for (const auto& [layer, expert] : experts) {
+    if (auto e = set.Find(layer, expert); e.ok()) {
+      bytes[layer] +=
+          static_cast<double>((*e)->w1.layout.data_bytes + (*e)->w3.layout.data_bytes + (*e)->w2.layout.data_bytes);
+    }
+  }
+  // Divided by colibri_expert_rows_total: the weight bytes read per token.
+  for (const auto& [layer, b] : bytes) {
+    options_.metrics
+        ->GetCounter("colibri_expert_weight_bytes_total", "Bytes of expert weights the Compute passes ran over.",
+                     {{"layer", std::to_string(layer)}})
+        ->Increment(b);
+  }
+}
+
+void ExpertService::Complete(ComputeCall& call, bool count_weights) {
+  const ComputeInput& input = call.input;
+  // The call's own weight set's width: a reload since its first step may have changed the model.
+  const int64_t call_d_model = call.prepared->set->model().manifest().d_model;
+  const ComputeOutput out = ComputeEngine::Finish(*call.prepared);
+  v1::ComputeResponse* response = call.response;
+  FillOutput(out, call_d_model, call.output_dtype, response->mutable_output());
+  if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
+    const common::Labels layer = {{"layer", std::to_string(input.layer)}};
+    m->GetHistogram("colibri_expert_compute_seconds", "Kernel time of a Compute call.", layer, common::LatencyBuckets())
+        ->Observe(out.compute_nanos * 1e-9);
+    m->GetHistogram("colibri_expert_queue_seconds", "Time a Compute call waited for the compute thread.", {},
+                    common::LatencyBuckets())
+        ->Observe(call.queue_nanos * 1e-9);
+    m->GetCounter("colibri_expert_rows_total", "Token rows received.", layer)->Increment(input.num_rows);
+    std::set<std::pair<int64_t, int64_t>> experts;
+    for (const ExpertWork& w : input.experts) {
+      m->GetCounter("colibri_expert_expert_rows_total", "Rows computed per (layer, expert).",
+                    {{"layer", std::to_string(input.layer)}, {"expert", std::to_string(w.expert)}})
+          ->Increment(static_cast<double>(w.row_indices.size()));
+      if (!w.row_indices.empty()) experts.insert({input.layer, w.expert});
+    }
+    if (count_weights) AddWeightBytes(*call.prepared->set, experts);
+    m->GetCounter("colibri_expert_bytes_out_total", "Bytes of output tensors sent.")
+        ->Increment(static_cast<double>(response->output().data().size()));
+    if (options_.paged != nullptr) ObservePaging(call.io);
+  }
+  response->set_weights_version(out.weights_version);
+  v1::StageTiming* q = response->add_timings();
+  q->set_stage("queue");
+  q->set_nanos(call.queue_nanos);
+  v1::StageTiming* c = response->add_timings();
+  c->set_stage("compute");
+  c->set_nanos(out.compute_nanos);
+  Finish(call.reactor, "Compute", grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* context,
@@ -177,112 +361,28 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
                                      v1::DataType_Name(output_dtype), ") is not f32 or bf16")));
     return reactor;
   }
-  // The call's state across its slices; the request stays alive until the
-  // reactor finishes. Parsing (and bf16 conversion) happens on the compute
-  // thread, not on gRPC's.
+  // Parsing (and bf16 conversion) happens on the compute thread, not on gRPC's.
   absl::StatusOr<common::MemoryBudget::Reservation> reservation =
       budget_.Reserve(ComputeFootprint(*request, store_->Current()->model().manifest().d_model), "this Compute call");
   if (!reservation.ok()) {
     Finish(reactor, "Compute", runtime::ToGrpcStatus(reservation.status()));
     return reactor;
   }
-  struct State {
-    common::MemoryBudget::Reservation reservation;  // released when the call's last step is dropped
-    PagedWeights::Pin pin;                          // paged residency: the call's experts, read in and kept
-    ProcessIo io;                                   // paged residency: faults and reads before the first step
-    std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
-    int64_t queue_nanos = 0;
-    ComputeInput input;
-    std::unique_ptr<PreparedCall> call;
-  };
-  auto state = std::make_shared<State>();
-  state->reservation = *std::move(reservation);
+  auto call = std::make_shared<ComputeCall>();
+  call->context = context;
+  call->reactor = reactor;
+  call->request = request;
+  call->response = response;
+  call->output_dtype = output_dtype;
+  call->reservation = *std::move(reservation);
+  for (const v1::ExpertWork& w : request->experts()) call->entries += w.row_indices_size();
+  call->mergeable = (request->per_expert_output() || request->num_output_rows() > 0) && call->entries <= kSliceRows;
   if (options_.paged != nullptr) {
     // The routes are known now: start reading the call's experts while the calls ahead of it run.
     std::vector<int64_t> experts;
     for (const v1::ExpertWork& w : request->experts()) experts.push_back(w.expert());
-    state->pin = options_.paged->Acquire(store_->Current(), request->layer(), experts);
+    call->pin = options_.paged->Acquire(store_->Current(), request->layer(), experts);
   }
-  // One step: the first parses and prepares; each runs one slice. True when the call is finished.
-  auto job = [this, context, reactor, request, response, output_dtype, state](bool run) {
-    if (!run) {
-      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
-      return true;
-    }
-    if (state->call == nullptr) {
-      if (context->IsCancelled()) {
-        Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
-        return true;
-      }
-      if (context->deadline() < std::chrono::system_clock::now()) {
-        Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
-        return true;
-      }
-      if (options_.inject_delay_ms > 0 && ++computes_ % std::max(1, options_.inject_delay_every) == 0) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_delay_ms));
-      }
-      state->queue_nanos =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - state->queued)
-              .count();
-      if (options_.paged != nullptr) state->io = SampleProcessIo();
-      ComputeInput& input = state->input;
-      input.check_finite = options_.check_finite;
-      const int64_t d_model = store_->Current()->model().manifest().d_model;
-      if (absl::Status s = ParseComputeRequest(*request, d_model, engine_->limits(), &input); !s.ok()) {
-        Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
-        return true;
-      }
-      // Checked between blocks while computing: a cancelled call or one past its
-      // deadline frees the pool within one block, not at the end of the call.
-      input.should_stop = [context] {
-        return context->IsCancelled() || context->deadline() < std::chrono::system_clock::now();
-      };
-      absl::StatusOr<std::unique_ptr<PreparedCall>> call = engine_->Prepare(input);
-      if (!call.ok()) {
-        Finish(reactor, "Compute", runtime::ToGrpcStatus(call.status()));
-        return true;
-      }
-      state->call = *std::move(call);
-    }
-    absl::StatusOr<bool> done = engine_->RunSlice(*state->call, kSliceRows);
-    if (!done.ok()) {
-      Finish(reactor, "Compute", runtime::ToGrpcStatus(done.status()));
-      return true;
-    }
-    if (!*done) return false;  // the next slice after the other calls' turns
-    const ComputeInput& input = state->input;
-    // The call's own weight set's width: a reload since its first step may have changed the model.
-    const int64_t call_d_model = state->call->set->model().manifest().d_model;
-    const ComputeOutput out = ComputeEngine::Finish(*state->call);
-    FillOutput(out, call_d_model, output_dtype, response->mutable_output());
-    if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
-      const common::Labels layer = {{"layer", std::to_string(input.layer)}};
-      m->GetHistogram("colibri_expert_compute_seconds", "Kernel time of a Compute call.", layer,
-                      common::LatencyBuckets())
-          ->Observe(out.compute_nanos * 1e-9);
-      m->GetHistogram("colibri_expert_queue_seconds", "Time a Compute call waited for the compute thread.", {},
-                      common::LatencyBuckets())
-          ->Observe(state->queue_nanos * 1e-9);
-      m->GetCounter("colibri_expert_rows_total", "Token rows received.", layer)->Increment(input.num_rows);
-      for (const ExpertWork& w : input.experts) {
-        m->GetCounter("colibri_expert_expert_rows_total", "Rows computed per (layer, expert).",
-                      {{"layer", std::to_string(input.layer)}, {"expert", std::to_string(w.expert)}})
-            ->Increment(static_cast<double>(w.row_indices.size()));
-      }
-      m->GetCounter("colibri_expert_bytes_out_total", "Bytes of output tensors sent.")
-          ->Increment(static_cast<double>(response->output().data().size()));
-      if (options_.paged != nullptr) ObservePaging(state->io);
-    }
-    response->set_weights_version(out.weights_version);
-    v1::StageTiming* q = response->add_timings();
-    q->set_stage("queue");
-    q->set_nanos(state->queue_nanos);
-    v1::StageTiming* c = response->add_timings();
-    c->set_stage("compute");
-    c->set_nanos(out.compute_nanos);
-    Finish(reactor, "Compute", grpc::Status::OK);
-    return true;
-  };
   {
     common::MutexLock lock(&mu_);
     if (stopping_) {
@@ -303,20 +403,18 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
         return reactor;
       }
     }
-    int64_t entries = 0;
-    for (const v1::ExpertWork& w : request->experts()) entries += w.row_indices_size();
-    if (!queue_.empty() || busy_ || entries > kSliceRows) {
-      queue_.push_back({context, std::move(job)});
+    if (!queue_.empty() || busy_ || call->entries > kSliceRows) {
+      queue_.push_back({context, std::move(call)});
       cv_.Signal();
       return reactor;
     }
     busy_ = true;
   }
   // Idle node, one-slice call: run it here.
-  const bool finished = job(true);
+  const bool finished = Step(*call, true);
   common::MutexLock lock(&mu_);
   busy_ = false;
-  if (!finished) queue_.push_back({context, std::move(job)});
+  if (!finished) queue_.push_back({context, std::move(call)});
   if (!queue_.empty()) cv_.Signal();
   return reactor;
 }

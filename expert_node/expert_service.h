@@ -21,7 +21,9 @@
 
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +43,8 @@ namespace expert_node {
 class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
  public:
   static constexpr int64_t kSliceRows = 256;
+  // Most entries of one pass that merges queued calls.
+  static constexpr int64_t kMergeRows = 1024;
 
   struct Options {
     std::string model_root;  // Reload's model_dir must resolve inside it
@@ -60,6 +64,11 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     // Paged residency: prefetches and pins each call's experts on arrival
     // (expert_node/paged_weights.h). Optional; must outlive the service.
     PagedWeights* paged = nullptr;
+    // Queued calls of one layer and model that have not started, each of one
+    // slice with an output row per entry (what routers send), run as one
+    // executor pass (ComputeEngine::RunMerged): an expert several of them
+    // need is read once, and each answer keeps its bits.
+    bool merge_calls = true;
     int inject_delay_ms = 0;     // fault injection (tests, benchmarks): sleep this long before a Compute ...
     int inject_delay_every = 1;  // ... every this many calls (1: all)
   };
@@ -93,7 +102,21 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
                                      bool admin);
   grpc::ServerUnaryReactor* ReloadAs(grpc::CallbackServerContext* context, const colibri::v1::ReloadRequest* request,
                                      colibri::v1::ReloadResponse* response, bool admin);
+  struct ComputeCall;  // one Compute call in flight
+  struct Job;
   void ComputeLoop();
+  // Parses and prepares the call; false when it was answered instead (an
+  // error, cancelled, past its deadline).
+  bool Start(ComputeCall& call);
+  // The call's next slice (its first starts it; run=false answers UNAVAILABLE);
+  // true when it has been answered.
+  bool Step(ComputeCall& call, bool run);
+  // Starts the calls and runs them as one pass, answering each.
+  // REQUIRES: each is mergeable and not started.
+  void RunTogether(std::vector<Job>& jobs);
+  // Answers a computed call (output, metrics; its weight bytes if `count_weights`).
+  void Complete(ComputeCall& call, bool count_weights);
+  void AddWeightBytes(const WeightSet& set, const std::set<std::pair<int64_t, int64_t>>& experts);
   // Counts the call by method and status code, then finishes it.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);
   void UpdateWeightGauges();
@@ -107,10 +130,10 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
   common::Mutex mu_;
   common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
-  // A call's next step; it returns true when the call is finished (run=false: shutting down, finish now).
+  // A queued call.
   struct Job {
     grpc::CallbackServerContext* context = nullptr;  // valid until the call is finished
-    std::function<bool(bool run)> step;
+    std::shared_ptr<ComputeCall> call;
   };
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a step is running (compute thread, or a small call inline)

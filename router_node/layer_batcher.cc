@@ -53,7 +53,7 @@ struct Batch {
 struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   struct Layer {
     std::deque<std::shared_ptr<Entry>> queue;
-    int64_t tokens = 0;     // queued
+    int64_t tokens = 0;  // queued
     bool in_flight = false;
     size_t expected = 1;  // callers active at the last merged call's end: the queue goes once it holds as many
   };
@@ -232,9 +232,8 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
           l.queue.erase(std::find(l.queue.begin(), l.queue.end(), e));
           l.tokens -= e->tokens;
         } else if (std::shared_ptr<Batch> b = e->batch.lock();
-                   b != nullptr && !b->cancelled && std::all_of(b->members.begin(), b->members.end(), [](const auto& m) {
-                     return m->finished;
-                   })) {
+                   b != nullptr && !b->cancelled &&
+                   std::all_of(b->members.begin(), b->members.end(), [](const auto& m) { return m->finished; })) {
           b->cancelled = true;
           cancels.push_back(std::move(b));
         }
@@ -327,8 +326,7 @@ LayerBatcher::~LayerBatcher() {
 }
 
 bool LayerBatcher::Accepts(const LayerWork& work) const {
-  return work.num_tokens <= state_->options.max_tokens && !work.experts.empty() &&
-         state_->backend->Mergeable(work);
+  return work.num_tokens <= state_->options.max_tokens && !work.experts.empty() && state_->backend->Mergeable(work);
 }
 
 int64_t LayerBatcher::queued() const {

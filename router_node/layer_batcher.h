@@ -42,7 +42,7 @@ struct BatchOptions {
   // > 0: merging on, and the longest a caller waits for others while no
   // merged call of its layer is in flight. 0: off.
   absl::Duration window = absl::ZeroDuration();
-  int64_t max_tokens = 256;  // tokens of one merged call; a caller with more is not merged
+  int64_t max_tokens = 256;                    // tokens of one merged call; a caller with more is not merged
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the batcher
 };
 
@@ -59,8 +59,8 @@ struct BatchCall {
   float* slots = nullptr;           // receives its [num_slots][d_model] results
   BackendStats* stats = nullptr;    // receives the merged call's node calls
   BatchInfo* info = nullptr;
-  CallControl* control = nullptr;  // must live until `done` runs
-  std::shared_ptr<void> keep;      // keeps work, slots, stats and info alive until `done` has run
+  CallControl* control = nullptr;          // must live until `done` runs
+  std::shared_ptr<void> keep;              // keeps work, slots, stats and info alive until `done` has run
   std::function<void(absl::Status)> done;  // exactly once
 };
 

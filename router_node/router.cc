@@ -95,7 +95,7 @@ std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
                                    {"dispatch", t.route_nanos, t.dispatch_nanos, ""},
                                    {"aggregate", t.route_nanos + t.dispatch_nanos, t.aggregate_nanos, ""},
                                    {"total", 0, t.total_nanos, ""}};
-  if (t.merged_callers > 0) {
+  if (t.merged_callers > 1 || t.queue_nanos > 0) {  // merged, or waited for others (a lone call sent at once: 0)
     spans.push_back({"queue", t.route_nanos, t.queue_nanos,
                      absl::StrCat("callers ", t.merged_callers, " tokens ", t.merged_tokens)});
   }
@@ -104,8 +104,8 @@ std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
   for (const NodeCallRecord& c : out.backend.calls) {
     const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
                                             c.hedge ? " hedge" : "");
-    spans.push_back({absl::StrCat("node:", c.node), sent + c.start_nanos, c.end_nanos - c.start_nanos, detail,
-                     c.rows, c.bytes_sent, c.bytes_received});
+    spans.push_back({absl::StrCat("node:", c.node), sent + c.start_nanos, c.end_nanos - c.start_nanos, detail, c.rows,
+                     c.bytes_sent, c.bytes_received});
     spans.push_back({absl::StrCat("node_compute:", c.node), sent + c.end_nanos - c.node_compute_nanos,
                      c.node_compute_nanos, detail});
   }
@@ -322,11 +322,17 @@ void Router::ForwardAsync(const ForwardInput& in, CallControl& control,
   p->dispatch = std::chrono::steady_clock::now();
   if (p->work.experts.empty()) return done(Aggregate(*p));
   if (batcher_ != nullptr && batcher_->Accepts(p->work)) {
-    BatchCall call{&p->work, p->slots.data(), &p->out.backend, &p->batch, &control, p,
-                   [this, p, done = std::move(done)](absl::Status status) {
-                     if (!status.ok()) return done(std::move(status));
-                     done(Aggregate(*p));
-                   }};
+    BatchCall call;
+    call.work = &p->work;
+    call.slots = p->slots.data();
+    call.stats = &p->out.backend;
+    call.info = &p->batch;
+    call.control = &control;
+    call.keep = p;
+    call.done = [this, p, done = std::move(done)](absl::Status status) {
+      if (!status.ok()) return done(std::move(status));
+      done(Aggregate(*p));
+    };
     return batcher_->Submit(std::move(call));
   }
   backend_->ComputeAsync(p->work, p->slots.data(), control, &p->out.backend,

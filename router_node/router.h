@@ -75,7 +75,8 @@ struct ForwardOutput {
 
 // One stage of a Forward as clients see it (Router's Timing message):
 // route, dispatch, aggregate, total, "queue" when it was merged with other
-// callers ("callers N tokens M"), and per node call "node:node-<i>" and
+// callers or waited for them ("callers N tokens M"), and per node call
+// "node:node-<i>" and
 // "node_compute:node-<i>" (placed at the end of the call: a node reports
 // how long its kernels ran, not when they started). Starts are from the
 // beginning of the Forward.

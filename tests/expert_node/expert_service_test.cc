@@ -448,6 +448,80 @@ TEST_CASE("a long Compute call is interleaved with later ones and still equals t
   CHECK(remote == local);
 }
 
+TEST_CASE("queued calls of one layer run as one pass, each answered with the bits it gets alone") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kInt8);
+  // Every call's first step sleeps 300 ms (fault injection): the calls sent
+  // while the first one sleeps queue behind it, and then run together.
+  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/300);
+  auto rows = [](int n, float phase) {
+    std::vector<float> r(n * kDModel);
+    for (size_t i = 0; i < r.size(); ++i) r[i] = std::sin(phase + 0.37f * static_cast<float>(i));
+    return r;
+  };
+  // Three routers' calls: per-expert rows, per-expert rows in bf16, grouped rows.
+  std::vector<v1::ComputeRequest> requests;
+  requests.push_back(Request(rows(3, 0.1f)));
+  requests.back().set_per_expert_output(true);
+  requests.push_back(Request(rows(4, 0.7f)));
+  requests.back().set_per_expert_output(true);
+  requests.back().set_output_dtype(v1::DATA_TYPE_BF16);
+  requests.push_back(Request(rows(3, 1.3f)));  // rows 0 and 2 through expert 0, row 1 through expert 1
+  for (const int32_t o : {0, 1}) requests.back().mutable_experts(0)->add_output_rows(o);
+  requests.back().mutable_experts(0)->add_ranks(0);
+  requests.back().mutable_experts(0)->add_ranks(0);
+  requests.back().mutable_experts(1)->add_output_rows(0);
+  requests.back().mutable_experts(1)->add_ranks(1);
+  requests.back().set_num_output_rows(2);
+
+  grpc::ClientContext first_context;
+  v1::ComputeRequest first = Request(rows(3, 2.f));
+  first.set_per_expert_output(true);
+  v1::ComputeResponse first_response;
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  node.stub->async()->Compute(&first_context, &first, &first_response, [&](grpc::Status) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++done;
+    cv.notify_all();
+  });
+  for (int i = 0; i < 1000; ++i) {
+    if (HttpGet(node.server->metrics_port(), "/metrics").find("colibri_expert_bytes_in_total ") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::vector<grpc::ClientContext> contexts(requests.size());
+  std::vector<v1::ComputeResponse> merged(requests.size());
+  std::vector<grpc::Status> status(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    contexts[i].set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    node.stub->async()->Compute(&contexts[i], &requests[i], &merged[i], [&, i](grpc::Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      status[i] = s;
+      ++done;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == 4; });
+  }
+  const std::string metrics = HttpGet(node.server->metrics_port(), "/metrics");
+  CHECK(metrics.find("colibri_expert_merged_calls_total 3") != std::string::npos);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CAPTURE(i);
+    INFO(status[i].error_message());
+    REQUIRE(status[i].ok());
+    v1::ComputeResponse alone;  // the node is idle now: it runs on its own
+    REQUIRE(Call(node, requests[i], &alone).ok());
+    CHECK(merged[i].output().dtype() == alone.output().dtype());
+    CHECK(merged[i].output().shape(0) == alone.output().shape(0));
+    CHECK(merged[i].output().data() == alone.output().data());
+  }
+}
+
 TEST_CASE("Compute calls beyond the node's memory budget are refused before anything is allocated") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
