@@ -32,7 +32,7 @@ ABSL_FLAG(std::string, cluster_file, "",
           "comments); re-read when it changes.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 picks a free port (printed).");
 ABSL_FLAG(int64_t, max_tokens, 65536, "Most tokens one Forward call may carry (RESOURCE_EXHAUSTED beyond).");
-ABSL_FLAG(int64_t, batch_window_us, 500,
+ABSL_FLAG(int64_t, batch_window_us, 5000,
           "Merge concurrent Forward calls of one layer into one call per node (docs/ROUTER.md, \"Merging "
           "concurrent calls\"): the longest a call waits for the others expected with it; 0: no merging.");
 ABSL_FLAG(int64_t, batch_max_tokens, 256, "Most tokens of one merged call; a call with more is not merged.");

@@ -56,6 +56,11 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     int64_t tokens = 0;  // queued
     bool in_flight = false;
     size_t expected = 1;  // callers active at the last merged call's end: the queue goes once it holds as many
+    absl::Time idle_since = absl::InfinitePast();  // that end
+    // When the queue goes at the latest: `window` after its oldest caller came or the layer became idle.
+    absl::Time WindowEnd(absl::Duration window) const {
+      return std::max(queue.front()->arrival, idle_since) + window;
+    }
   };
 
   State(ExpertBackend* b, int64_t n_layers, int64_t d, const BatchOptions& o)
@@ -75,8 +80,8 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   std::shared_ptr<Batch> TakeIfReady(int32_t layer, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Layer& l = layers[layer];
     if (l.in_flight || l.queue.empty()) return nullptr;
-    const bool ready = l.queue.size() >= l.expected || l.tokens >= options.max_tokens ||
-                       now - l.queue.front()->arrival >= options.window;
+    const bool ready =
+        l.queue.size() >= l.expected || l.tokens >= options.max_tokens || now >= l.WindowEnd(options.window);
     if (!ready) return nullptr;
     auto batch = std::make_shared<Batch>();
     batch->layer = layer;
@@ -181,13 +186,14 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       Layer& l = layers[b->layer];
       l.in_flight = false;
       l.expected = std::max<size_t>(1, b->members.size() + l.queue.size());
+      l.idle_since = absl::Now();
       for (const auto& e : b->members) {
         if (e->finished) continue;
         e->finished = true;
         live_entries.erase(e);
         live.push_back(e);
       }
-      if (!stopping) next = TakeIfReady(b->layer, absl::Now());
+      if (!stopping) next = TakeIfReady(b->layer, l.idle_since);
       if (next == nullptr && !l.queue.empty()) wake.Signal();  // the window of the queue starts to count
     }
     if (next != nullptr) Launch(next, false);
@@ -242,7 +248,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       for (size_t layer = 0; layer < layers.size(); ++layer) {
         if (std::shared_ptr<Batch> b = TakeIfReady(static_cast<int32_t>(layer), now)) launches.push_back(std::move(b));
         const Layer& l = layers[layer];
-        if (!l.in_flight && !l.queue.empty()) wake_at = std::min(wake_at, l.queue.front()->arrival + options.window);
+        if (!l.in_flight && !l.queue.empty()) wake_at = std::min(wake_at, l.WindowEnd(options.window));
       }
       if (drops.empty() && launches.empty()) {
         // At most a second: a far deadline must not overflow the clock's wait.

@@ -8,7 +8,8 @@
 // no merged call of that layer is in flight and either it holds as many
 // callers as the layer's last merged call had (so a lone caller goes at
 // once, and a group of callers that came back together is not split), or it
-// holds max_tokens tokens, or its oldest caller has waited `window`. While
+// holds max_tokens tokens, or `window` has passed since its oldest caller
+// came or the layer's last merged call ended, whichever is later. While
 // a merged call is in flight the queue waits for it: the backend computes
 // one call at a time anyway, and the next one then carries every caller
 // that arrived meanwhile.

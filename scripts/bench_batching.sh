@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
-# Dynamic batching: concurrent single-token streams against two routers on
-# the same expert node, one merging concurrent calls of a layer
-# (--batch_window_us W) and one not (--batch_window_us 0), same run. The
+# Dynamic batching: concurrent single-token streams against two router+node
+# pairs on the same CPUs, one merging concurrent calls of a layer
+# (--batch_window_us W, nodes --merge_calls) and one merging nowhere
+# (--batch_window_us 0, --merge_calls=false), same run. The
 # Mixtral-8x7B-shaped layer (d_model 4096, d_ff 14336, 8 experts, top-2;
 # cached, shared with the other benchmarks; --small: d_model 1024, d_ff 2816)
-# in --type (bf16), one colibri-expert with 2 threads on both CPUs.
+# in --type (bf16), colibri-expert with 2 threads on both CPUs (the pair
+# not measured is idle).
 # For each stream count, off then on, --rounds times: tokens/s and per-call
 # latency from `colibri-bench run`, and the weight bytes the node read per
 # token (its colibri_expert_weight_bytes_total over colibri_expert_rows_total)
 # beside the expected bytes of a merged call of that many tokens (the
 # expected union of top-2 of 8 experts over n uniformly routed tokens,
-# 8 * (1 - (6/8)^n), times one expert's bytes, over n). Every process started
-# is stopped on exit.
+# 8 * (1 - (6/8)^n), times one expert's bytes, over n), and the mean callers
+# per merged call (the router's colibri_router_batch_callers). Every process
+# started is stopped on exit.
 #
 # Usage: bash scripts/bench_batching.sh [--streams "1 4 16"] [--duration 10] [--rounds 1]
-#                                       [--window_us 500] [--type bf16] [--small]
+#                                       [--window_us 5000] [--type bf16] [--small]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 streams_list="1 4 16"
 duration=10
 rounds=1
-window_us=500
+window_us=5000
 type=bf16
 shape=(--d_model 4096 --d_ff 14336)
 name=mixtral_8x7b_layer
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
     --window_us) window_us=$2; shift 2 ;;
     --type) type=$2; shift 2 ;;
     --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench_batching: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -48,30 +51,40 @@ source "$root/scripts/process_lib.sh"
 proc_init
 all_cpus=0-$(($(nproc) - 1))
 
-proc_start node taskset -c "$all_cpus" "$build/expert_node/colibri-expert" --model "$model" --threads 2 \
-  --listen 127.0.0.1:0 --metrics_port 0
-node="127.0.0.1:$port"
-for _ in $(seq 1 100); do grep -q 'metrics on port' "$proc_logs/node.out" && break; sleep 0.1; done
-metrics_port=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$proc_logs/node.out")
-declare -A routers
+# metrics_port NAME: the port the process NAME serves /metrics on.
+metrics_port() {
+  for _ in $(seq 1 100); do grep -q 'metrics on port' "$proc_logs/$1.out" && break; sleep 0.1; done
+  sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$proc_logs/$1.out"
+}
+# Per mode a node and a router: "off" merges nowhere, "on" in the router and the node.
+declare -A routers node_metrics router_metrics
 for mode in off on; do
-  w=0
-  [ "$mode" = on ] && w=$window_us
+  w=0 merge=false
+  [ "$mode" = on ] && w=$window_us merge=true
+  proc_start "node-$mode" taskset -c "$all_cpus" "$build/expert_node/colibri-expert" --model "$model" \
+    --threads 2 --listen 127.0.0.1:0 --metrics_port 0 --merge_calls="$merge"
+  node="127.0.0.1:$port"
+  node_metrics[$mode]=$(metrics_port "node-$mode")
   proc_start "router-$mode" taskset -c "$all_cpus" "$build/router_node/colibri-router" --model "$model" \
-    --experts_at "$node" --listen 127.0.0.1:0 --batch_window_us "$w"
+    --experts_at "$node" --listen 127.0.0.1:0 --batch_window_us "$w" --metrics_port 0
   routers[$mode]="127.0.0.1:$port"
+  router_metrics[$mode]=$(metrics_port "router-$mode")
   for _ in $(seq 1 100); do
     "$build/tools/colibri-health" --target "${routers[$mode]}" --timeout_ms 500 >/dev/null 2>&1 && break
     sleep 0.1
   done
 done
 
-# "bytes rows": the node's weight bytes read and token rows received so far.
-node_counters() {
-  curl -s "http://127.0.0.1:$metrics_port/metrics" | awk '
+# "bytes rows callers calls" of MODE: the node's weight bytes read and token rows received so far,
+# and the router's merged-call callers and calls.
+counters() {
+  { curl -s "http://127.0.0.1:${node_metrics[$1]}/metrics"; curl -s "http://127.0.0.1:${router_metrics[$1]}/metrics"; } |
+    awk '
     /^colibri_expert_weight_bytes_total/ { b += $NF }
     /^colibri_expert_rows_total/ { r += $NF }
-    END { printf "%.0f %.0f\n", b, r }'
+    /^colibri_router_batch_callers_sum/ { s += $NF }
+    /^colibri_router_batch_callers_count/ { n += $NF }
+    END { printf "%.0f %.0f %.0f %.0f\n", b, r, s, n }'
 }
 
 expert_bytes=$(stat -c %s "$model/layer_000/expert_000.bin")
@@ -79,20 +92,21 @@ echo "# machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1
 echo "# $name ($type, top-2 of 8, one expert $((expert_bytes / 1048576)) MiB); 1 node, 2 threads; router and"
 echo "# clients on the same 2 CPUs. colibri-bench run: N single-token streams, ${duration} s a run, lut routes;"
 echo "# merging on: --batch_window_us $window_us. Runs close in time are compared (the machine's speed drifts)."
-echo "# streams | merging | tokens/s | p50 (us) | p99 (us) | node MB read / token | merged-call MB / token (expected)"
+echo "# streams | merging | tokens/s | p50 (us) | p99 (us) | node MB read / token | merged-call MB / token (expected) | callers / merged call"
 declare -A tps
 for round in $(seq 1 "$rounds"); do
   for n in $streams_list; do
     for mode in off on; do
-      read -r b0 r0 < <(node_counters)
+      read -r b0 r0 s0 n0 < <(counters "$mode")
       out=$(taskset -c "$all_cpus" "$build/tools/colibri-bench" run --router "${routers[$mode]}" \
         --concurrency "$n" --duration "$duration" --batch_size 1 --progress=false)
-      read -r b1 r1 < <(node_counters)
+      read -r b1 r1 s1 n1 < <(counters "$mode")
       figures=$(bench_run_figures "$out")
       tps[$mode]=${figures%%|*}
       echo "$n | $mode | ${figures//|/ | } | $(awk -v b=$((b1 - b0)) -v r=$((r1 - r0)) 'BEGIN {
         if (r > 0) printf "%.1f", b / r / 1e6; else printf "-" }') | $(awk -v n="$n" -v e="$expert_bytes" 'BEGIN {
-        printf "%.1f", 8 * (1 - (6 / 8) ^ n) * e / n / 1e6 }')"
+        printf "%.1f", 8 * (1 - (6 / 8) ^ n) * e / n / 1e6 }') | $(awk -v s=$((s1 - s0)) -v c=$((n1 - n0)) 'BEGIN {
+        if (c > 0) printf "%.1f", s / c; else printf "-" }')"
     done
     echo "# $n streams, round $round: on / off tokens/s = $(awk -v a="${tps[off]}" -v b="${tps[on]}" 'BEGIN {
       if (a > 0) printf "%.2f", b / a }')"
