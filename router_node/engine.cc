@@ -34,6 +34,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_di
   e->backend_ = std::make_unique<router_node::LocalBackend>(e->store_.get(), e->pool_.get());
   router_node::RouterOptions router;
   router.max_tokens = options.max_tokens;
+  router.batching.window = options.batch_window;
+  router.batching.max_tokens = options.batch_max_tokens;
   router.verify_checksums = options.verify_checksums;
   router.metrics = options.metrics;
   COLIBRI_ASSIGN_OR_RETURN(e->router_, router_node::Router::Create(model_dir, e->backend_.get(), router));

@@ -30,12 +30,16 @@ namespace colibri {
 class Engine {
  public:
   struct Options {
-    int threads = 0;                             // compute threads; 0: one per allowed CPU (of numa_node)
-    int numa_node = -1;                          // >= 0: bind threads and weight copies to this node
-    bool lock_memory = false;                    // mlock the weights (a warning goes to `log` if refused)
-    bool hugepages = false;                      // copy the weights to transparent-huge-page memory
-    bool verify_checksums = true;                // hash every file at load
-    int64_t max_tokens = 65536;                  // tokens per Forward
+    int threads = 0;               // compute threads; 0: one per allowed CPU (of numa_node)
+    int numa_node = -1;            // >= 0: bind threads and weight copies to this node
+    bool lock_memory = false;      // mlock the weights (a warning goes to `log` if refused)
+    bool hugepages = false;        // copy the weights to transparent-huge-page memory
+    bool verify_checksums = true;  // hash every file at load
+    int64_t max_tokens = 65536;    // tokens per Forward
+    // > 0: concurrent Forward calls of one layer (from several threads) are
+    // merged into one pass (router_node/layer_batcher.h); 0: off.
+    absl::Duration batch_window = absl::ZeroDuration();
+    int64_t batch_max_tokens = 256;
     std::ostream* log = nullptr;                 // warnings; null: none. Must outlive the engine.
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the engine
   };

@@ -58,9 +58,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     size_t expected = 1;  // callers active at the last merged call's end: the queue goes once it holds as many
     absl::Time idle_since = absl::InfinitePast();  // that end
     // When the queue goes at the latest: `window` after its oldest caller came or the layer became idle.
-    absl::Time WindowEnd(absl::Duration window) const {
-      return std::max(queue.front()->arrival, idle_since) + window;
-    }
+    absl::Time WindowEnd(absl::Duration window) const { return std::max(queue.front()->arrival, idle_since) + window; }
   };
 
   State(ExpertBackend* b, int64_t n_layers, int64_t d, const BatchOptions& o)
@@ -154,17 +152,22 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   }
 
   void Send(const std::shared_ptr<Batch>& b) {
-    Assemble(*b);
+    // A caller alone is sent as it is: its own work, slots and stats (kept
+    // alive by its entry, which the batch holds).
+    const bool alone = b->members.size() == 1;
+    if (!alone) Assemble(*b);
+    const BatchCall& first = b->members[0]->call;
+    const LayerWork& work = alone ? *first.work : b->work;
     if (callers_seen != nullptr) {
       callers_seen->Observe(static_cast<double>(b->members.size()));
-      tokens_seen->Observe(static_cast<double>(b->work.num_tokens));
+      tokens_seen->Observe(static_cast<double>(work.num_tokens));
     }
     for (const auto& e : b->members) {
       const int64_t queued = absl::ToInt64Nanoseconds(b->sent - e->arrival);
-      *e->call.info = {queued, static_cast<int64_t>(b->members.size()), b->work.num_tokens};
+      *e->call.info = {queued, static_cast<int64_t>(b->members.size()), work.num_tokens};
       if (queue_seen != nullptr) queue_seen->Observe(queued * 1e-9);
     }
-    backend->ComputeAsync(b->work, b->slots.data(), *b->control, &b->stats,
+    backend->ComputeAsync(work, alone ? first.slots : b->slots.data(), *b->control, alone ? first.stats : &b->stats,
                           [self = shared_from_this(), b](absl::Status s) { self->Complete(b, s); });
   }
 
@@ -200,7 +203,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     for (size_t i = 0; i < live.size(); ++i) {
       Entry& e = *live[i];
       e.call.control->RemoveHook(e.hook);
-      if (status.ok()) {
+      if (status.ok() && b->members.size() > 1) {
         const size_t m = std::find(b->members.begin(), b->members.end(), live[i]) - b->members.begin();
         const int64_t values = e.call.work->num_slots * d_model;
         std::copy_n(b->slots.data() + b->slot_offset[m] * d_model, values, e.call.slots);

@@ -38,6 +38,9 @@ ABSL_FLAG(int64_t, gap_us, 2000, "router: pause before each call, both paths (id
 ABSL_FLAG(std::string, routing, "lut", "router, run: routing mode of the calls, lut or gate.");
 ABSL_FLAG(std::string, local, "", "run: drive the in-process engine on this model directory instead of --router.");
 ABSL_FLAG(int64_t, batch_size, 1, "run: tokens per Forward call.");
+ABSL_FLAG(
+    int64_t, batch_window_us, 0,
+    "run --local: merge the streams' concurrent calls of a layer in the engine, as colibri-router's flag (0: off).");
 ABSL_FLAG(int64_t, seq_len, 16, "run: decoding steps per sequence (each step calls every layer).");
 ABSL_FLAG(int64_t, layers, 0, "run: MoE layers per step (0: all of the model's).");
 ABSL_FLAG(int, concurrency, 1, "run: client threads, each with its own stream.");
@@ -94,6 +97,7 @@ int main(int argc, char** argv) {
     r.local_model = absl::GetFlag(FLAGS_local);
     r.model_dir = absl::GetFlag(FLAGS_model);
     r.local_threads = absl::GetFlag(FLAGS_threads);
+    r.local_batch_window_us = absl::GetFlag(FLAGS_batch_window_us);
     r.batch_size = absl::GetFlag(FLAGS_batch_size);
     r.seq_len = absl::GetFlag(FLAGS_seq_len);
     r.layers = absl::GetFlag(FLAGS_layers);

@@ -296,6 +296,7 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   } else {
     Engine::Options eo;
     eo.threads = o.local_threads;
+    eo.batch_window = absl::Microseconds(o.local_batch_window_us);
     COLIBRI_ASSIGN_OR_RETURN(engine, Engine::Open(o.local_model, eo));
     const common::Manifest& m = engine->manifest();
     model = {m.d_model, m.n_layers, m.n_experts, m.top_k, m.vocab_size, common::DTypeName(m.weight_type), "in-process"};

@@ -25,10 +25,11 @@ namespace colibri {
 namespace tools {
 
 struct LoadBenchOptions {
-  std::string router;       // host:port, or
-  std::string local_model;  // a model directory run in-process (colibri::Engine)
-  std::string model_dir;    // for --check (the router's model); defaults to local_model
-  int local_threads = 0;    // engine threads
+  std::string router;                 // host:port, or
+  std::string local_model;            // a model directory run in-process (colibri::Engine)
+  std::string model_dir;              // for --check (the router's model); defaults to local_model
+  int local_threads = 0;              // engine threads
+  int64_t local_batch_window_us = 0;  // the engine's batch window (0: no merging)
   int64_t batch_size = 1;
   int64_t seq_len = 16;
   int64_t layers = 0;                                       // 0: all

@@ -63,6 +63,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOption
   remote.tls_server_name = d.node_tls_server_name;
   router_node::RouterOptions router;
   router.max_tokens = d.max_tokens;
+  router.batching.window = d.batch_window;
+  router.batching.max_tokens = d.batch_max_tokens;
   auto direct = std::make_unique<Direct>();
   absl::StatusOr<router_node::RemoteRouter> core = router_node::MakeRemoteRouter(d.model_dir, remote, router);
   if (!core.ok()) return core.status();

@@ -61,6 +61,11 @@ struct ClientOptions {
     absl::Duration hedge_after = absl::ZeroDuration();  // 0: no hedging
     std::string node_replies = "exact";                 // exact, partial or per_expert
     int64_t max_tokens = 65536;
+    // Concurrent Forward calls of one layer from this client's threads are
+    // merged, as colibri-router's --batch_window_us / --batch_max_tokens
+    // (0: off).
+    absl::Duration batch_window = absl::Milliseconds(5);
+    int64_t batch_max_tokens = 256;
     std::string node_tls_ca_file;  // TLS to the nodes, as --node_tls_*
     std::string node_tls_cert_file;
     std::string node_tls_key_file;
