@@ -220,7 +220,7 @@ absl::Status ComputeEngine::Check(bool completed, absl::Span<const kernels::Expe
   return absl::OkStatus();
 }
 
-absl::Status ComputeEngine::RunMerged(absl::Span<PreparedCall* const> calls) {
+std::vector<absl::Status> ComputeEngine::RunMerged(absl::Span<PreparedCall* const> calls) {
   const int64_t d = calls[0]->set->model().manifest().d_model;
   // The calls' rows one after the other, and their outputs likewise.
   std::vector<int64_t> row_base, out_base;
@@ -280,14 +280,16 @@ absl::Status ComputeEngine::RunMerged(absl::Span<PreparedCall* const> calls) {
   const bool completed = Run(tasks, x.data(), d, out.data(), stop);
   const int64_t nanos =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-  COLIBRI_RETURN_IF_ERROR(Check(completed, tasks));
+  std::vector<absl::Status> status;
   for (size_t i = 0; i < calls.size(); ++i) {
     PreparedCall& c = *calls[i];
+    status.push_back(Check(completed, c.tasks));
+    if (!status.back().ok()) continue;
     std::copy_n(out.data() + out_base[i] * d, c.output.size(), c.output.data());
     c.compute_nanos += nanos;
     c.next = c.tasks.size();
   }
-  return absl::OkStatus();
+  return status;
 }
 
 ComputeOutput ComputeEngine::Finish(PreparedCall& call) {

@@ -129,13 +129,14 @@ class ComputeEngine {
   // form one task wherever each call's own row count for it is below the
   // kernels' row threshold (kernels::RowSplitLimit; kernel_rows is the
   // largest), else the call's task stays its own. Every call's output is
-  // then the bits it gets alone. Afterwards each call is complete (Finish
-  // it); CANCELLED when every call's should_stop stopped the pass, DATA_LOSS
-  // as RunSlice (for all of them).
+  // then the bits it gets alone. Returns one status per call: OK (the call
+  // is complete: Finish it), CANCELLED for all when every call's should_stop
+  // stopped the pass, DATA_LOSS as RunSlice for a call whose own experts'
+  // file shrank.
   // REQUIRES: calls share one weight set, none has run a slice, all have
   // per_entry output (a call summing its experts into its rows adds them in
   // its own order, which a shared pass would not keep).
-  absl::Status RunMerged(absl::Span<PreparedCall* const> calls);
+  std::vector<absl::Status> RunMerged(absl::Span<PreparedCall* const> calls);
 
   const Limits& limits() const { return limits_; }
 

@@ -157,6 +157,7 @@ struct ExpertService::ComputeCall {
   std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
   int64_t queue_nanos = 0;
   int64_t entries = 0;     // (expert, row index) pairs
+  int64_t rows = 0;        // rows the request says it carries
   bool mergeable = false;  // one slice, one output row per entry: may share a pass (RunTogether)
   ComputeInput input;
   std::unique_ptr<PreparedCall> prepared;
@@ -177,12 +178,14 @@ void ExpertService::ComputeLoop() {
       // Queued calls of the same layer and model that have not started join it, up to kMergeRows entries.
       const ComputeCall& first = *jobs[0].call;
       if (run && options_.merge_calls && first.mergeable && first.prepared == nullptr) {
-        int64_t entries = first.entries;
-        for (auto it = queue_.begin(); it != queue_.end();) {
+        int64_t entries = first.entries, rows = first.rows;
+        for (auto it = queue_.begin(); it != queue_.end() && jobs.size() < kMergeCalls;) {
           const ComputeCall& c = *it->call;
           if (c.mergeable && c.prepared == nullptr && c.request->layer() == first.request->layer() &&
-              c.request->model_id() == first.request->model_id() && entries + c.entries <= kMergeRows) {
+              c.request->model_id() == first.request->model_id() && entries + c.entries <= kMergeRows &&
+              rows + c.rows <= kMergeRows) {
             entries += c.entries;
+            rows += c.rows;
             jobs.push_back(std::move(*it));
             it = queue_.erase(it);
           } else {
@@ -270,13 +273,20 @@ void ExpertService::RunTogether(std::vector<Job>& jobs) {
     started.push_back(&c);
     prepared.push_back(c.prepared.get());
   }
-  if (started.empty()) return;
-  const absl::Status status = engine_->RunMerged(prepared);
-  if (!status.ok()) {
-    for (ComputeCall* c : started) Finish(c->reactor, "Compute", runtime::ToGrpcStatus(status));
+  if (started.size() == 1) {  // the others were answered at their start
+    while (!Step(*started[0], true)) {
+    }
     return;
   }
-  for (ComputeCall* c : started) Complete(*c, false);
+  if (started.empty()) return;
+  const std::vector<absl::Status> status = engine_->RunMerged(prepared);
+  for (size_t i = 0; i < started.size(); ++i) {
+    if (status[i].ok()) {
+      Complete(*started[i], false);
+    } else {
+      Finish(started[i]->reactor, "Compute", runtime::ToGrpcStatus(status[i]));
+    }
+  }
   if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
     m->GetCounter("colibri_expert_merged_calls_total", "Compute calls that shared one pass with others.")
         ->Increment(static_cast<double>(started.size()));
@@ -288,6 +298,7 @@ void ExpertService::RunTogether(std::vector<Job>& jobs) {
       }
     }
     AddWeightBytes(*prepared[0]->set, experts);
+    if (options_.paged != nullptr) ObservePaging(started[0]->io);  // once: the calls' intervals overlap
   }
 }
 
@@ -308,7 +319,7 @@ void ExpertService::AddWeightBytes(const WeightSet& set, const std::set<std::pai
   }
 }
 
-void ExpertService::Complete(ComputeCall& call, bool count_weights) {
+void ExpertService::Complete(ComputeCall& call, bool own_pass) {
   const ComputeInput& input = call.input;
   // The call's own weight set's width: a reload since its first step may have changed the model.
   const int64_t call_d_model = call.prepared->set->model().manifest().d_model;
@@ -330,10 +341,12 @@ void ExpertService::Complete(ComputeCall& call, bool count_weights) {
           ->Increment(static_cast<double>(w.row_indices.size()));
       if (!w.row_indices.empty()) experts.insert({input.layer, w.expert});
     }
-    if (count_weights) AddWeightBytes(*call.prepared->set, experts);
     m->GetCounter("colibri_expert_bytes_out_total", "Bytes of output tensors sent.")
         ->Increment(static_cast<double>(response->output().data().size()));
-    if (options_.paged != nullptr) ObservePaging(call.io);
+    if (own_pass) {
+      AddWeightBytes(*call.prepared->set, experts);
+      if (options_.paged != nullptr) ObservePaging(call.io);
+    }
   }
   response->set_weights_version(out.weights_version);
   v1::StageTiming* q = response->add_timings();
@@ -376,6 +389,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   call->output_dtype = output_dtype;
   call->reservation = *std::move(reservation);
   for (const v1::ExpertWork& w : request->experts()) call->entries += w.row_indices_size();
+  call->rows = request->rows().shape_size() > 0 ? request->rows().shape(0) : 0;
   call->mergeable = (request->per_expert_output() || request->num_output_rows() > 0) && call->entries <= kSliceRows;
   if (options_.paged != nullptr) {
     // The routes are known now: start reading the call's experts while the calls ahead of it run.
@@ -470,6 +484,7 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   // The engine runs with the default ExecutorOptions: the kernel profile's thresholds (0: none, sent as -1).
   const int64_t limit = kernels::RowSplitLimit({}, kernels::SelectedKernels(), m.weight_type);
   response->set_row_split_limit(limit > 0 ? limit : -1);
+  response->set_reads_kernel_rows(true);
   response->set_state(v1::LOAD_STATE_READY);
   response->set_weights_version(set->version());
   response->set_weights_locked(set->locked());

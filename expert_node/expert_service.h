@@ -43,8 +43,9 @@ namespace expert_node {
 class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
  public:
   static constexpr int64_t kSliceRows = 256;
-  // Most entries of one pass that merges queued calls.
+  // Most entries, and most rows, of one pass that merges queued calls; most calls in it.
   static constexpr int64_t kMergeRows = 1024;
+  static constexpr size_t kMergeCalls = 64;
 
   struct Options {
     std::string model_root;  // Reload's model_dir must resolve inside it
@@ -114,8 +115,9 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   // Starts the calls and runs them as one pass, answering each.
   // REQUIRES: each is mergeable and not started.
   void RunTogether(std::vector<Job>& jobs);
-  // Answers a computed call (output, metrics; its weight bytes if `count_weights`).
-  void Complete(ComputeCall& call, bool count_weights);
+  // Answers a computed call: output and metrics (its weight bytes and paging
+  // only if it had its pass to itself: a merged pass counts them once).
+  void Complete(ComputeCall& call, bool own_pass);
   void AddWeightBytes(const WeightSet& set, const std::set<std::pair<int64_t, int64_t>>& experts);
   // Counts the call by method and status code, then finishes it.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);

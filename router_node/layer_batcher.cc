@@ -46,6 +46,7 @@ struct Batch {
   std::vector<int64_t> slot_offset;  // per member: its first slot in `slots`
   BackendStats stats;
   bool cancelled = false;  // guarded by State::mu: every member is gone
+  bool solo = false;       // a caller sent again on its own after its merged call failed: not the layer's call
 };
 
 }  // namespace
@@ -152,6 +153,18 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   }
 
   void Send(const std::shared_ptr<Batch>& b) {
+    bool gone = false;
+    {
+      common::MutexLock lock(&mu);
+      gone = b->cancelled || stopping;
+    }
+    if (gone) return Complete(b, absl::CancelledError("every caller of the merged call is gone"));
+    // A replica that cannot keep merged rows' bits may have joined since the
+    // callers were queued: then each goes on its own (Complete's retry).
+    if (b->members.size() > 1 && !std::all_of(b->members.begin(), b->members.end(),
+                                              [this](const auto& e) { return backend->Mergeable(*e->call.work); })) {
+      return Complete(b, absl::AbortedError("the experts' nodes changed: sent caller by caller"));
+    }
     // A caller alone is sent as it is: its own work, slots and stats (kept
     // alive by its entry, which the batch holds).
     const bool alone = b->members.size() == 1;
@@ -171,6 +184,22 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
                           [self = shared_from_this(), b](absl::Status s) { self->Complete(b, s); });
   }
 
+  // Sends a caller of a failed merged call on its own.
+  void SendAlone(const std::shared_ptr<Entry>& e) {
+    auto b = std::make_shared<Batch>();
+    b->layer = e->call.work->layer;
+    b->solo = true;
+    b->sent = absl::Now();
+    b->members.push_back(e);
+    b->control = std::make_unique<CallControl>(e->deadline);
+    {
+      common::MutexLock lock(&mu);
+      if (e->finished) return;  // answered meanwhile (cancelled, past its deadline)
+      e->batch = b;
+    }
+    Launch(b, false);
+  }
+
   // Sends `b` on this thread where that cannot hold a caller's thread: an
   // asynchronous backend only sends, and `own_thread` is a Submit whose
   // caller would run its own call anyway; else on the runner thread.
@@ -184,22 +213,36 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   void Complete(const std::shared_ptr<Batch>& b, const absl::Status& status) {
     std::vector<std::shared_ptr<Entry>> live;
     std::shared_ptr<Batch> next;
+    bool retry = false;
     {
       common::MutexLock lock(&mu);
-      Layer& l = layers[b->layer];
-      l.in_flight = false;
-      l.expected = std::max<size_t>(1, b->members.size() + l.queue.size());
-      l.idle_since = absl::Now();
+      // A merged call that failed is sent again caller by caller: a failure
+      // one caller causes (its rows refused, an expert only it needs without
+      // a node) is then its own.
+      retry = !status.ok() && b->members.size() > 1 && !stopping;
       for (const auto& e : b->members) {
         if (e->finished) continue;
-        e->finished = true;
-        live_entries.erase(e);
+        if (!retry) {
+          e->finished = true;
+          live_entries.erase(e);
+        }
         live.push_back(e);
       }
-      if (!stopping) next = TakeIfReady(b->layer, l.idle_since);
-      if (next == nullptr && !l.queue.empty()) wake.Signal();  // the window of the queue starts to count
+      if (!b->solo) {
+        Layer& l = layers[b->layer];
+        l.in_flight = false;
+        // The callers still there come back with their next calls; so do the ones queued meanwhile.
+        l.expected = std::max<size_t>(1, live.size() + l.queue.size());
+        l.idle_since = absl::Now();
+        if (!stopping) next = TakeIfReady(b->layer, l.idle_since);
+        if (next == nullptr && !l.queue.empty()) wake.Signal();  // the window of the queue starts to count
+      }
     }
     if (next != nullptr) Launch(next, false);
+    if (retry) {
+      for (const std::shared_ptr<Entry>& e : live) SendAlone(e);
+      return;
+    }
     for (size_t i = 0; i < live.size(); ++i) {
       Entry& e = *live[i];
       e.call.control->RemoveHook(e.hook);
@@ -368,7 +411,8 @@ void LayerBatcher::Submit(BatchCall call) {
     l.queue.push_back(e);
     l.tokens += e->tokens;
     batch = s.TakeIfReady(e->call.work->layer, e->arrival);
-    if (batch == nullptr) s.wake.Signal();
+    // The watcher: the queue's window, or a cancellation it could not see before the entry was live.
+    if (batch == nullptr || e->call.control->cancelled()) s.wake.Signal();
   }
   if (batch != nullptr) s.Launch(batch, true);
 }

@@ -6,8 +6,9 @@
 //
 // A call joins its layer's queue. The queue is sent as one merged call when
 // no merged call of that layer is in flight and either it holds as many
-// callers as the layer's last merged call had (so a lone caller goes at
-// once, and a group of callers that came back together is not split), or it
+// callers as were active when the layer's last merged call ended (its
+// callers still there plus those queued meanwhile: so a lone caller goes at
+// once, and a group of callers that come back together is not split), or it
 // holds max_tokens tokens, or `window` has passed since its oldest caller
 // came or the layer's last merged call ended, whichever is later. While
 // a merged call is in flight the queue waits for it: the backend computes
@@ -19,6 +20,11 @@
 // ExpertBackend::Mergeable accepts every row runs the kernel its caller's own
 // call would run, and every slot is the same bits as without merging. Each
 // caller gets exactly its own slots back.
+//
+// A merged call that fails is sent again caller by caller, so a failure one
+// caller causes (rows a node refuses, an expert only it needs without a
+// live node) is its own; so is a merged call whose experts' nodes changed
+// since it was queued (Mergeable no longer holds).
 //
 // A caller is never held past its own deadline or cancellation: at its
 // deadline (DEADLINE_EXCEEDED) or cancellation (CANCELLED) it is answered
@@ -60,8 +66,11 @@ struct BatchCall {
   float* slots = nullptr;           // receives its [num_slots][d_model] results
   BackendStats* stats = nullptr;    // receives the merged call's node calls
   BatchInfo* info = nullptr;
-  CallControl* control = nullptr;          // must live until `done` runs
-  std::shared_ptr<void> keep;              // keeps work, slots, stats and info alive until `done` has run
+  CallControl* control = nullptr;  // must live until `done` runs
+  // Keeps work (and the memory its x and x_bf16 point to), slots, stats and
+  // info alive as long as the batcher holds the call: a merged call may still
+  // read them after the caller was answered (cancelled, past its deadline).
+  std::shared_ptr<void> keep;
   std::function<void(absl::Status)> done;  // exactly once
 };
 

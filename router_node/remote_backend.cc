@@ -151,7 +151,7 @@ void RemoteBackend::Rebuild() {
   std::vector<NodeState> states;
   for (const auto& n : topology_->nodes) {
     common::MutexLock lock(&n->mu);
-    states.push_back({n->address, n->live, n->last_error, n->owned, n->row_split_limit});
+    states.push_back({n->address, n->live, n->last_error, n->owned, n->row_split_limit, n->reads_kernel_rows});
   }
   auto topo = std::make_shared<Topology>(*topology_);
   topo->map = std::make_shared<const ShardMap>(options_.n_layers, options_.n_experts + options_.n_shared_experts,
@@ -175,7 +175,10 @@ bool RemoteBackend::Mergeable(const LayerWork& work) const {
     if (replicas.empty()) return false;
     for (const int n : replicas) {
       const int64_t limit = map.nodes()[n].row_split_limit;
-      if (limit == 0 || (limit > 0 && static_cast<int64_t>(w.rows.size()) >= limit)) return false;
+      if (!map.nodes()[n].reads_kernel_rows || limit == 0 ||
+          (limit > 0 && static_cast<int64_t>(w.rows.size()) >= limit)) {
+        return false;
+      }
     }
   }
   return true;
@@ -220,13 +223,12 @@ void RemoteBackend::HealthRound() {
   v1::GetNodeInfoRequest request;
   for (size_t i = 0; i < probes.size(); ++i) {
     probes[i].context.set_deadline(absl::ToChronoTime(clock_->Now() + options_.health_timeout));
-    topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response,
-                                         [&, i](grpc::Status s) {
-                                           probes[i].status = std::move(s);
-                                           common::MutexLock lock(&done_mu);
-                                           ++answered;
-                                           done_cv.SignalAll();
-                                         });
+    topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response, [&, i](grpc::Status s) {
+      probes[i].status = std::move(s);
+      common::MutexLock lock(&done_mu);
+      ++answered;
+      done_cv.SignalAll();
+    });
   }
   {
     common::MutexLock lock(&done_mu);
@@ -262,6 +264,7 @@ void RemoteBackend::HealthRound() {
       }
       node.weights_version = info.weights_version();
       node.row_split_limit = info.row_split_limit();
+      node.reads_kernel_rows = info.reads_kernel_rows();
     }
     if (was_live != node.live && options_.log != nullptr) {
       *options_.log << (node.live ? "" : "WARNING: ") << "node " << node.address

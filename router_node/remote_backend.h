@@ -140,7 +140,8 @@ class RemoteBackend final : public ExpertBackend {
                     std::function<void(absl::Status)> done) override;
   bool asynchronous() const override { return true; }
   // By the live replicas' row_split_limit; an expert with an unknown limit
-  // (0) or no live replica is not mergeable.
+  // (0), a replica that does not read kernel_rows, or no live replica is not
+  // mergeable.
   bool Mergeable(const LayerWork& work) const override;
   std::string kind() const override { return "distributed"; }
 

@@ -38,6 +38,7 @@ struct RemoteBackend::Node {
   std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
   uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;
   int64_t row_split_limit ABSL_GUARDED_BY(mu) = 0;
+  bool reads_kernel_rows ABSL_GUARDED_BY(mu) = false;
 };
 
 struct RemoteBackend::Topology {

@@ -457,7 +457,8 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     std::vector<Call*> to_start;
     {
       common::MutexLock lock(&mu_);
-      if (decided_ || attempt_ != 0) return;
+      // A cancelled layer sends nothing more (its caller may be gone, and its rows with it).
+      if (decided_ || attempt_ != 0 || control_.cancelled()) return;
       const std::vector<int> load = Load();
       for (Race& r : races_) {
         if (r.primary->done || !r.hedges.empty()) continue;

@@ -206,6 +206,9 @@ struct Router::Pending {
   LayerWork work;
   std::vector<float> slots;  // [num_slots][d_model]
   BatchInfo batch;           // when merged with other callers
+  // Merged calls: the client's bf16 rows, copied (the caller may be answered
+  // — and its request freed — while the merged call still reads them).
+  std::vector<uint16_t> x_bf16;
 };
 
 absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
@@ -322,6 +325,10 @@ void Router::ForwardAsync(const ForwardInput& in, CallControl& control,
   p->dispatch = std::chrono::steady_clock::now();
   if (p->work.experts.empty()) return done(Aggregate(*p));
   if (batcher_ != nullptr && batcher_->Accepts(p->work)) {
+    if (p->work.x_bf16 != nullptr) {
+      p->x_bf16.assign(p->work.x_bf16, p->work.x_bf16 + in.num_tokens * in.cols);
+      p->work.x_bf16 = p->x_bf16.data();
+    }
     BatchCall call;
     call.work = &p->work;
     call.slots = p->slots.data();

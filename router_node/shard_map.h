@@ -30,6 +30,7 @@ struct NodeState {
   // GetNodeInfo's row_split_limit: below it, a row's result does not depend
   // on the expert's row count in the call; -1: never depends on it; 0: unknown.
   int64_t row_split_limit = 0;
+  bool reads_kernel_rows = false;  // GetNodeInfo's: rows of several callers may share an entry
 };
 
 class ShardMap {

@@ -11,13 +11,18 @@
 # latency from `colibri-bench run`, and the weight bytes the node read per
 # token (its colibri_expert_weight_bytes_total over colibri_expert_rows_total)
 # beside the expected bytes of a merged call of that many tokens (the
-# expected union of top-2 of 8 experts over n uniformly routed tokens,
-# 8 * (1 - (6/8)^n), times one expert's bytes, over n), and the mean callers
+# expected union of top-k of E experts over n uniformly routed tokens,
+# E * (1 - (1 - k/E)^n), plus the shared experts, times one expert's weight
+# bytes, over n), and the mean callers
 # per merged call (the router's colibri_router_batch_callers). Every process
 # started is stopped on exit.
 #
+# --model DIR runs another converted model instead (e.g. a DeepSeek-V3-shaped
+# layer), --paged its nodes with --residency paged (the two nodes then share
+# the page cache instead of locking two copies).
+#
 # Usage: bash scripts/bench_batching.sh [--streams "1 4 16"] [--duration 10] [--rounds 1]
-#                                       [--window_us 5000] [--type bf16] [--small]
+#                                       [--window_us 5000] [--type bf16] [--small] [--model DIR] [--paged]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 streams_list="1 4 16"
@@ -25,6 +30,8 @@ duration=10
 rounds=1
 window_us=5000
 type=bf16
+model=
+residency=locked
 shape=(--d_model 4096 --d_ff 14336)
 name=mixtral_8x7b_layer
 while [ $# -gt 0 ]; do
@@ -35,7 +42,9 @@ while [ $# -gt 0 ]; do
     --window_us) window_us=$2; shift 2 ;;
     --type) type=$2; shift 2 ;;
     --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --model) model=$2; shift 2 ;;
+    --paged) residency=paged; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "bench_batching: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -44,8 +53,16 @@ done
 bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
-bench_layer "$name" "$type" "${shape[@]}"
-model=$bench_model
+if [ -z "$model" ]; then
+  bench_layer "$name" "$type" "${shape[@]}"
+  model=$bench_model
+fi
+name=$(basename "$(dirname "$model")")/$(basename "$model")
+# manifest_int KEY: an integer of the model's manifest (0 when absent).
+manifest_int() { grep -o "\"$1\": [0-9]*" "$model/manifest.json" | head -1 | grep -o '[0-9]*$' || echo 0; }
+n_experts=$(manifest_int n_experts)
+top_k=$(manifest_int top_k)
+n_shared=$(grep -A1 '"shared_experts": {' "$model/manifest.json" | grep -o '"count": [0-9]*' | grep -o '[0-9]*$' || echo 0)
 
 source "$root/scripts/process_lib.sh"
 proc_init
@@ -62,7 +79,7 @@ for mode in off on; do
   w=0 merge=false
   [ "$mode" = on ] && w=$window_us merge=true
   proc_start "node-$mode" taskset -c "$all_cpus" "$build/expert_node/colibri-expert" --model "$model" \
-    --threads 2 --listen 127.0.0.1:0 --metrics_port 0 --merge_calls="$merge"
+    --threads 2 --listen 127.0.0.1:0 --metrics_port 0 --merge_calls="$merge" --residency "$residency"
   node="127.0.0.1:$port"
   node_metrics[$mode]=$(metrics_port "node-$mode")
   proc_start "router-$mode" taskset -c "$all_cpus" "$build/router_node/colibri-router" --model "$model" \
@@ -87,9 +104,12 @@ counters() {
     END { printf "%.0f %.0f %.0f %.0f\n", b, r, s, n }'
 }
 
-expert_bytes=$(stat -c %s "$model/layer_000/expert_000.bin")
+# One expert's weight bytes as the node counts them (its three matrices' data, no scales).
+weight_type=$(grep -o '"weight_type": "[a-z0-9]*"' "$model/manifest.json" | grep -o '[a-z0-9]*"$' | tr -d '"')
+case "$weight_type" in f32) half_bytes=8 ;; bf16|f16) half_bytes=4 ;; int8) half_bytes=2 ;; *) half_bytes=1 ;; esac
+expert_bytes=$((3 * $(manifest_int d_model) * $(manifest_int d_ff) * half_bytes / 2))
 echo "# machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "# $name ($type, top-2 of 8, one expert $((expert_bytes / 1048576)) MiB); 1 node, 2 threads; router and"
+echo "# $name ($weight_type, top-$top_k of $n_experts + $n_shared shared, one expert $((expert_bytes / 1048576)) MiB); 1 node, 2 threads ($residency); router and"
 echo "# clients on the same 2 CPUs. colibri-bench run: N single-token streams, ${duration} s a run, lut routes;"
 echo "# merging on: --batch_window_us $window_us. Runs close in time are compared (the machine's speed drifts)."
 echo "# streams | merging | tokens/s | p50 (us) | p99 (us) | node MB read / token | merged-call MB / token (expected) | callers / merged call"
@@ -105,7 +125,7 @@ for round in $(seq 1 "$rounds"); do
       tps[$mode]=${figures%%|*}
       echo "$n | $mode | ${figures//|/ | } | $(awk -v b=$((b1 - b0)) -v r=$((r1 - r0)) 'BEGIN {
         if (r > 0) printf "%.1f", b / r / 1e6; else printf "-" }') | $(awk -v n="$n" -v e="$expert_bytes" 'BEGIN {
-        printf "%.1f", 8 * (1 - (6 / 8) ^ n) * e / n / 1e6 }') | $(awk -v s=$((s1 - s0)) -v c=$((n1 - n0)) 'BEGIN {
+        printf "%.1f", ('"$n_experts"' * (1 - (1 - '"$top_k"' / '"$n_experts"') ^ n) + '"$n_shared"') * e / n / 1e6 }') | $(awk -v s=$((s1 - s0)) -v c=$((n1 - n0)) 'BEGIN {
         if (c > 0) printf "%.1f", s / c; else printf "-" }')"
     done
     echo "# $n streams, round $round: on / off tokens/s = $(awk -v a="${tps[off]}" -v b="${tps[on]}" 'BEGIN {

@@ -12,6 +12,7 @@
 
 #include "router_node/layer_batcher.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/half.h"
 #include "common/model_dir.h"
@@ -62,6 +64,9 @@ class GatedBackend final : public ExpertBackend {
       released_ = false;
       holding_ = false;
     }
+    if (work.num_tokens > refuse_over_tokens_) {
+      return absl::InvalidArgumentError(absl::StrCat(work.num_tokens, " tokens: more than this backend takes"));
+    }
     return inner_->Compute(work, contributions, control, stats);
   }
   bool Mergeable(const LayerWork& work) const override { return inner_->Mergeable(work); }
@@ -80,6 +85,8 @@ class GatedBackend final : public ExpertBackend {
     released_ = true;
     cv_.SignalAll();
   }
+  // Calls of more tokens fail with INVALID_ARGUMENT.
+  void RefuseOver(int64_t tokens) { refuse_over_tokens_ = tokens; }
   int64_t max_kernel_rows() {
     common::MutexLock lock(&mu_);
     return max_kernel_rows_;
@@ -94,6 +101,7 @@ class GatedBackend final : public ExpertBackend {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_kernel_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> refuse_over_tokens_{1 << 30};
 };
 
 // Polls `condition` every millisecond for up to 20 s (a correctness wait,
@@ -301,6 +309,34 @@ TEST_CASE("a merged caller cancelled or past its deadline is answered at once an
   REQUIRE(c4.result.ok());
   CHECK(c4.result->output == f.Alone(survivor));
   CHECK(c4.result->timings.merged_callers == 2);
+}
+
+TEST_CASE("a merged call that fails is sent again caller by caller: each failure is the caller's own") {
+  Fixture f;
+  const common::Manifest& m = f.manifest();
+  using common::RoutingMode;
+  const Request first = MakeRequest(m, 0, 1, RoutingMode::kLut, DType::kF32, DType::kF32, 41);
+  const Request small_a = MakeRequest(m, 0, 2, RoutingMode::kGate, DType::kBF16, DType::kBF16, 42);
+  const Request small_b = MakeRequest(m, 0, 3, RoutingMode::kClient, DType::kF32, DType::kF32, 43);
+  const Request big = MakeRequest(m, 0, 5, RoutingMode::kLut, DType::kF32, DType::kF32, 44);
+  f.gated->RefuseOver(3);  // the merged call (10 tokens) and `big` alone are refused
+  f.gated->Arm();
+  Caller c0, c1, c2, c3;
+  c0.Start(*f.merged, first.in);
+  REQUIRE(Eventually([&] { return f.gated->holding(); }));
+  c1.Start(*f.merged, small_a.in);
+  c2.Start(*f.merged, small_b.in);
+  c3.Start(*f.merged, big.in);
+  REQUIRE(Eventually([&] { return f.merged->queued_calls() == 3; }));
+  f.gated->Release();
+  for (Caller* c : {&c0, &c1, &c2, &c3}) c->finished.WaitForNotification();
+  REQUIRE(c0.result.ok());
+  REQUIRE(c1.result.ok());
+  REQUIRE(c2.result.ok());
+  CHECK(c1.result->output == f.Alone(small_a));
+  CHECK(c2.result->output == f.Alone(small_b));
+  CHECK(c1.result->timings.merged_callers == 1);  // its answer came from its own call
+  CHECK(c3.result.status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a lone caller is not held for the window, and a caller over max_tokens is not merged") {
