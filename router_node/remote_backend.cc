@@ -223,12 +223,13 @@ void RemoteBackend::HealthRound() {
   v1::GetNodeInfoRequest request;
   for (size_t i = 0; i < probes.size(); ++i) {
     probes[i].context.set_deadline(absl::ToChronoTime(clock_->Now() + options_.health_timeout));
-    topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response, [&, i](grpc::Status s) {
-      probes[i].status = std::move(s);
-      common::MutexLock lock(&done_mu);
-      ++answered;
-      done_cv.SignalAll();
-    });
+    topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response,
+                                         [&, i](grpc::Status s) {
+                                           probes[i].status = std::move(s);
+                                           common::MutexLock lock(&done_mu);
+                                           ++answered;
+                                           done_cv.SignalAll();
+                                         });
   }
   {
     common::MutexLock lock(&done_mu);
