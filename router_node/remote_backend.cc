@@ -174,11 +174,8 @@ bool RemoteBackend::Mergeable(const LayerWork& work) const {
     const std::vector<int>& replicas = map.replicas(work.layer, w.expert);
     if (replicas.empty()) return false;
     for (const int n : replicas) {
-      const int64_t limit = map.nodes()[n].row_split_limit;
-      if (!map.nodes()[n].reads_kernel_rows || limit == 0 ||
-          (limit > 0 && static_cast<int64_t>(w.rows.size()) >= limit)) {
-        return false;
-      }
+      const NodeState& node = map.nodes()[n];
+      if (!node.reads_kernel_rows || !BelowRowSplitLimit(node, static_cast<int64_t>(w.rows.size()))) return false;
     }
   }
   return true;

@@ -50,10 +50,7 @@ bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<Ex
     const std::vector<int>& replicas = map.replicas(layer, experts[w].expert);
     if (replicas.size() < 2) continue;
     bool exact = true;
-    for (const int n : replicas) {
-      const int64_t limit = map.nodes()[n].row_split_limit;
-      exact = exact && (limit < 0 || kernel_rows < limit);  // 0, unknown: never
-    }
+    for (const int n : replicas) exact = exact && BelowRowSplitLimit(map.nodes()[n], kernel_rows);
     if (options.mode == RowSplit::kExact && !exact) continue;
     count[w] = std::min<int64_t>(static_cast<int64_t>(replicas.size()), rows);
     any = true;

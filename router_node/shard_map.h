@@ -33,6 +33,13 @@ struct NodeState {
   bool reads_kernel_rows = false;  // GetNodeInfo's: rows of several callers may share an entry
 };
 
+// Whether an expert's `rows` rows on `node` are below its row_split_limit:
+// each row then gets the same bits whatever rows are beside it (an unknown
+// limit: no).
+inline bool BelowRowSplitLimit(const NodeState& node, int64_t rows) {
+  return node.row_split_limit < 0 || rows < node.row_split_limit;
+}
+
 class ShardMap {
  public:
   // Owned pairs outside [0, n_layers) x [0, n_experts) are ignored.

@@ -40,8 +40,8 @@ struct CheckedLoad : AnswerLoad {
   void Start(int port, const std::vector<std::string>& expected) {
     AnswerLoad::Start(
         port, 3, [](int c, int i) { return Nth((c + i) % kRequests); },
-        [this, &expected](int c, int i, const std::string& out, bool) {
-          ++(out == expected[(c + i) % kRequests] ? exact : differ);
+        [this, &expected](int c, int i, const v1::ForwardResponse& r, bool) {
+          ++(r.output().data() == expected[(c + i) % kRequests] ? exact : differ);
         });
   }
 };

@@ -79,38 +79,18 @@ int MergedCallers(const v1::ForwardResponse& response) {
 }
 
 // Streams of the mix from `threads` clients, every answer compared with the local one.
-struct MixedLoad {
+struct MixedLoad : AnswerLoad {
   std::vector<std::string> local;
-  std::atomic<bool> stop{false};
-  std::atomic<int> ok{0}, failed{0}, wrong{0}, merged{0};
-  std::string first_error;
-  std::mutex mu;
-  std::vector<std::thread> clients;
+  std::atomic<int> ok{0}, wrong{0}, merged{0};
 
   void Start(int port, int threads) {
-    for (int c = 0; c < threads; ++c) {
-      clients.emplace_back([this, port, c] {
-        auto stub = Connect(port);
-        for (int i = 0; !stop; ++i) {
-          const int n = (c * 5 + i) % kMix;
-          v1::ForwardResponse response;
-          const grpc::Status s = Call(*stub, Mixed(n), &response);
-          if (!s.ok()) {
-            ++failed;
-            std::lock_guard<std::mutex> lock(mu);
-            if (first_error.empty()) first_error = s.error_message();
-            continue;
-          }
+    AnswerLoad::Start(
+        port, threads, [](int c, int i) { return Mixed((c * 5 + i) % kMix); },
+        [this](int c, int i, const v1::ForwardResponse& response, bool) {
           ++ok;
-          if (response.output().data() != local[n]) ++wrong;
+          if (response.output().data() != local[(c * 5 + i) % kMix]) ++wrong;
           if (MergedCallers(response) > 1) ++merged;
-        }
-      });
-    }
-  }
-  void Stop() {
-    stop = true;
-    for (std::thread& t : clients) t.join();
+        });
   }
 };
 

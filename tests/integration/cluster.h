@@ -161,8 +161,8 @@ struct Model {
 };
 
 // Sends request(c, i) from `threads` clients c until Stop(), i = 0, 1, …
-// per client, counting failures (the first error kept); every answer's output
-// goes to check(c, i, output, flag), flag being what flag() returned just
+// per client, counting failures (the first error kept); every answer goes to
+// check(c, i, response, flag), flag being what flag() returned just
 // before that call was sent. `check` runs on the client threads.
 struct AnswerLoad {
   std::atomic<bool> stop{false};
@@ -173,7 +173,7 @@ struct AnswerLoad {
 
   void Start(
       int port, int threads, std::function<v1::ForwardRequest(int, int)> request,
-      std::function<void(int, int, const std::string&, bool)> check,
+      std::function<void(int, int, const v1::ForwardResponse&, bool)> check,
       std::function<bool()> flag = [] { return false; }) {
     for (int c = 0; c < threads; ++c) {
       clients.emplace_back([this, port, c, request, check, flag] {
@@ -183,7 +183,7 @@ struct AnswerLoad {
           v1::ForwardResponse response;
           const grpc::Status s = Call(*stub, request(c, i), &response);
           if (s.ok()) {
-            check(c, i, response.output().data(), flagged);
+            check(c, i, response, flagged);
           } else {
             ++failed;
             std::lock_guard<std::mutex> lock(mu);
@@ -210,7 +210,7 @@ struct Load : AnswerLoad {
         [](int c, int i) {
           return Request(i % 2, {static_cast<int32_t>((i * 7 + c) % 64), 3, 9, 33}, i, v1::ROUTING_MODE_GATE);
         },
-        [this](int, int, const std::string&, bool) { ++ok; });
+        [this](int, int, const v1::ForwardResponse&, bool) { ++ok; });
   }
 };
 

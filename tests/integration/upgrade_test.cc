@@ -38,7 +38,8 @@ struct VersionedLoad : AnswerLoad {
   void Start(int port, const std::vector<std::string>& a, const std::vector<std::string>& b) {
     AnswerLoad::Start(
         port, 3, [](int c, int i) { return Nth((c + i) % kRequests); },
-        [this, &a, &b](int c, int i, const std::string& out, bool after) {
+        [this, &a, &b](int c, int i, const v1::ForwardResponse& r, bool after) {
+          const std::string& out = r.output().data();
           if (out == a[(c + i) % kRequests]) {
             ++v1;
             v1_after_switch += after;  // `switched` read before the call: its answer must then be v2's
