@@ -510,8 +510,9 @@ TEST_CASE("queued calls of one layer run as one pass, each answered with the bit
   for (const v1::ComputeRequest& r : requests) all_bytes += static_cast<double>(r.rows().data().size());
   auto bytes_in = [&] {
     const std::string page = HttpGet(node.server->metrics_port(), "/metrics");
-    const size_t at = page.find("colibri_expert_bytes_in_total ");
-    return at == std::string::npos ? 0.0 : std::atof(page.c_str() + at + std::strlen("colibri_expert_bytes_in_total "));
+    const std::string sample = "\ncolibri_expert_bytes_in_total ";  // the value's line, not its # HELP
+    const size_t at = page.find(sample);
+    return at == std::string::npos ? 0.0 : std::atof(page.c_str() + at + sample.size());
   };
   for (int i = 0; i < 5000 && bytes_in() < all_bytes; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   bool queued_in_time = false;
