@@ -9,11 +9,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/mutex.h"
 
 namespace colibri {
 namespace runtime {
 
 std::vector<char*> ParseFlags(int argc, char** argv, const char* usage) {
+#ifdef NDEBUG
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
   absl::SetProgramUsageMessage(usage);
   std::string program = argc > 0 ? argv[0] : "colibri";
   program = program.substr(program.find_last_of('/') + 1);

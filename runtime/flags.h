@@ -21,6 +21,13 @@ namespace runtime {
 // --flag-name is accepted for --flag_name. Returns the positional arguments
 // (pointing into storage that lives until the next call), argv[0] first. Exits like
 // absl::ParseCommandLine on --help or a malformed flag.
+//
+// In release builds (NDEBUG) it also turns off Abseil's mutex deadlock
+// detection. Debian builds Abseil without NDEBUG, so detection is on by
+// default: every absl::Mutex lock walks a process-wide lock graph and records
+// stack traces, a few percent of a router's CPU on its request path. Debug
+// builds (the sanitizer presets) keep it, so tests still catch lock-order
+// inversions.
 std::vector<char*> ParseFlags(int argc, char** argv, const char* usage);
 
 // An option name as a library's errors spell it, and the flag that sets it:
