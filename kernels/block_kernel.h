@@ -15,6 +15,7 @@
 // variant: the same inputs always give the same bits. Pure compute: no
 // allocation, no threads, no Status; thread-safe.
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/weight_matrix.h"
@@ -78,6 +79,21 @@ void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activ
 void BlockInt4Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 // int8 weights on the int8 copy x.q8, the same way: BlockInt8Scalar on x'.
 void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+
+// A block kernel that first repacks the block, k-chunk by k-chunk, into
+// `scratch` (for many tokens: the repacking is paid once per block, not per
+// token). The same contract as BlockKernelFn otherwise.
+// REQUIRES: scratch holds TileQ8ScratchBytes(x.cols) bytes, 64-byte aligned.
+using TileKernelFn = void (*)(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch,
+                              float* out);
+size_t TileQ8ScratchBytes(int64_t cols);
+
+// int8 / int4 weights repacked to int8 tiles that vpdpbusd reads down the
+// rows (AVX512_VNNI; kernels/tile_q8_vnni.cc), times x.q8: BlockInt8Scalar /
+// BlockInt4Scalar on x' = q8 · scale, like the VNNI block kernels, with the
+// f32 sums in another order. REQUIRES: x.q8, q8_scales, q8_sums set.
+void TileInt8Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
+void TileInt4Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
 
 }  // namespace kernels
 }  // namespace colibri

@@ -52,6 +52,10 @@ KernelTable MakeTable(Isa isa) {
       set(DType::kF16, BlockF16Avx512);
       set(DType::kInt8, isa == Isa::kAvx512Bf16 ? BlockInt8Avx512Vnni : BlockInt8Avx512);
       set(DType::kInt4, isa == Isa::kAvx512Bf16 ? BlockInt4Avx512Vnni : BlockInt4Avx512);
+      if (isa == Isa::kAvx512Bf16) {
+        t.tile[static_cast<int>(DType::kInt8)] = TileInt8Vnni;
+        t.tile[static_cast<int>(DType::kInt4)] = TileInt4Vnni;
+      }
       break;
   }
   return t;

@@ -34,8 +34,12 @@ struct KernelTable {
   BlockKernelFn block[8] = {};
   SwiGluFn swiglu = nullptr;
   DequantBf16Fn dequant_bf16 = nullptr;  // int8/int4 block -> bf16 tile
+  // Indexed like `block`: int8/int4 through int8 tiles where the ISA has them
+  // (avx512_bf16: VNNI), else null and dequant_bf16 + the bf16 kernel serve.
+  TileKernelFn tile[8] = {};
 
   BlockKernelFn For(common::DType type) const { return block[static_cast<int>(type)]; }
+  TileKernelFn TileFor(common::DType type) const { return tile[static_cast<int>(type)]; }
 };
 
 // The table of `isa`. REQUIRES: isa <= DetectIsa().

@@ -213,6 +213,7 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   const int64_t tile_min_tokens = TileMinTokens(options, kernels, type);
   const int64_t onednn_min_tokens = OnednnMinTokens(options, kernels);
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
+  const TileKernelFn tile_kernel = kernels.TileFor(type);
   // int4 and int8 block kernels may read the int8 copy of the activations (kernels/block_kernel.h).
   const bool q8 = type == common::DType::kInt4 || type == common::DType::kInt8;
   // A dequantized 64-row block in the bf16 stored layout, as a one-block matrix.
@@ -252,8 +253,10 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   plan.tile1 = tiles.Add<float>(max_rows * (any_onednn ? std::max(k2, l2.padded_rows) : kBlockRows));
   plan.tile3 = tiles.Add<float>(max_rows * (any_onednn ? k2 : kBlockRows));
   plan.tile2 = plan.tile1;  // phase 2 reuses phase 1's tile
-  plan.dequant1 = tiles.Add<uint16_t>(kBlockRows * std::max(k1, k2));
-  plan.dequant3 = tiles.Add<uint16_t>(kBlockRows * k1);
+  // A bf16 tile, or an int8 tile kernel's scratch (whichever is larger).
+  auto scratch = [](int64_t k) { return std::max<size_t>(kBlockRows * k * sizeof(uint16_t), TileQ8ScratchBytes(k)); };
+  plan.dequant1 = tiles.Add<uint8_t>(scratch(std::max(k1, k2)));
+  plan.dequant3 = tiles.Add<uint8_t>(scratch(k1));
   plan.tile_stride = tiles.size();
   const size_t tiles_at = arena.size();
   uint8_t* base = workspace.Reserve(tiles_at + tiles.size() * workers);
@@ -274,11 +277,16 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     float* tile2 = reinterpret_cast<float*>(tile_base + plan.tile2);
     uint16_t* dequant1 = reinterpret_cast<uint16_t*>(tile_base + plan.dequant1);
     uint16_t* dequant3 = reinterpret_cast<uint16_t*>(tile_base + plan.dequant3);
-    // out[T][64] = block b of `w` times `acts`, directly or through a dequantized tile.
+    // out[T][64] = block b of `w` times `acts`, directly or through a tile:
+    // int8 (repacked, where the ISA has such a kernel) or dequantized to bf16.
     auto run_block = [&](bool dequant, const common::MatrixView& matrix, int64_t b, const Activations& acts,
                          uint16_t* tile, const common::MatrixLayout& tile_layout, float* out) {
       if (!dequant) {
         block_kernel(matrix, b, acts, out);
+        return;
+      }
+      if (tile_kernel != nullptr) {
+        tile_kernel(matrix, b, acts, reinterpret_cast<uint8_t*>(tile), out);
         return;
       }
       kernels.dequant_bf16(matrix, b, tile);

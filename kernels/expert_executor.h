@@ -22,8 +22,9 @@
 // Kernels: the dispatch table's block kernels (hand-written, ISA-specific);
 // bf16/f32 experts with at least `onednn_min_tokens` rows use oneDNN matmul
 // on the same stored bytes instead; int8/int4 experts with at least
-// `int8_tile_min_tokens` / `int4_tile_min_tokens` rows use the bf16 kernel on
-// blocks dequantized once.
+// `int8_tile_min_tokens` / `int4_tile_min_tokens` rows go through tiles:
+// each block repacked once per call to int8 tiles (AVX512_VNNI), or else
+// dequantized once to bf16 for the bf16 kernel.
 //
 // The caller owns `Workspace` (grown to the largest call seen, then reused,
 // so no activation-sized allocation in steady state; a call still builds a
@@ -80,10 +81,11 @@ class Workspace {
 struct ExecutorOptions {
   // bf16/f32 experts with at least this many rows go through oneDNN; 0 =
   // never. int8 / int4 experts with at least int8_tile_min_tokens /
-  // int4_tile_min_tokens rows dequantize each 64-row block once per call into
-  // a per-worker bf16 tile (64 x K x 2 bytes, in cache; never the whole
-  // matrix) and run the bf16 block kernel on it, so the conversion is
-  // amortized over the rows; 0 = never. -1 (the default): the machine's
+  // int4_tile_min_tokens rows convert each 64-row block once per call into a
+  // per-worker tile (in cache; never the whole matrix), so the conversion is
+  // amortized over the rows: int8 tiles that vpdpbusd reads down the rows
+  // where the kernel table has them (KernelTable::tile, AVX512_VNNI), else
+  // bf16 tiles for the bf16 block kernel; 0 = never. -1 (the default): the machine's
   // kernel profile decides (kernels/kernel_profile.h: measured once per host
   // when `kernels` is SelectedKernels(), else the built-in defaults).
   int64_t onednn_min_tokens = -1;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "common/model_dir.h"
 #include "common/user_cache.h"
 #include "common/weight_matrix.h"
@@ -32,13 +33,15 @@ using common::DType;
 
 // Bumped whenever the candidates or the way they are timed change, so a
 // cache written by another version is not read.
-constexpr int kProfileVersion = 2;
+constexpr int kProfileVersion = 3;
 // d_model and d_ff of the synthetic experts: small ones (in cache: compute
 // decides) for the row thresholds, large ones (100 MB at bf16: streamed from
-// memory, as decode does) for the choice of block kernel.
+// memory, as decode does) for the choice of block kernel and the int8-tile
+// thresholds.
 constexpr int64_t kSmallDim = 1024, kLargeDim = 4096;
-constexpr int64_t kRows[] = {2, 4, 8, 16, 32, 64, 128};  // rows per expert timed for thresholds
-constexpr double kMargin = 0.9;                          // an alternative must take < 90% of the time
+constexpr int64_t kRows[] = {2, 4, 8, 16, 32, 64, 128};     // rows per expert timed for thresholds
+constexpr int64_t kStreamedRows[] = {2, 4, 8, 16, 32, 64};  // the same on the large expert (wins go on beyond)
+constexpr double kMargin = 0.9;                             // an alternative must take < 90% of the time
 
 // One expert's matrices encoded from random f32 values, owning its bytes.
 struct SynthMatrix {
@@ -123,28 +126,29 @@ class Timer {
 
 // The smallest measured row count from which the alternative wins at every
 // larger one too; 0 if it does not win at the largest.
-int64_t Threshold(const std::vector<bool>& wins) {
+int64_t Threshold(absl::Span<const int64_t> rows, const std::vector<bool>& wins) {
   int64_t threshold = 0;
   for (size_t i = wins.size(); i-- > 0;) {
     if (!wins[i]) break;
-    threshold = kRows[i];
+    threshold = rows[i];
   }
   return threshold;
 }
 
-// Times `base` against `alternative` at every kRows count; returns the
+// Times `base` against `alternative` at every count of `counts`; returns the
 // alternative's threshold and adds one evidence line per count.
 int64_t MeasureThreshold(Timer& timer, const common::ExpertWeights& expert, const ExecutorOptions& base,
                          const ExecutorOptions& alternative, const std::string& what, const std::string& base_name,
-                         const std::string& alternative_name, KernelProfile* profile) {
+                         const std::string& alternative_name, KernelProfile* profile,
+                         absl::Span<const int64_t> counts = kRows) {
   std::vector<bool> wins;
-  for (int64_t rows : kRows) {
+  for (int64_t rows : counts) {
     const auto [b, a] = timer.Compare(expert, rows, base, alternative);
     wins.push_back(a < kMargin * b);
     profile->evidence.push_back(
         absl::StrFormat("%s rows=%d: %s %.3f ms, %s %.3f ms", what, rows, base_name, b, alternative_name, a));
   }
-  return Threshold(wins);
+  return Threshold(counts, wins);
 }
 
 std::string ReadAll(int fd) {
@@ -228,8 +232,8 @@ std::string DescribeProfile(const KernelProfile& p) {
   };
   return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(p.bf16_widen, "vdpbf16ps"), ", int8 ",
                       kernel(p.int8_widen, "vpdpbusd"), ", int4 ", kernel(p.int4_widen, "vpdpbusd"), "; oneDNN ",
-                      rows(p.onednn_min_tokens), "; bf16 tiles ", rows(p.int8_tile_min_tokens), " (int8) / ",
-                      rows(p.int4_tile_min_tokens), " (int4); ", p.source);
+                      rows(p.onednn_min_tokens), dot ? "; int8 tiles " : "; bf16 tiles ", rows(p.int8_tile_min_tokens),
+                      " (int8) / ", rows(p.int4_tile_min_tokens), " (int4); ", p.source);
 }
 
 KernelProfile DefaultProfile(Isa isa) {
@@ -240,10 +244,10 @@ KernelProfile DefaultProfile(Isa isa) {
   // ~0.5% and was within 10% of widening on the Mixtral-shaped layer where
   // we measured it (AMD Zen 5): it is chosen only where it wins clearly.
   // The thresholds are the break-even points measured for the default
-  // kernels (the int4 vpdpbusd kernel converts nothing: tiles pay off later).
+  // kernels on a Mixtral-shaped expert (int8 tiles with VNNI, else bf16 ones).
   p.int8_widen = vnni;
-  p.int8_tile_min_tokens = 12;
-  p.int4_tile_min_tokens = vnni ? 32 : 4;
+  p.int8_tile_min_tokens = vnni ? 16 : 12;
+  p.int4_tile_min_tokens = vnni ? 16 : 4;
   p.source = "defaults";
   return p;
 }
@@ -310,13 +314,25 @@ KernelProfile MeasureProfile(Isa isa) {
   profile.onednn_min_tokens =
       MeasureThreshold(timer, bf16->weights, hand, onednn, "bf16 matmul", "hand-written", "oneDNN", &profile);
 
-  // int8 / int4: their own kernels against dequantizing to bf16 tiles.
+  // int8 / int4: their own kernels against tiles. bf16 tiles (dequantized)
+  // on the small expert; int8 tiles on the large one, streamed from memory as
+  // in a real layer: repacking reads 64 rows across, which costs there what
+  // it does not in cache (in cache they win from 8 rows, streamed from ~16).
   for (DType type : {DType::kInt8, DType::kInt4}) {
-    const auto& expert = type == DType::kInt8 ? int8 : int4;
     ExecutorOptions tiles = hand;
     (type == DType::kInt8 ? tiles.int8_tile_min_tokens : tiles.int4_tile_min_tokens) = 1;
-    const int64_t threshold = MeasureThreshold(timer, expert->weights, hand, tiles, common::DTypeName(type),
-                                               "own kernel", "bf16 tiles", &profile);
+    int64_t threshold = 0;
+    if (chosen.TileFor(type) != nullptr) {
+      Timer large(pool->get(), kLargeDim);
+      const auto expert = MakeExpert(type, kLargeDim, seed);
+      threshold = MeasureThreshold(large, expert->weights, hand, tiles,
+                                   absl::StrFormat("%s %dx%d", common::DTypeName(type), kLargeDim, kLargeDim),
+                                   "own kernel", "int8 tiles", &profile, kStreamedRows);
+    } else {
+      const auto& expert = type == DType::kInt8 ? int8 : int4;
+      threshold = MeasureThreshold(timer, expert->weights, hand, tiles, common::DTypeName(type), "own kernel",
+                                   "bf16 tiles", &profile);
+    }
     (type == DType::kInt8 ? profile.int8_tile_min_tokens : profile.int4_tile_min_tokens) = threshold;
   }
   profile.evidence.push_back(absl::StrFormat(

@@ -4,7 +4,8 @@
 // Which implementation runs where several could compute the same product,
 // chosen by timing them on this machine: the bf16, int8 and int4 block kernels
 // (vdpbf16ps / vpdpbusd or widening to f32 + FMA), from how many rows an expert's bf16/f32 matmuls go
-// through oneDNN, and from how many rows int8/int4 experts run on bf16 tiles.
+// through oneDNN, and from how many rows int8/int4 experts run on tiles (int8
+// tiles with AVX512_VNNI, else bf16 ones).
 // The fastest differs by CPU (vdpbf16ps is twice the FMA rate on AMD Zen and
 // half of it on some Intel Xeons; oneDNN uses AMX tiles where they exist).
 //
@@ -40,7 +41,7 @@ struct KernelProfile {
   bool int4_widen = false;
   int64_t onednn_min_tokens = 0;  // bf16/f32 experts with at least this many rows use oneDNN; 0: never
   int64_t int8_tile_min_tokens = 0;
-  int64_t int4_tile_min_tokens = 0;   // int8/int4 experts on bf16 tiles from this many rows; 0: never
+  int64_t int4_tile_min_tokens = 0;   // int8/int4 experts on tiles from this many rows; 0: never
   std::string source;                 // "measured", "cached in PATH", "defaults (...)"
   std::vector<std::string> evidence;  // one line per comparison timed: what won and by how much
 };
@@ -70,7 +71,7 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);
 absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa);
 
 // One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4
-// vpdpbusd; oneDNN never; bf16 tiles from 32 rows (int8) / 16 (int4); <source>".
+// vpdpbusd; oneDNN never; int8 tiles from 16 rows (int8) / 16 (int4); <source>".
 std::string DescribeProfile(const KernelProfile& profile);
 
 // KernelsFor(profile.isa) with the profile's choice of block kernels.

@@ -4,6 +4,7 @@
 
 #include "kernels/block_kernel.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
@@ -167,6 +168,66 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
   }
   if (DetectIsa() == Isa::kScalar) WARN("this CPU has no AVX2: only the scalar kernels exist here");
   CHECK(variants_tested == 5 * static_cast<int>(DetectIsa()));
+}
+
+TEST_CASE("every int8 tile kernel matches the scalar reference on the int8 activations") {
+  std::mt19937 rng(4321);
+  // {rows, cols}: ragged; 2200 columns make two k-chunks of the repacked block.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {130, 200}, {70, 1000}, {64, 2200}};
+  int kernels_tested = 0;
+  for (int isa_code = static_cast<int>(Isa::kAvx2); isa_code <= static_cast<int>(DetectIsa()); ++isa_code) {
+    const KernelTable& table = KernelsFor(static_cast<Isa>(isa_code));
+    for (DType type : {DType::kInt8, DType::kInt4}) {
+      const TileKernelFn tile = table.TileFor(type);
+      if (tile == nullptr) continue;
+      ++kernels_tested;
+      for (const auto& [rows, cols] : shapes) {
+        const Matrix m = MakeMatrix(type, rows, cols, rng);
+        const int64_t K = m.view.layout.padded_cols;
+        std::vector<uint8_t> buffer(TileQ8ScratchBytes(K) + 64);
+        uint8_t* scratch = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+        for (int64_t tokens : {1, 2, 3, 4, 7, 64}) {
+          if (cols >= 1000 && tokens > 7) continue;  // keep the scalar oracle quick
+          const Inputs in = MakeInputs(tokens, cols, K, rng);
+          const Inputs dequantized = DequantizedQ8(in);
+          Inputs last = in;  // the last token alone: its bits must not depend on T or its tile
+          last.acts.num_tokens = 1;
+          last.acts.q8 = in.q8.data() + (tokens - 1) * K;
+          last.acts.q8_scales = in.q8_scales.data() + (tokens - 1) * (K / 64);
+          last.acts.q8_sums = in.q8_sums.data() + (tokens - 1) * (K / 64);
+          std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64), alone(64);
+          bool nonzero = false;
+          for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+            KernelsFor(Isa::kScalar).For(type)(m.view, b, dequantized.acts, expected.data());
+            tile(m.view, b, in.acts, scratch, actual.data());
+            tile(m.view, b, in.acts, scratch, again.data());
+            REQUIRE(actual == again);  // bitwise deterministic
+            tile(m.view, b, last.acts, scratch, alone.data());
+            REQUIRE(std::equal(alone.begin(), alone.end(), actual.begin() + (tokens - 1) * 64));
+            for (int64_t t = 0; t < tokens; ++t) {
+              for (int64_t j = 0; j < 64; ++j) {
+                const int64_t row = b * 64 + j;
+                const double bound = kRelTolerance * Magnitude(m.view, row, dequantized, t, false) + 1e-30;
+                const float e = expected[t * 64 + j], a = actual[t * 64 + j];
+                if (std::fabs(double(a) - e) > bound) {
+                  FAIL(IsaName(static_cast<Isa>(isa_code))
+                       << " tile " << common::DTypeName(type) << " [" << rows << " x " << cols << "] T=" << tokens
+                       << " block " << b << " token " << t << " row " << j << ": " << a << " vs reference " << e
+                       << " (bound " << bound << ")");
+                }
+                if (row >= rows) REQUIRE(a == 0.f);  // padding rows stay zero
+                nonzero |= a != 0.f;
+              }
+            }
+          }
+          REQUIRE(nonzero);
+        }
+      }
+    }
+  }
+  // int8 tiles exist with AVX512_VNNI (the avx512_bf16 level) only.
+  if (DetectIsa() < Isa::kAvx512Bf16) WARN("this CPU has no AVX512_VNNI: no int8 tile kernel to test here");
+  CHECK(kernels_tested == (DetectIsa() == Isa::kAvx512Bf16 ? 2 : 0));
 }
 
 TEST_CASE("a 64-input group quantizes to int8 by its largest magnitude") {

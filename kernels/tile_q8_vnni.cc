@@ -1,0 +1,247 @@
+// int8 and int4 blocks through int8 tiles (AVX512_VNNI); this file's own
+// compile flags add -mavx512vnni to the AVX-512 ones.
+//
+// The block kernels of block_avx512_bf16.cc multiply a row by a token along
+// the row (sixteen int32 lanes of one output, summed at the end): at many
+// rows per expert that costs ~3 operations per 64 weights and token. Here a
+// 64-row block is first repacked, k-chunk by k-chunk, into the layout
+// vpdpbusd reads down the rows: per 64-input group, 16 steps of
+// [64 rows][4 inputs] bytes (4 zmm of 16 rows each). Per step, a token's 4
+// int8 inputs are broadcast and one vpdpbusd per zmm adds 4 products to 16
+// outputs: 64 multiply-adds an operation, no horizontal sums. Per group the
+// exact int32 sums go to f32 once (acc += dot · xs_g, int4: · s_g too, minus
+// the zero points). Repacking costs about as much as 4 tokens' products, so
+// it pays from a few tens of rows on: the kernel profile measures where.
+//
+// The sums are those of the block kernels: BlockInt8Scalar / BlockInt4Scalar
+// on x' = xq · xs, per group exact, then f32 in group order. A token's bits
+// depend only on its own inputs (not on T, its tile, or the chunking: partial
+// sums wait in `out`, exactly).
+
+#include "kernels/x86_simd.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/block_kernel.h"
+
+namespace colibri {
+namespace kernels {
+namespace {
+
+using common::kBlockRows;
+
+constexpr int64_t kStepBytes = kBlockRows * 4;                          // one step: 64 rows x 4 inputs
+constexpr int64_t kGroupBytes = 16 * kStepBytes;                        // one 64-input group of the block
+constexpr int64_t kRecordBytes = kGroupBytes + 2 * 64 * sizeof(float);  // + int4's s_g and s_g·z_g per row
+constexpr int64_t kChunkGroups = 32;  // groups repacked at a time (~144 KiB: stays in L2)
+constexpr int kMaxTokens = 3;         // tokens per tile: 12 int32 + 12 f32 accumulators
+
+// 16 zmm, one per row (64 inputs each) -> 16 zmm, one per 4-input step (16 rows
+// each): a 16 x 16 transpose of 32-bit elements.
+inline void Transpose16(__m512i (&v)[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {
+    a[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+    b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+    b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+    b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+  }
+  // Now b[4q + j] holds, per 128-bit lane L, element 4L + j of rows 4q..4q+3.
+  for (int j = 0; j < 4; ++j) {
+    const __m512i lo01 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x44);  // lanes 0,1 of rows 0-3, 4-7
+    const __m512i hi01 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xee);  // lanes 2,3
+    const __m512i lo23 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0x44);
+    const __m512i hi23 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0xee);
+    v[j] = _mm512_shuffle_i32x4(lo01, lo23, 0x88);       // lane 0: element j of all 16 rows
+    v[4 + j] = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);   // lane 1: element 4 + j
+    v[8 + j] = _mm512_shuffle_i32x4(hi01, hi23, 0x88);   // lane 2
+    v[12 + j] = _mm512_shuffle_i32x4(hi01, hi23, 0xdd);  // lane 3
+  }
+}
+
+// Groups [g0, g1) of the block's rows into `tile`, a record per group. A
+// row's group as 64 unsigned bytes: int8 weights + 128 (one xor), int4 nibbles
+// 0..15 with input j of the group at byte j.
+
+template <bool kInt4>
+void Repack(const common::MatrixView& w, int64_t block, int64_t K, int64_t g0, int64_t g1, uint8_t* tile) {
+  const int64_t groups = w.layout.groups;
+  const uint8_t* base = w.data + block * w.layout.block_bytes;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  for (int64_t g = g0; g < g1; ++g) {
+    uint8_t* record = tile + (g - g0) * kRecordBytes;
+    for (int q = 0; q < 4; ++q) {  // rows 16q .. 16q + 15
+      __m512i v[16];
+      for (int i = 0; i < 16; ++i) {
+        const int64_t r = 16 * q + i;
+        if (kInt4) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * (K / 2) + g * 32));
+          const __m256i lo = _mm256_and_si256(packed, low);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+          v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        } else {
+          v[i] = _mm512_xor_si512(_mm512_loadu_si512(base + r * K + g * 64), flip);
+        }
+      }
+      Transpose16(v);
+      for (int s = 0; s < 16; ++s) _mm512_store_si512(record + s * kStepBytes + q * 64, v[s]);
+    }
+    if (kInt4) {
+      float* m = reinterpret_cast<float*>(record + kGroupBytes);
+      float* o = m + 64;
+      const int64_t n0 = block * kBlockRows;
+      for (int r = 0; r < 64; ++r) {
+        const float s = w.scales[(n0 + r) * groups + g];
+        m[r] = s;
+        o[r] = s * static_cast<float>(w.zeros[(n0 + r) * groups + g]);
+      }
+    }
+  }
+}
+
+// Lines [first, end) of the weights the next Repack reads: 64-byte lines,
+// `per_row` a row from row0 on, rows `row_bytes` apart. Reading the rows
+// across is 64 streams that no hardware prefetcher follows, so the last
+// token tiles of a chunk prefetch the next chunk to L2 while they multiply:
+// memory and compute overlap, and Repack reads from L2. (The first tiles
+// would be too early: at many tokens the activations pass through L2 between.)
+struct Ahead {
+  const uint8_t* row0 = nullptr;
+  int64_t row_bytes = 0, per_row = 1, first = 0, end = 0;
+};
+constexpr int64_t kFetchTiles = 4;  // the last this many token tiles share the prefetching
+
+// Tokens [t0, t0 + TT) over the repacked groups [g0, g1): acc (in `out`, in
+// the order of the block kernels' output: out[t * 64 + row]) += the groups'
+// sums. int8: Σ_g xs_g·dot_g (the row scale and the 128s come off at the
+// end); int4: Σ_g s_g·xs_g·dot_g − s_g·z_g·q8_sums_g.
+template <bool kInt4, int TT>
+void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0, int64_t g1, const Ahead& ahead,
+              float* out) {
+  const int64_t K = x.cols, groups = K / 64;
+  float* o = out + t0 * kBlockRows;
+  __m512 acc[TT][4];
+#pragma GCC unroll 4
+  for (int t = 0; t < TT; ++t) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      acc[t][i] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + t * kBlockRows + 16 * i);
+  }
+  const int64_t fetch_per_group = (ahead.end - ahead.first + (g1 - g0) - 1) / (g1 - g0);
+  int64_t line = ahead.first;
+  for (int64_t g = g0; g < g1; ++g) {
+    for (const int64_t end = std::min(ahead.end, line + fetch_per_group); line < end; ++line) {
+      const uint8_t* p = ahead.row0 + (line / ahead.per_row) * ahead.row_bytes + (line % ahead.per_row) * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);  // never faults, even past the matrix
+    }
+    const uint8_t* record = tile + (g - g0) * kRecordBytes;
+    const int8_t* xq = x.q8 + t0 * K + g * 64;
+    __m512i dot[TT][4];
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; ++s) {
+      __m512i xv[TT];
+#pragma GCC unroll 4
+      for (int t = 0; t < TT; ++t) {
+        int32_t four;
+        std::memcpy(&four, xq + t * K + 4 * s, 4);
+        xv[t] = _mm512_set1_epi32(four);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512i wv = _mm512_load_si512(record + s * kStepBytes + 64 * i);
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; ++t) {
+          dot[t][i] = _mm512_dpbusd_epi32(s == 0 ? _mm512_setzero_si512() : dot[t][i], wv, xv[t]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; ++t) {
+      const __m512 xs = _mm512_set1_ps(x.q8_scales[(t0 + t) * groups + g]);
+      const __m512 sums = _mm512_set1_ps(kInt4 ? x.q8_sums[(t0 + t) * groups + g] : 0.f);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512 d = _mm512_cvtepi32_ps(dot[t][i]);
+        if (kInt4) {
+          const float* m = reinterpret_cast<const float*>(record + kGroupBytes);
+          const __m512 scale = _mm512_mul_ps(_mm512_load_ps(m + 16 * i), xs);
+          acc[t][i] = _mm512_fnmadd_ps(_mm512_load_ps(m + 64 + 16 * i), sums, _mm512_fmadd_ps(d, scale, acc[t][i]));
+        } else {
+          acc[t][i] = _mm512_fmadd_ps(d, xs, acc[t][i]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < TT; ++t) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(o + t * kBlockRows + 16 * i, acc[t][i]);
+  }
+}
+
+template <bool kInt4>
+void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
+  using Fn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, int64_t, const Ahead&, float*);
+  static constexpr Fn kTiles[kMaxTokens] = {Multiply<kInt4, 1>, Multiply<kInt4, 2>, Multiply<kInt4, 3>};
+  const int64_t K = x.cols, T = x.num_tokens, groups = K / 64;
+  constexpr int64_t kGroupRowBytes = kInt4 ? 32 : 64;  // a group of one row, stored
+  const uint8_t* base = w.data + block * w.layout.block_bytes;
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
+    const int64_t g1 = std::min(groups, g0 + kChunkGroups);
+    // The next chunk: this block's, or after the last one the next block's first.
+    Ahead ahead;
+    ahead.row_bytes = K / 64 * kGroupRowBytes;
+    ahead.row0 = g1 < groups ? base + g1 * kGroupRowBytes : base + w.layout.block_bytes;
+    const int64_t next_groups = g1 < groups ? std::min(kChunkGroups, groups - g1) : std::min(kChunkGroups, groups);
+    ahead.per_row = (next_groups * kGroupRowBytes + 63) / 64;
+    const int64_t lines = kBlockRows * ahead.per_row, tiles = (T + kMaxTokens - 1) / kMaxTokens;
+    const int64_t fetching = std::min(tiles, kFetchTiles);
+    Repack<kInt4>(w, block, K, g0, g1, scratch);
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t t0 = tile * kMaxTokens, j = tile - (tiles - fetching);  // j-th of the prefetching tiles
+      Ahead part = ahead;
+      part.first = j < 0 ? 0 : lines * j / fetching;
+      part.end = j < 0 ? 0 : lines * (j + 1) / fetching;
+      kTiles[std::min<int64_t>(kMaxTokens, T - t0) - 1](scratch, x, t0, g0, g1, part, out);
+    }
+  }
+  if (kInt4) return;
+  // int8: out = scale_row · (acc − 128 · Σ_g q8_sums_g), as the block kernel does.
+  const float* scales = w.scales + block * kBlockRows;
+  for (int64_t t = 0; t < T; ++t) {
+    __m512 c = _mm512_setzero_ps();
+    const float* sums = x.q8_sums + t * groups;
+    for (int64_t g = 0; g < groups; g += 16) {
+      const __mmask16 m = groups - g >= 16 ? 0xffff : static_cast<__mmask16>((1u << (groups - g)) - 1);
+      c = _mm512_add_ps(c, _mm512_maskz_loadu_ps(m, sums + g));
+    }
+    const __m512 corr = _mm512_set1_ps(128.f * _mm512_reduce_add_ps(c));
+    for (int i = 0; i < 4; ++i) {
+      float* o = out + t * kBlockRows + 16 * i;
+      _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(scales + 16 * i), _mm512_sub_ps(_mm512_loadu_ps(o), corr)));
+    }
+  }
+}
+
+}  // namespace
+
+size_t TileQ8ScratchBytes(int64_t cols) {
+  return static_cast<size_t>(std::min<int64_t>(cols / 64, kChunkGroups) * kRecordBytes);
+}
+
+void TileInt8Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
+  Run<false>(w, block, x, scratch, out);
+}
+
+void TileInt4Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
+  Run<true>(w, block, x, scratch, out);
+}
+
+}  // namespace kernels
+}  // namespace colibri
