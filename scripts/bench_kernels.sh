@@ -40,7 +40,7 @@ for type in ${types//,/ }; do
   bench_layer "$name" "$type" "${shape[@]}"
   "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat"
   if [ "$type" = int8 ] || [ "$type" = int4 ]; then
-    echo "# the same, without bf16 tiles (dequantization in registers for every T):"
+    echo "# the same, without tiles (the block kernels for every T):"
     "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --dequant_min_tokens 0 \
       --single_expert=false | grep -v '^#'
   fi

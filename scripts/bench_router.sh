@@ -12,12 +12,13 @@
 # Usage: bash scripts/bench_router.sh [--tokens 1,8,128] [--repeat 30] [--routing lut|gate]
 #                                     [--node_threads 1] [--layout split|replicated] [--small]
 #                                     [--bf16] [--gap_us 2000] [--node_replies exact|partial|per_expert]
+#                                     [--batch_window_us N]
 # --node_threads 2 runs each node with two threads instead (both nodes share both CPUs).
 # --layout replicated: both nodes own all 8 experts (one answers each layer call, with
 # --node_threads 2 the same compute as the engine: what is left is the cost of distribution).
 # --small: a d_model 1024 / d_ff 2816 layer (quick smoke run).
 # --bf16: hidden states and output in bf16; --gap_us: the pause before each call;
-# --node_replies: the router's flag of that name.
+# --node_replies, --batch_window_us: the router's flags of those names.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tokens=1,8,128
