@@ -5,6 +5,8 @@
 #   proc_start NAME CMD... runs CMD, waits until it prints "listening on port
 #                          N"; sets $port and $last_pid. Fails (exit 1) with
 #                          the process's stderr if it exits or takes > 60 s.
+#                          It looks every $proc_poll_s seconds (default 0.1;
+#                          a benchmark timing starts sets it smaller).
 #   proc_stop_all          SIGTERM to every started process, waits (SIGKILL after
 #                          10 s) and prints each one's exit status.
 proc_pids=()
@@ -21,13 +23,14 @@ proc_start() {
   last_pid=$!
   proc_pids+=("$last_pid")
   proc_names+=("$name")
-  for _ in $(seq 1 600); do
+  local poll=${proc_poll_s:-0.1} deadline=$((SECONDS + 60))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$proc_logs/$name.out" || true)
     [ -n "$port" ] && return 0
     if ! kill -0 "$last_pid" 2>/dev/null; then
       echo "$name exited before listening:" >&2; cat "$proc_logs/$name.err" >&2; exit 1
     fi
-    sleep 0.1
+    sleep "$poll"
   done
   echo "$name did not start within 60 s" >&2; exit 1
 }
