@@ -1,5 +1,8 @@
 #include "router_node/remote_router.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "common/model_dir.h"
 #include "common/status_macros.h"
 
@@ -22,6 +25,39 @@ absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, Remo
   COLIBRI_ASSIGN_OR_RETURN(r.backend, RemoteBackend::Create(remote));
   COLIBRI_ASSIGN_OR_RETURN(r.router, Router::Create(model_dir, r.backend.get(), router));
   return r;
+}
+
+absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::string& model_dir,
+                                            const RemoteOptions& remote, const RouterOptions& router,
+                                            absl::Duration timeout) {
+  COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, MakeRemoteRouter(model_dir, remote, router));
+  if (next.router->model_id() == current.model_id()) return RemoteRouter{};
+  const common::Manifest& a = current.manifest();
+  const common::Manifest& b = next.router->manifest();
+  if (a.d_model != b.d_model || a.n_layers != b.n_layers || a.n_experts != b.n_experts ||
+      a.n_shared_experts != b.n_shared_experts || a.top_k != b.top_k || a.vocab_size != b.vocab_size) {
+    return absl::FailedPreconditionError(
+        "the new model's shape (d_model, layers, experts, top_k, vocabulary) differs from the one serving: clients "
+        "would see it change mid-stream; roll out a change of shape as a new cluster (blue/green)");
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!next.backend->serving() && absl::Now() < deadline) {
+    absl::SleepFor(std::min(remote.health_interval, absl::Milliseconds(100)));
+    next.backend->CheckNow();
+  }
+  if (next.backend->serving()) return next;
+  const auto uncovered = next.backend->map()->FirstUncovered();
+  std::string why;
+  for (const NodeStatusView& n : next.backend->Nodes()) {
+    if (!n.live && !n.last_error.empty()) {
+      why = absl::StrCat("; ", n.address, ": ", n.last_error);
+      break;
+    }
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "model ", next.router->model_id(), " is not served: layer ", uncovered ? uncovered->first : -1, " expert ",
+      uncovered ? uncovered->second : -1, " has no live node serving it after ", absl::FormatDuration(timeout),
+      " (load it on the nodes first: ExpertNode.Reload with keep_previous)", why, "; the old version serves on"));
 }
 
 }  // namespace router_node

@@ -27,6 +27,19 @@ struct RemoteRouter {
 absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, RemoteOptions remote,
                                               const RouterOptions& router);
 
+// The version in `model_dir`, ready to take over from `current`: built with
+// MakeRemoteRouter, then health-checked until every expert has a live node
+// serving its model_id (nodes load it beside the old one first:
+// ExpertNode.Reload with keep_previous), for up to `timeout`. A RemoteRouter
+// with null members when `model_dir` holds current's model_id (nothing to
+// switch). FAILED_PRECONDITION when the shape differs (d_model, layers,
+// experts, top_k, vocabulary: callers would see it change mid-stream);
+// UNAVAILABLE naming the first expert without a live node (and a node's last
+// error) when the timeout passes. Blocks; the caller swaps the result in.
+absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::string& model_dir,
+                                            const RemoteOptions& remote, const RouterOptions& router,
+                                            absl::Duration timeout);
+
 }  // namespace router_node
 }  // namespace colibri
 

@@ -155,37 +155,13 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(cons
 absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocked(const std::string& model_dir,
                                                                                   absl::Duration timeout) {
   COLIBRI_RETURN_IF_ERROR(MayLoad(model_dir, options_.model_root, options_.model_dir));
-  const std::shared_ptr<Router> current = service_->router();
-  const std::string previous_id = current->model_id();
-  COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, MakeRemoteRouter(model_dir, options_.remote, options_.router));
-  if (next.router->model_id() == previous_id) return std::make_pair(previous_id, previous_id);
-  const common::Manifest& a = current->manifest();
-  const common::Manifest& b = next.router->manifest();
-  if (a.d_model != b.d_model || a.n_layers != b.n_layers || a.n_experts != b.n_experts ||
-      a.n_shared_experts != b.n_shared_experts || a.top_k != b.top_k || a.vocab_size != b.vocab_size) {
-    return absl::FailedPreconditionError(
-        "the new model's shape (d_model, layers, experts, top_k, vocabulary) differs from the one serving: clients "
-        "would see it change mid-stream; roll out a change of shape as a new cluster (blue/green)");
-  }
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!next.backend->serving() && absl::Now() < deadline) {
-    absl::SleepFor(std::min(options_.remote.health_interval, absl::Milliseconds(100)));
-    next.backend->CheckNow();
-  }
-  if (!next.backend->serving()) {
-    const auto uncovered = next.backend->map()->FirstUncovered();
-    std::string why;
-    for (const NodeStatusView& n : next.backend->Nodes()) {
-      if (!n.live && !n.last_error.empty()) {
-        why = absl::StrCat("; ", n.address, ": ", n.last_error);
-        break;
-      }
-    }
-    return absl::UnavailableError(absl::StrCat(
-        "model ", next.router->model_id(), " is not served: layer ", uncovered ? uncovered->first : -1, " expert ",
-        uncovered ? uncovered->second : -1, " has no live node serving it after ", absl::FormatDuration(timeout),
-        " (load it on the nodes first: ExpertNode.Reload with keep_previous)", why, "; the old version serves on"));
-  }
+  // Not service_->router(): a reference held here would keep the old version
+  // from being released below.
+  const Router& current = *remote_->router;
+  const std::string previous_id = current.model_id();
+  COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next,
+                           PrepareVersion(current, model_dir, options_.remote, options_.router, timeout));
+  if (next.router == nullptr) return std::make_pair(previous_id, previous_id);
   auto version = std::make_shared<RemoteRouter>(std::move(next));
   std::shared_ptr<RemoteRouter> old = std::move(remote_);
   remote_ = version;

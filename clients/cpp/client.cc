@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "clients/cpp/tensor.h"
 #include "common/mutex.h"
 #include "router_node/remote_router.h"
@@ -29,8 +30,26 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 // The router's core, its remote backend and its request handling
 // (RouterService::StartForward: parse, route, send, aggregate) — no server.
 struct Client::Direct {
-  router_node::RemoteRouter core;
-  std::unique_ptr<router_node::RouterService> service;
+  router_node::RemoteOptions remote;  // as Connect set them: LoadModel builds the next version with them
+  router_node::RouterOptions router;
+  common::Mutex load_mu;  // one LoadModel at a time
+  // The version serving, and earlier ones whose requests may still run: each
+  // request holds the version it started on (RouterService::router()); a
+  // retired one is destroyed by LoadModel once nothing else holds it, never
+  // on a request's callback thread (which its own backend runs).
+  std::shared_ptr<router_node::RemoteRouter> current ABSL_GUARDED_BY(load_mu);
+  std::vector<std::shared_ptr<router_node::RemoteRouter>> retired ABSL_GUARDED_BY(load_mu);
+  std::unique_ptr<router_node::RouterService> service;  // declared last: destroyed before the versions
+
+  // Destroys the retired versions no request holds; true if none is left.
+  bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu) {
+    std::vector<std::shared_ptr<router_node::RemoteRouter>> kept;
+    for (std::shared_ptr<router_node::RemoteRouter>& r : retired) {
+      if (r.use_count() > 1) kept.push_back(std::move(r));
+    }
+    retired = std::move(kept);
+    return retired.empty();
+  }
 
   // Runs one request; `done` gets the status once `response` is filled.
   void Start(const v1::ForwardRequest& request, router_node::CallControl& control, v1::ForwardResponse* response,
@@ -68,15 +87,43 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOption
   auto direct = std::make_unique<Direct>();
   absl::StatusOr<router_node::RemoteRouter> core = router_node::MakeRemoteRouter(d.model_dir, remote, router);
   if (!core.ok()) return core.status();
-  direct->core = std::move(*core);
+  direct->remote = remote;
+  direct->router = router;
+  auto version = std::make_shared<router_node::RemoteRouter>(std::move(*core));
   router_node::RouterService::Options service;
   service.workers = 1;  // requests start on the caller's thread; this one takes none
   direct->service = std::make_unique<router_node::RouterService>(
-      std::shared_ptr<router_node::Router>(direct->core.router.get(), [](router_node::Router*) {}), service);
+      std::shared_ptr<router_node::Router>(version, version->router.get()), service);
+  {
+    common::MutexLock lock(&direct->load_mu);
+    direct->current = std::move(version);
+  }
   std::unique_ptr<Client> client(new Client(options, nullptr));
   direct->service->FillModelInfo(&client->model_);
   client->direct_ = std::move(direct);
   return client;
+}
+
+absl::StatusOr<std::string> Client::LoadModel(const std::string& model_dir, absl::Duration timeout) {
+  if (direct_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "Client::LoadModel is for proxyless clients; a router switches models itself (colibri-admin switch)");
+  }
+  Direct& d = *direct_;
+  common::MutexLock lock(&d.load_mu);
+  absl::StatusOr<router_node::RemoteRouter> next =
+      router_node::PrepareVersion(*d.current->router, model_dir, d.remote, d.router, timeout);
+  if (!next.ok()) return next.status();
+  if (next->router == nullptr) return d.current->router->model_id();
+  auto version = std::make_shared<router_node::RemoteRouter>(std::move(*next));
+  std::shared_ptr<router_node::RemoteRouter> old = std::move(d.current);
+  d.current = version;
+  d.service->SwapRouter(std::shared_ptr<router_node::Router>(version, version->router.get()));
+  old->backend->Stop();  // its health checks; its requests still finish on it
+  d.retired.push_back(std::move(old));
+  const absl::Time drain_until = absl::Now() + timeout;
+  while (!d.ReleaseRetired() && absl::Now() < drain_until) absl::SleepFor(absl::Milliseconds(20));
+  return version->router->model_id();
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {

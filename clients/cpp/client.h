@@ -19,7 +19,8 @@
 // the router's core itself — routes, plan, calls to the expert nodes, the
 // sum — with the router's health checks, failover, hedging and node-reply
 // modes: one network hop per layer instead of two. It reads the model's
-// gates and LUTs from direct.model_dir (the directory the nodes serve). Errors are absl::Status with
+// gates and LUTs from direct.model_dir (the directory the nodes serve), and
+// switches versions with LoadModel. Errors are absl::Status with
 // the server's code and message ("token_ids[1] = 64 is outside [0, 64)"),
 // or UNAVAILABLE / DEADLINE_EXCEEDED from the transport.
 // Client is thread-safe; a Session is used by one thread at a time.
@@ -132,7 +133,20 @@ class Client {
   // own; a broken stream fails its next Forward.
   absl::StatusOr<std::unique_ptr<Session>> OpenSession();
 
+  // The model at Connect. LoadModel keeps its shape; model_id is Connect's.
   const colibri::v1::GetModelInfoResponse& model() const { return model_; }
+
+  // Proxyless only: switches to the model version in `model_dir` (same
+  // shape, another model_id), as colibri-router's LoadModel does. It waits,
+  // up to `timeout`, until every expert has a live node serving the new
+  // version: stage it on the nodes first (colibri-admin stage: they serve
+  // both), switch the clients, then drop the old one. A request is answered
+  // entirely by the version it started on; later ones by the new version.
+  // Returns the model_id now served (unchanged if `model_dir` holds the
+  // current one). FAILED_PRECONDITION for a router client or a change of
+  // shape; UNAVAILABLE naming the first expert without a live node, and the
+  // old version serves on; errors of the model directory.
+  absl::StatusOr<std::string> LoadModel(const std::string& model_dir, absl::Duration timeout = absl::Seconds(30));
   absl::StatusOr<colibri::v1::GetClusterStatusResponse> ClusterStatus();
 
   // The request Forward sends (for callers that keep their own stubs).

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "clients/cpp/tensor.h"
+#include "colibri/v1/expert_node.grpc.pb.h"
 #include "tests/test_util.h"
 
 namespace colibri {
@@ -260,6 +261,100 @@ TEST_CASE("kill -9 of a replica under load from proxyless clients fails no reque
   absl::StatusOr<v1::GetClusterStatusResponse> status = direct->ClusterStatus();
   REQUIRE(status.ok());
   CHECK(!status->nodes(0).live());
+}
+
+// ExpertNode.Reload on a node's admin endpoint.
+grpc::Status Reload(int admin_port, const v1::ReloadRequest& request) {
+  auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(Loopback(admin_port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::ReloadResponse response;
+  return stub->Reload(&context, request, &response);
+}
+
+TEST_CASE("a proxyless client switches to a staged model version under load, never mixing versions") {
+  TempDir dir;
+  const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "v1", common::DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "v2", common::DType::kInt8);  // the same checkpoint, re-quantized
+  std::vector<std::unique_ptr<ProcessGuard>> nodes;
+  std::vector<int> ports, admin_ports;
+  for (const char* experts : {"0-2", "2-3"}) {
+    nodes.push_back(std::make_unique<ProcessGuard>(std::vector<std::string>{
+        Binary("expert_node/colibri-expert"), "--model=" + (dir / "v1"), "--model_root=" + dir.path(),
+        "--experts=" + std::string(experts), "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0", "--threads=1"}));
+    ports.push_back(nodes.back()->ReadPort());
+    admin_ports.push_back(nodes.back()->ReadPort("admin on port "));
+  }
+  auto client = ConnectDirect(dir / "v1", {Loopback(ports[0]), Loopback(ports[1])});
+  const std::string v1_id = client->model().model_id();
+  const std::vector<float> x = Hidden(3, 7);
+  ForwardArgs args;
+  args.layer = 1;
+  args.token_ids = {5, 22, 61};
+  args.hidden = x;
+  args.routing = Routing::kGate;
+  absl::StatusOr<ForwardResult> before = client->Forward(args);
+  REQUIRE(before.ok());
+
+  // Not staged on the nodes yet: refused, naming what is missing; v1 serves on.
+  absl::StatusOr<std::string> early = client->LoadModel(dir / "v2", absl::Seconds(1));
+  CHECK(early.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(early.status().message()), Catch::Contains("has no live node"));
+  absl::StatusOr<ForwardResult> still = client->Forward(args);
+  REQUIRE(still.ok());
+  CHECK(still->output == before->output);
+
+  v1::ReloadRequest stage;
+  stage.set_model_dir(dir / "v2");
+  stage.set_keep_previous(true);
+  for (int port : admin_ports) REQUIRE(Reload(port, stage).ok());
+  // v2's own answer, from a client that loads it directly.
+  absl::StatusOr<ForwardResult> v2_answer =
+      ConnectDirect(dir / "v2", {Loopback(ports[0]), Loopback(ports[1])})->Forward(args);
+  REQUIRE(v2_answer.ok());
+  REQUIRE(v2_answer->output != before->output);
+
+  std::atomic<bool> stop{false}, switched{false};
+  std::atomic<int> v1_answers{0}, v2_answers{0}, other{0}, failed{0}, v1_after_switch{0};
+  std::thread load([&] {
+    while (!stop.load()) {
+      const bool after = switched.load();  // read before the call: its answer must then be v2's
+      absl::StatusOr<ForwardResult> r = client->Forward(args);
+      if (!r.ok()) {
+        ++failed;
+      } else if (r->output == before->output) {
+        ++v1_answers;
+        v1_after_switch += after;
+      } else if (r->output == v2_answer->output) {
+        ++v2_answers;
+      } else {
+        ++other;
+      }
+    }
+  });
+  for (int i = 0; i < 2000 && v1_answers.load() < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  absl::StatusOr<std::string> switched_to = client->LoadModel(dir / "v2");
+  INFO(switched_to.status().message());
+  REQUIRE(switched_to.ok());
+  CHECK(*switched_to != v1_id);
+  switched.store(true);
+  v1::ReloadRequest drop;
+  drop.set_drop_model_id(v1_id);
+  for (int port : admin_ports) CHECK(Reload(port, drop).ok());
+  const int v2_so_far = v2_answers.load();
+  for (int i = 0; i < 2000 && v2_answers.load() < v2_so_far + 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  stop.store(true);
+  load.join();
+  std::printf("proxyless switch under load: %d answers of v1, %d of v2, %d of neither, %d failed\n", v1_answers.load(),
+              v2_answers.load(), other.load(), failed.load());
+  CHECK(failed.load() == 0);
+  CHECK(other.load() == 0);
+  CHECK(v1_after_switch.load() == 0);
+  CHECK(v2_answers.load() >= v2_so_far + 20);
+  CHECK(client->LoadModel(dir / "v2").value_or("") == *switched_to);  // already serving it: nothing to do
 }
 
 TEST_CASE("a session answers in order, reports a refused request and goes on") {
