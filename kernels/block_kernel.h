@@ -86,7 +86,14 @@ void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activ
 // REQUIRES: scratch holds TileQ8ScratchBytes(x.cols) bytes, 64-byte aligned.
 using TileKernelFn = void (*)(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch,
                               float* out);
-size_t TileQ8ScratchBytes(int64_t cols);
+// The int8 tiles' layout (kernels/tile_q8_vnni.cc): per 64-input group, 16
+// steps of [64 rows][4 bytes], then f32 [64] scales and [64] zero terms;
+// kTileQ8ChunkGroups groups at a time.
+inline constexpr int64_t kTileQ8ChunkGroups = 32;
+inline constexpr int64_t kTileQ8RecordBytes = 16 * 64 * 4 + 2 * 64 * sizeof(float);
+inline constexpr size_t TileQ8ScratchBytes(int64_t cols) {
+  return static_cast<size_t>((cols / 64 < kTileQ8ChunkGroups ? cols / 64 : kTileQ8ChunkGroups) * kTileQ8RecordBytes);
+}
 
 // int8 / int4 weights repacked to int8 tiles that vpdpbusd reads down the
 // rows (AVX512_VNNI; kernels/tile_q8_vnni.cc), times x.q8: BlockInt8Scalar /

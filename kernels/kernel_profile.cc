@@ -219,7 +219,11 @@ KernelTable ProfiledTable(const KernelProfile& profile) {
   const KernelTable& widened = KernelsFor(Isa::kAvx512);
   for (auto [type, widen] : {std::pair{DType::kBF16, profile.bf16_widen}, std::pair{DType::kInt8, profile.int8_widen},
                              std::pair{DType::kInt4, profile.int4_widen}}) {
-    if (widen) table.block[static_cast<int>(type)] = widened.For(type);
+    if (!widen) continue;
+    table.block[static_cast<int>(type)] = widened.For(type);
+    // A widened type keeps its activations in f32: its tiles are bf16 ones
+    // (bf16 activations), not int8 tiles (int8 activations).
+    table.tile[static_cast<int>(type)] = nullptr;
   }
   return table;
 }
@@ -230,10 +234,11 @@ std::string DescribeProfile(const KernelProfile& p) {
   auto kernel = [&](bool widen, const char* instruction) {
     return p.isa == Isa::kScalar ? "scalar" : dot && !widen ? instruction : "widened to f32 + FMA";
   };
+  auto tiles = [&](bool widen) { return dot && !widen ? "int8 tiles " : "bf16 tiles "; };
   return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(p.bf16_widen, "vdpbf16ps"), ", int8 ",
                       kernel(p.int8_widen, "vpdpbusd"), ", int4 ", kernel(p.int4_widen, "vpdpbusd"), "; oneDNN ",
-                      rows(p.onednn_min_tokens), dot ? "; int8 tiles " : "; bf16 tiles ", rows(p.int8_tile_min_tokens),
-                      " (int8) / ", rows(p.int4_tile_min_tokens), " (int4); ", p.source);
+                      rows(p.onednn_min_tokens), "; int8 on ", tiles(p.int8_widen), rows(p.int8_tile_min_tokens),
+                      ", int4 on ", tiles(p.int4_widen), rows(p.int4_tile_min_tokens), "; ", p.source);
 }
 
 KernelProfile DefaultProfile(Isa isa) {
@@ -244,9 +249,10 @@ KernelProfile DefaultProfile(Isa isa) {
   // ~0.5% and was within 10% of widening on the Mixtral-shaped layer where
   // we measured it (AMD Zen 5): it is chosen only where it wins clearly.
   // The thresholds are the break-even points measured for the default
-  // kernels on a Mixtral-shaped expert (int8 tiles with VNNI, else bf16 ones).
-  p.int8_widen = vnni;
-  p.int8_tile_min_tokens = vnni ? 16 : 12;
+  // kernels on a Mixtral-shaped expert: bf16 tiles for int8 (widened), and
+  // for int4 int8 tiles with VNNI, else bf16 ones.
+  p.int8_widen = vnni;  // so int8 takes bf16 tiles (ProfiledTable)
+  p.int8_tile_min_tokens = 12;
   p.int4_tile_min_tokens = vnni ? 16 : 4;
   p.source = "defaults";
   return p;

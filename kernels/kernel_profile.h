@@ -71,10 +71,12 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);
 absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa);
 
 // One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4
-// vpdpbusd; oneDNN never; int8 tiles from 16 rows (int8) / 16 (int4); <source>".
+// vpdpbusd; oneDNN never; int8 on int8 tiles from 64 rows, int4 on int8 tiles
+// from 16 rows; <source>".
 std::string DescribeProfile(const KernelProfile& profile);
 
-// KernelsFor(profile.isa) with the profile's choice of block kernels.
+// KernelsFor(profile.isa) with the profile's choice of block kernels (a
+// widened int8/int4 type also loses its int8 tiles: it takes bf16 ones).
 KernelTable ProfiledTable(const KernelProfile& profile);
 
 // The CPU's identity for the cache file name: vendor, family, model and

@@ -31,11 +31,12 @@ namespace {
 
 using common::kBlockRows;
 
-constexpr int64_t kStepBytes = kBlockRows * 4;                          // one step: 64 rows x 4 inputs
-constexpr int64_t kGroupBytes = 16 * kStepBytes;                        // one 64-input group of the block
-constexpr int64_t kRecordBytes = kGroupBytes + 2 * 64 * sizeof(float);  // + int4's s_g and s_g·z_g per row
-constexpr int64_t kChunkGroups = 32;  // groups repacked at a time (~144 KiB: stays in L2)
-constexpr int kMaxTokens = 3;         // tokens per tile: 12 int32 + 12 f32 accumulators
+constexpr int64_t kStepBytes = kBlockRows * 4;        // one step: 64 rows x 4 inputs
+constexpr int64_t kGroupBytes = 16 * kStepBytes;      // one 64-input group of the block
+constexpr int64_t kRecordBytes = kTileQ8RecordBytes;  // + int4's s_g and s_g·z_g per row
+constexpr int64_t kChunkGroups = kTileQ8ChunkGroups;  // groups repacked at a time (~144 KiB: stays in L2)
+static_assert(kRecordBytes == kGroupBytes + 2 * 64 * sizeof(float) && kRecordBytes % 64 == 0);
+constexpr int kMaxTokens = 3;  // tokens per tile: 12 int32 + 12 f32 accumulators
 
 // 16 zmm, one per row (64 inputs each) -> 16 zmm, one per 4-input step (16 rows
 // each): a 16 x 16 transpose of 32-bit elements.
@@ -138,7 +139,7 @@ void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0,
   for (int64_t g = g0; g < g1; ++g) {
     for (const int64_t end = std::min(ahead.end, line + fetch_per_group); line < end; ++line) {
       const uint8_t* p = ahead.row0 + (line / ahead.per_row) * ahead.row_bytes + (line % ahead.per_row) * 64;
-      _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);  // never faults, even past the matrix
+      _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
     }
     const uint8_t* record = tile + (g - g0) * kRecordBytes;
     const int8_t* xq = x.q8 + t0 * K + g * 64;
@@ -200,7 +201,8 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
     ahead.row0 = g1 < groups ? base + g1 * kGroupRowBytes : base + w.layout.block_bytes;
     const int64_t next_groups = g1 < groups ? std::min(kChunkGroups, groups - g1) : std::min(kChunkGroups, groups);
     ahead.per_row = (next_groups * kGroupRowBytes + 63) / 64;
-    const int64_t lines = kBlockRows * ahead.per_row, tiles = (T + kMaxTokens - 1) / kMaxTokens;
+    const bool last = g1 == groups && block + 1 == w.layout.num_blocks();  // nothing of the matrix follows
+    const int64_t lines = last ? 0 : kBlockRows * ahead.per_row, tiles = (T + kMaxTokens - 1) / kMaxTokens;
     const int64_t fetching = std::min(tiles, kFetchTiles);
     Repack<kInt4>(w, block, K, g0, g1, scratch);
     for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -230,10 +232,6 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
 }
 
 }  // namespace
-
-size_t TileQ8ScratchBytes(int64_t cols) {
-  return static_cast<size_t>(std::min<int64_t>(cols / 64, kChunkGroups) * kRecordBytes);
-}
 
 void TileInt8Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
   Run<false>(w, block, x, scratch, out);

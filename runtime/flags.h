@@ -24,10 +24,10 @@ namespace runtime {
 //
 // In release builds (NDEBUG) it also turns off Abseil's mutex deadlock
 // detection. Debian builds Abseil without NDEBUG, so detection is on by
-// default: every absl::Mutex lock walks a process-wide lock graph and records
-// stack traces, a few percent of a router's CPU on its request path. Debug
-// builds (the sanitizer presets) keep it, so tests still catch lock-order
-// inversions.
+// default: every absl::Mutex lock (gRPC's and Abseil's own; Colibri's locks
+// are common::Mutex, which ThreadSanitizer checks) walks a process-wide lock
+// graph and records stack traces, a few percent of a router's CPU on its
+// request path. Debug builds (the ASan+UBSan preset) keep it.
 std::vector<char*> ParseFlags(int argc, char** argv, const char* usage);
 
 // An option name as a library's errors spell it, and the flag that sets it:
