@@ -144,9 +144,10 @@ class Client {
   // entirely by the version it started on; later ones by the new version.
   // Then it waits, up to `timeout` again, for calls still running on the old
   // version, which it releases. Returns the model_id now served (unchanged
-  // if `model_dir` holds the current one). FAILED_PRECONDITION for a router client or a change of
-  // shape; UNAVAILABLE naming the first expert without a live node, and the
-  // old version serves on; errors of the model directory.
+  // if `model_dir` holds the current one). FAILED_PRECONDITION for a router
+  // client or a change of shape; UNAVAILABLE naming the first expert without
+  // a live node, and the old version serves on; errors of the model
+  // directory.
   absl::StatusOr<std::string> LoadModel(const std::string& model_dir, absl::Duration timeout = absl::Seconds(30));
   absl::StatusOr<colibri::v1::GetClusterStatusResponse> ClusterStatus();
 
