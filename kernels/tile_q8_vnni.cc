@@ -10,8 +10,9 @@
 // int8 inputs are broadcast and one vpdpbusd per zmm adds 4 products to 16
 // outputs: 64 multiply-adds an operation, no horizontal sums. Per group the
 // exact int32 sums go to f32 once (acc += dot · xs_g, int4: · s_g too, minus
-// the zero points). Repacking costs about as much as 4 tokens' products, so
-// it pays from a few tens of rows on: the kernel profile measures where.
+// the zero points). Repacking is paid once per block and call, so it pays
+// from some tens of rows on (~16 with weights streamed from memory on Zen 5):
+// the kernel profile measures where.
 //
 // The sums are those of the block kernels: BlockInt8Scalar / BlockInt4Scalar
 // on x' = xq · xs, per group exact, then f32 in group order. A token's bits
@@ -68,7 +69,6 @@ inline void Transpose16(__m512i (&v)[16]) {
 // Groups [g0, g1) of the block's rows into `tile`, a record per group. A
 // row's group as 64 unsigned bytes: int8 weights + 128 (one xor), int4 nibbles
 // 0..15 with input j of the group at byte j.
-
 template <bool kInt4>
 void Repack(const common::MatrixView& w, int64_t block, int64_t K, int64_t g0, int64_t g1, uint8_t* tile) {
   const int64_t groups = w.layout.groups;
