@@ -10,9 +10,10 @@
 // dequantization happens in registers, nothing is written but `out`.
 // Activations are read as f32, except that bf16 weights multiply the bf16
 // copy x.bf16 (every variant, the scalar one included, so all bf16 variants
-// compute the same products) and the VNNI int4 and int8 variants multiply the
-// int8 copy x.q8 (their oracle: the scalar variant on q8 · scale). Accumulation is f32 in an order fixed by the
-// variant: the same inputs always give the same bits. Pure compute: no
+// compute the same products) and the VNNI int4 and int8 variants
+// (ReadsQ8() in kernels/dispatch.h) multiply the int8 copy x.q8 (their
+// oracle: the scalar variant on q8 · scale). Accumulation is f32 in an order
+// fixed by the variant: the same inputs always give the same bits. Pure compute: no
 // allocation, no threads, no Status; thread-safe.
 
 #include <cstddef>
@@ -62,6 +63,13 @@ void BlockBf16Avx2(const common::MatrixView& w, int64_t block, const Activations
 void BlockF16Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 void BlockInt8Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 void BlockInt4Avx2(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+
+// AVX2 with AVX-VNNI (the VEX vpdpbusd; kernels/block_avx2_vnni.cc): int8 and
+// int4 weights on the int8 copy x.q8 in 8-lane vectors, BlockInt8Scalar /
+// BlockInt4Scalar on x' = q8 · scale like the AVX512_VNNI variants below.
+// REQUIRES: the CPU has AVX-VNNI (HasAvxVnni()); x.q8, q8_scales, q8_sums set.
+void BlockInt8Avx2Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+void BlockInt4Avx2Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 // AVX-512 F/BW/VL/DQ (kernels/block_avx512.cc).
 void BlockF32Avx512(const common::MatrixView& w, int64_t block, const Activations& x, float* out);

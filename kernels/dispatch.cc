@@ -40,8 +40,8 @@ KernelTable MakeTable(Isa isa) {
       set(DType::kF32, BlockF32Avx2);
       set(DType::kBF16, BlockBf16Avx2);
       set(DType::kF16, BlockF16Avx2);
-      set(DType::kInt8, BlockInt8Avx2);
-      set(DType::kInt4, BlockInt4Avx2);
+      set(DType::kInt8, HasAvxVnni() ? BlockInt8Avx2Vnni : BlockInt8Avx2);
+      set(DType::kInt4, HasAvxVnni() ? BlockInt4Avx2Vnni : BlockInt4Avx2);
       break;
     case Isa::kAvx512:
     case Isa::kAvx512Bf16:
@@ -100,6 +100,35 @@ Isa DetectIsa() {
     return avx512_bf16 && avx512_vnni ? Isa::kAvx512Bf16 : Isa::kAvx512;
   }();
   return detected;
+}
+
+bool HasAvxVnni() {
+  static const bool has = [] {
+    if (DetectIsa() < Isa::kAvx2) return false;  // AVX2 and the ymm state checked there
+    uint32_t a = 0, b, c, d;
+    __get_cpuid_count(7, 1, &a, &b, &c, &d);
+    return (a & (1u << 4)) != 0;  // leaf 7 subleaf 1, eax bit 4: AVX-VNNI
+  }();
+  return has;
+}
+
+bool ReadsQ8(BlockKernelFn fn) {
+  return fn == BlockInt8Avx512Vnni || fn == BlockInt4Avx512Vnni || fn == BlockInt8Avx2Vnni || fn == BlockInt4Avx2Vnni;
+}
+
+BlockKernelFn WidenedKernel(Isa isa, DType type) {
+  const BlockKernelFn own = KernelsFor(isa).For(type);
+  switch (isa) {
+    case Isa::kAvx2:
+      if (own == BlockInt8Avx2Vnni) return BlockInt8Avx2;
+      if (own == BlockInt4Avx2Vnni) return BlockInt4Avx2;
+      return nullptr;
+    case Isa::kAvx512Bf16:
+      if (type == DType::kBF16 || type == DType::kInt8 || type == DType::kInt4)
+        return KernelsFor(Isa::kAvx512).For(type);
+      return nullptr;
+    default: return nullptr;
+  }
 }
 
 const KernelTable& KernelsFor(Isa isa) {

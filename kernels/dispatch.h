@@ -28,6 +28,22 @@ absl::StatusOr<Isa> ParseIsa(const std::string& name);  // INVALID_ARGUMENT nami
 // The best ISA this CPU and OS support.
 Isa DetectIsa();
 
+// Whether the CPU has AVX-VNNI (the VEX-encoded vpdpbusd) beside AVX2: the
+// avx2 table then runs int8 and int4 weights on BlockInt8Avx2Vnni /
+// BlockInt4Avx2Vnni. (Many AVX-512 CPUs lack it; the avx512 levels do not
+// use it.)
+bool HasAvxVnni();
+
+// Whether block kernel `fn` multiplies the int8 copy x.q8 (the VNNI int8 and
+// int4 kernels: their oracle is the scalar kernel on q8 · scale).
+bool ReadsQ8(BlockKernelFn fn);
+
+// The block kernel of `type` that widens the weights to f32 + FMA, where
+// `isa`'s table runs that type on a dot-product instruction instead
+// (vdpbf16ps, vpdpbusd): the alternative the kernel profile times. Null where
+// there is none.
+BlockKernelFn WidenedKernel(Isa isa, common::DType type);
+
 struct KernelTable {
   Isa isa = Isa::kScalar;
   // Indexed by common::DType code; null for non-weight types.

@@ -33,7 +33,7 @@ using common::DType;
 
 // Bumped whenever the candidates or the way they are timed change, so a
 // cache written by another version is not read.
-constexpr int kProfileVersion = 3;
+constexpr int kProfileVersion = 4;
 // d_model and d_ff of the synthetic experts: small ones (in cache: compute
 // decides) for the row thresholds, large ones (100 MB at bf16: streamed from
 // memory, as decode does) for the choice of block kernel and the int8-tile
@@ -216,11 +216,11 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
 
 KernelTable ProfiledTable(const KernelProfile& profile) {
   KernelTable table = KernelsFor(profile.isa);
-  const KernelTable& widened = KernelsFor(Isa::kAvx512);
   for (auto [type, widen] : {std::pair{DType::kBF16, profile.bf16_widen}, std::pair{DType::kInt8, profile.int8_widen},
                              std::pair{DType::kInt4, profile.int4_widen}}) {
-    if (!widen) continue;
-    table.block[static_cast<int>(type)] = widened.For(type);
+    const BlockKernelFn widened = WidenedKernel(profile.isa, type);
+    if (!widen || widened == nullptr) continue;
+    table.block[static_cast<int>(type)] = widened;
     // A widened type keeps its activations in f32: its tiles are bf16 ones
     // (bf16 activations), not int8 tiles (int8 activations).
     table.tile[static_cast<int>(type)] = nullptr;
@@ -230,15 +230,17 @@ KernelTable ProfiledTable(const KernelProfile& profile) {
 
 std::string DescribeProfile(const KernelProfile& p) {
   auto rows = [](int64_t n) { return n > 0 ? absl::StrCat("from ", n, " rows") : std::string("never"); };
-  const bool dot = p.isa == Isa::kAvx512Bf16;
-  auto kernel = [&](bool widen, const char* instruction) {
-    return p.isa == Isa::kScalar ? "scalar" : dot && !widen ? instruction : "widened to f32 + FMA";
+  const KernelTable table = ProfiledTable(p);
+  auto kernel = [&](DType type, bool widen, const char* instruction) {
+    if (p.isa == Isa::kScalar) return "scalar";
+    return WidenedKernel(p.isa, type) != nullptr && !widen ? instruction : "widened to f32 + FMA";
   };
-  auto tiles = [&](bool widen) { return dot && !widen ? "int8 tiles " : "bf16 tiles "; };
-  return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(p.bf16_widen, "vdpbf16ps"), ", int8 ",
-                      kernel(p.int8_widen, "vpdpbusd"), ", int4 ", kernel(p.int4_widen, "vpdpbusd"), "; oneDNN ",
-                      rows(p.onednn_min_tokens), "; int8 on ", tiles(p.int8_widen), rows(p.int8_tile_min_tokens),
-                      ", int4 on ", tiles(p.int4_widen), rows(p.int4_tile_min_tokens), "; ", p.source);
+  auto tiles = [&](DType type) { return table.TileFor(type) != nullptr ? "int8 tiles " : "bf16 tiles "; };
+  return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(DType::kBF16, p.bf16_widen, "vdpbf16ps"), ", int8 ",
+                      kernel(DType::kInt8, p.int8_widen, "vpdpbusd"), ", int4 ",
+                      kernel(DType::kInt4, p.int4_widen, "vpdpbusd"), "; oneDNN ", rows(p.onednn_min_tokens),
+                      "; int8 on ", tiles(DType::kInt8), rows(p.int8_tile_min_tokens), ", int4 on ",
+                      tiles(DType::kInt4), rows(p.int4_tile_min_tokens), "; ", p.source);
 }
 
 KernelProfile DefaultProfile(Isa isa) {
@@ -278,9 +280,8 @@ KernelProfile MeasureProfile(Isa isa) {
   // the int8/int4 tiles and long prompts), int8/int4 at 1 and 8 rows
   // together (decode, below their tile thresholds). The default stays unless
   // the other takes under 90% of its time.
-  if (isa == Isa::kAvx512Bf16) {
+  {
     Timer large(pool->get(), kLargeDim);
-    const KernelTable& widened_table = KernelsFor(Isa::kAvx512);
     struct Pair {
       DType type;
       std::vector<int64_t> rows;
@@ -290,9 +291,11 @@ KernelProfile MeasureProfile(Isa isa) {
     for (const Pair& c : {Pair{DType::kBF16, {32}, "vdpbf16ps", &profile.bf16_widen},
                           Pair{DType::kInt8, {1, 8}, "vpdpbusd", &profile.int8_widen},
                           Pair{DType::kInt4, {1, 8}, "vpdpbusd", &profile.int4_widen}}) {
+      const BlockKernelFn widened_kernel = WidenedKernel(isa, c.type);
+      if (widened_kernel == nullptr) continue;
       const auto expert = MakeExpert(c.type, kLargeDim, seed);
       KernelTable widened = dot_table;
-      widened.block[static_cast<int>(c.type)] = widened_table.For(c.type);
+      widened.block[static_cast<int>(c.type)] = widened_kernel;
       ExecutorOptions dot = hand, fma = hand;
       dot.kernels = &dot_table;
       fma.kernels = &widened;
@@ -376,8 +379,9 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
     } else if (!absl::SimpleAtoi(value, &number) || number < 0) {
       return bad();
     } else if ((key == "bf16_widen" || key == "int8_widen" || key == "int4_widen") && number <= 1) {
-      if (number == 1 && isa != Isa::kAvx512Bf16) return bad();  // nothing to replace below that level
-      (key == "bf16_widen" ? p.bf16_widen : key == "int8_widen" ? p.int8_widen : p.int4_widen) = number == 1;
+      const DType type = key == "bf16_widen" ? DType::kBF16 : key == "int8_widen" ? DType::kInt8 : DType::kInt4;
+      if (number == 1 && WidenedKernel(isa, type) == nullptr) return bad();  // nothing to replace there
+      (type == DType::kBF16 ? p.bf16_widen : type == DType::kInt8 ? p.int8_widen : p.int4_widen) = number == 1;
       ++found;
     } else if (key == "onednn_min_tokens") {
       p.onednn_min_tokens = number, ++found;

@@ -34,8 +34,9 @@ namespace kernels {
 struct KernelProfile {
   Isa isa = Isa::kScalar;
   // Block kernels that widen the weights to f32 + FMA instead of the dot
-  // product instructions (vdpbf16ps for bf16, vpdpbusd for int8/int4; both
-  // exist only at the avx512_bf16 level).
+  // product instructions (vdpbf16ps for bf16, vpdpbusd for int8/int4), where
+  // the level has both (WidenedKernel(): avx512_bf16, and avx2 with AVX-VNNI
+  // for int8/int4).
   bool bf16_widen = false;
   bool int8_widen = false;
   bool int4_widen = false;

@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/dispatch.h"
@@ -117,24 +119,38 @@ double Magnitude(const common::MatrixView& w, int64_t row, const Inputs& in, int
   return m;
 }
 
+// The tables to test: every level the CPU has, plus the plain AVX2 int8 and
+// int4 kernels where AVX-VNNI replaces them in the avx2 table.
+std::vector<std::pair<std::string, KernelTable>> TablesToTest() {
+  std::vector<std::pair<std::string, KernelTable>> tables;
+  for (int isa_code = static_cast<int>(Isa::kAvx2); isa_code <= static_cast<int>(DetectIsa()); ++isa_code) {
+    tables.emplace_back(IsaName(static_cast<Isa>(isa_code)), KernelsFor(static_cast<Isa>(isa_code)));
+  }
+  if (HasAvxVnni()) {
+    KernelTable plain = KernelsFor(Isa::kAvx2);
+    plain.block[static_cast<int>(DType::kInt8)] = BlockInt8Avx2;
+    plain.block[static_cast<int>(DType::kInt4)] = BlockInt4Avx2;
+    tables.emplace_back("avx2 without AVX-VNNI", plain);
+  }
+  return tables;
+}
+
 TEST_CASE("every block kernel variant matches the scalar reference") {
   std::mt19937 rng(1234);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {130, 200}, {70, 1000}};
   int variants_tested = 0;
-  for (int isa_code = static_cast<int>(Isa::kAvx2); isa_code <= static_cast<int>(DetectIsa()); ++isa_code) {
-    const KernelTable& table = KernelsFor(static_cast<Isa>(isa_code));
+  for (const auto& [name, table] : TablesToTest()) {
     const KernelTable& reference = KernelsFor(Isa::kScalar);
     for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
       ++variants_tested;
+      // The VNNI int4 and int8 kernels multiply x.q8: their oracle is the
+      // scalar reference on those activations.
+      const bool q8_acts = ReadsQ8(table.For(type));
       for (const auto& [rows, cols] : shapes) {
         const Matrix m = MakeMatrix(type, rows, cols, rng);
         for (int64_t tokens : {1, 2, 3, 7, 8, 64, 129}) {
           if (cols == 1000 && tokens > 8) continue;  // keep the scalar oracle quick
           const Inputs in = MakeInputs(tokens, cols, m.view.layout.padded_cols, rng);
-          // The avx512_bf16 (VNNI) int4 and int8 kernels multiply x.q8: their
-          // oracle is the scalar reference on those activations.
-          const bool q8_acts =
-              (type == DType::kInt4 || type == DType::kInt8) && static_cast<Isa>(isa_code) == Isa::kAvx512Bf16;
           const Inputs dequantized = DequantizedQ8(in);
           const Inputs& oracle_in = q8_acts ? dequantized : in;
           const Activations& oracle_acts = oracle_in.acts;
@@ -151,10 +167,9 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
                 const double bound = kRelTolerance * Magnitude(m.view, row, oracle_in, t, type == DType::kBF16) + 1e-30;
                 const float e = expected[t * 64 + j], a = actual[t * 64 + j];
                 if (std::fabs(double(a) - e) > bound) {
-                  FAIL(IsaName(static_cast<Isa>(isa_code))
-                       << " " << common::DTypeName(type) << " [" << rows << " x " << cols << "] T=" << tokens
-                       << " block " << b << " token " << t << " row " << j << ": " << a << " vs reference " << e
-                       << " (bound " << bound << ")");
+                  FAIL(name << " " << common::DTypeName(type) << " [" << rows << " x " << cols << "] T=" << tokens
+                            << " block " << b << " token " << t << " row " << j << ": " << a << " vs reference " << e
+                            << " (bound " << bound << ")");
                 }
                 if (row >= rows) REQUIRE(a == 0.f);  // padding rows stay zero
                 nonzero |= a != 0.f;
@@ -167,7 +182,8 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
     }
   }
   if (DetectIsa() == Isa::kScalar) WARN("this CPU has no AVX2: only the scalar kernels exist here");
-  CHECK(variants_tested == 5 * static_cast<int>(DetectIsa()));
+  if (DetectIsa() >= Isa::kAvx2 && !HasAvxVnni()) WARN("this CPU has no AVX-VNNI: the avx2 VNNI kernels are untested");
+  CHECK(variants_tested == 5 * (static_cast<int>(DetectIsa()) + (HasAvxVnni() ? 1 : 0)));
 }
 
 TEST_CASE("every int8 tile kernel matches the scalar reference on the int8 activations") {

@@ -29,7 +29,7 @@ using common::DType;
 // reference, by what the kernels multiply. Every kernel multiplies the exact
 // stored weights; bf16 weights multiply the bf16-rounded activations (and
 // h), and so do int8/int4 weights when they are dequantized to bf16 tiles
-// (rounding the weights too); the avx512_bf16 (VNNI) int4 and int8 kernels
+// (rounding the weights too); the VNNI int4 and int8 kernels and int8 tiles
 // multiply activations quantized to int8 per 64-input group (x and h: ~1.3%
 // here).
 double Tolerance(common::DType type, int64_t rows, const ExecutorOptions& options) {
@@ -38,7 +38,7 @@ double Tolerance(common::DType type, int64_t rows, const ExecutorOptions& option
     case DType::kBF16: return kBf16;
     case DType::kInt8:
     case DType::kInt4: {  // (an expert may get fewer rows than the call: the int8 kernel may be in play)
-      if (SelectedKernels().isa == Isa::kAvx512Bf16) return kInt8Activations;
+      if (ReadsQ8(SelectedKernels().For(type)) || SelectedKernels().TileFor(type) != nullptr) return kInt8Activations;
       const int64_t tile_min = TileMinTokens(options, SelectedKernels(), type);
       return tile_min > 0 && rows >= tile_min ? kBf16 : kExact;
     }
