@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/dispatch.h"
 #include "kernels/swiglu.h"
 
@@ -119,6 +120,41 @@ double Magnitude(const common::MatrixView& w, int64_t row, const Inputs& in, int
   return m;
 }
 
+// `in` reduced to its last token: a kernel's bits for a token must not
+// depend on T or on where the token sits in the batch.
+Inputs LastToken(const Inputs& in, int64_t tokens) {
+  const int64_t K = in.acts.cols, groups = K / 64, t = tokens - 1;
+  Inputs last = in;
+  last.acts.num_tokens = 1;
+  last.acts.f32 = in.f32.data() + t * K;
+  last.acts.bf16 = in.bf16.data() + t * K;
+  last.acts.group_sums = in.sums.data() + t * groups;
+  last.acts.q8 = in.q8.data() + t * K;
+  last.acts.q8_scales = in.q8_scales.data() + t * groups;
+  last.acts.q8_sums = in.q8_sums.data() + t * groups;
+  return last;
+}
+
+// Block b's outputs `actual` against the oracle's `expected` (both [T][64])
+// within kRelTolerance of the products' magnitude on `oracle_in`; padding
+// rows must be 0. `what` names the kernel and the case in a failure.
+void CheckBlock(const std::string& what, const Matrix& m, int64_t b, const Inputs& oracle_in, bool bf16_acts,
+                const std::vector<float>& expected, const std::vector<float>& actual, bool* nonzero) {
+  for (int64_t t = 0; t < oracle_in.acts.num_tokens; ++t) {
+    for (int64_t j = 0; j < 64; ++j) {
+      const int64_t row = b * 64 + j;
+      const double bound = kRelTolerance * Magnitude(m.view, row, oracle_in, t, bf16_acts) + 1e-30;
+      const float e = expected[t * 64 + j], a = actual[t * 64 + j];
+      if (std::fabs(double(a) - e) > bound) {
+        FAIL(what << " block " << b << " token " << t << " row " << j << ": " << a << " vs reference " << e
+                  << " (bound " << bound << ")");
+      }
+      if (row >= m.view.layout.rows) REQUIRE(a == 0.f);  // padding rows stay zero
+      *nonzero |= a != 0.f;
+    }
+  }
+}
+
 // The tables to test: every level the CPU has, plus the plain AVX2 int8 and
 // int4 kernels where AVX-VNNI replaces them in the avx2 table.
 std::vector<std::pair<std::string, KernelTable>> TablesToTest() {
@@ -137,7 +173,8 @@ std::vector<std::pair<std::string, KernelTable>> TablesToTest() {
 
 TEST_CASE("every block kernel variant matches the scalar reference") {
   std::mt19937 rng(1234);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {130, 200}, {70, 1000}};
+  // {rows, cols}: ragged; 300 columns are 5 groups of 64 (an odd count).
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {130, 200}, {64, 300}, {70, 1000}};
   int variants_tested = 0;
   for (const auto& [name, table] : TablesToTest()) {
     const KernelTable& reference = KernelsFor(Isa::kScalar);
@@ -154,27 +191,20 @@ TEST_CASE("every block kernel variant matches the scalar reference") {
           const Inputs dequantized = DequantizedQ8(in);
           const Inputs& oracle_in = q8_acts ? dequantized : in;
           const Activations& oracle_acts = oracle_in.acts;
-          std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64);
+          const Inputs last = LastToken(in, tokens);
+          const std::string what =
+              absl::StrCat(name, " ", common::DTypeName(type), " [", rows, " x ", cols, "] T=", tokens);
+          std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64), alone(64);
           bool nonzero = false;
           for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
             reference.For(type)(m.view, b, oracle_acts, expected.data());
             table.For(type)(m.view, b, in.acts, actual.data());
             table.For(type)(m.view, b, in.acts, again.data());
             REQUIRE(actual == again);  // bitwise deterministic
-            for (int64_t t = 0; t < tokens; ++t) {
-              for (int64_t j = 0; j < 64; ++j) {
-                const int64_t row = b * 64 + j;
-                const double bound = kRelTolerance * Magnitude(m.view, row, oracle_in, t, type == DType::kBF16) + 1e-30;
-                const float e = expected[t * 64 + j], a = actual[t * 64 + j];
-                if (std::fabs(double(a) - e) > bound) {
-                  FAIL(name << " " << common::DTypeName(type) << " [" << rows << " x " << cols << "] T=" << tokens
-                            << " block " << b << " token " << t << " row " << j << ": " << a << " vs reference " << e
-                            << " (bound " << bound << ")");
-                }
-                if (row >= rows) REQUIRE(a == 0.f);  // padding rows stay zero
-                nonzero |= a != 0.f;
-              }
-            }
+            table.For(type)(m.view, b, last.acts, alone.data());
+            INFO(what << " block " << b << ": the last token alone");
+            REQUIRE(std::equal(alone.begin(), alone.end(), actual.begin() + (tokens - 1) * 64));
+            CheckBlock(what, m, b, oracle_in, type == DType::kBF16, expected, actual, &nonzero);
           }
           REQUIRE(nonzero);
         }
@@ -206,11 +236,9 @@ TEST_CASE("every int8 tile kernel matches the scalar reference on the int8 activ
           if (cols >= 1000 && tokens > 7) continue;  // keep the scalar oracle quick
           const Inputs in = MakeInputs(tokens, cols, K, rng);
           const Inputs dequantized = DequantizedQ8(in);
-          Inputs last = in;  // the last token alone: its bits must not depend on T or its tile
-          last.acts.num_tokens = 1;
-          last.acts.q8 = in.q8.data() + (tokens - 1) * K;
-          last.acts.q8_scales = in.q8_scales.data() + (tokens - 1) * (K / 64);
-          last.acts.q8_sums = in.q8_sums.data() + (tokens - 1) * (K / 64);
+          const Inputs last = LastToken(in, tokens);
+          const std::string what = absl::StrCat(IsaName(static_cast<Isa>(isa_code)), " tile ", common::DTypeName(type),
+                                                " [", rows, " x ", cols, "] T=", tokens);
           std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64), alone(64);
           bool nonzero = false;
           for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
@@ -220,21 +248,7 @@ TEST_CASE("every int8 tile kernel matches the scalar reference on the int8 activ
             REQUIRE(actual == again);  // bitwise deterministic
             tile(m.view, b, last.acts, scratch, alone.data());
             REQUIRE(std::equal(alone.begin(), alone.end(), actual.begin() + (tokens - 1) * 64));
-            for (int64_t t = 0; t < tokens; ++t) {
-              for (int64_t j = 0; j < 64; ++j) {
-                const int64_t row = b * 64 + j;
-                const double bound = kRelTolerance * Magnitude(m.view, row, dequantized, t, false) + 1e-30;
-                const float e = expected[t * 64 + j], a = actual[t * 64 + j];
-                if (std::fabs(double(a) - e) > bound) {
-                  FAIL(IsaName(static_cast<Isa>(isa_code))
-                       << " tile " << common::DTypeName(type) << " [" << rows << " x " << cols << "] T=" << tokens
-                       << " block " << b << " token " << t << " row " << j << ": " << a << " vs reference " << e
-                       << " (bound " << bound << ")");
-                }
-                if (row >= rows) REQUIRE(a == 0.f);  // padding rows stay zero
-                nonzero |= a != 0.f;
-              }
-            }
+            CheckBlock(what, m, b, dequantized, false, expected, actual, &nonzero);
           }
           REQUIRE(nonzero);
         }
