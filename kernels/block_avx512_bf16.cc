@@ -210,15 +210,15 @@ void Int8Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
 
 namespace {
 
-// T = 1 in tiles of 4 rows, else 2 rows at a time (outer: each pair of rows
-// comes from memory once, then from L1/L2 for every further token tile)
-// times token tiles of up to 4. Each (row, token) sees the same operations in
-// the same order either way.
-void RunIntTiles(IntTileFn single, const IntTileFn (&tiles)[4], const common::MatrixView& w, int64_t block,
-                 const Activations& x, float* out) {
+// T = 1 in tiles of `single_rows` rows, else 2 rows at a time (outer: each
+// pair of rows comes from memory once, then from L1/L2 for every further
+// token tile) times token tiles of up to 4. Each (row, token) sees the same
+// operations in the same order either way.
+void RunIntTiles(IntTileFn single, int single_rows, const IntTileFn (&tiles)[4], const common::MatrixView& w,
+                 int64_t block, const Activations& x, float* out) {
   const int64_t T = x.num_tokens;
   if (T == 1) {
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += 4) single(w, block, x, r0, 0, out);
+    for (int64_t r0 = 0; r0 < kBlockRows; r0 += single_rows) single(w, block, x, r0, 0, out);
     return;
   }
   for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) {
@@ -228,14 +228,18 @@ void RunIntTiles(IntTileFn single, const IntTileFn (&tiles)[4], const common::Ma
 
 }  // namespace
 
+// int8 at T = 1 reads one row at a time, in memory order, prefetching the
+// next: one core streaming from memory kept up better that way than with 4
+// rows side by side (4 streams, and 4 more prefetched; docs/PERFORMANCE.md).
+// int4 keeps 4 rows: its rows are half as long, and unpacking is its limit.
 void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   static constexpr IntTileFn kTiles[4] = {Int8Tile<2, 1>, Int8Tile<2, 2>, Int8Tile<2, 3>, Int8Tile<2, 4>};
-  RunIntTiles(Int8Tile<4, 1>, kTiles, w, block, x, out);
+  RunIntTiles(Int8Tile<1, 1>, 1, kTiles, w, block, x, out);
 }
 
 void BlockInt4Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   static constexpr IntTileFn kTiles[4] = {Int4Tile<2, 1>, Int4Tile<2, 2>, Int4Tile<2, 3>, Int4Tile<2, 4>};
-  RunIntTiles(Int4Tile<4, 1>, kTiles, w, block, x, out);
+  RunIntTiles(Int4Tile<4, 1>, 4, kTiles, w, block, x, out);
 }
 
 void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
