@@ -10,7 +10,9 @@
 // scalar reference on x' = q8 · scale within the same bound, but not the same
 // bits as the AVX-512 kernels (the lanes are summed in another order).
 //
-// Tiles: T = 1 in tiles of 4 rows; otherwise 2 rows times up to 4 tokens, the
+// Tiles: T = 1 one row at a time for int8 (in memory order, as the AVX-512
+// kernel; docs/PERFORMANCE.md) and 4 rows for int4; otherwise 2 rows times up
+// to 4 tokens, the
 // pair of rows read from memory once and from L1 for each further token tile.
 // Every (row, token) sees the same operations in the same order either way,
 // so a token's bits depend only on its own inputs. While a tile runs, the
@@ -163,11 +165,11 @@ void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
 
 using IntTileFn = void (*)(const common::MatrixView&, int64_t, const Activations&, int64_t, int64_t, float*);
 
-void RunIntTiles(IntTileFn single, const IntTileFn (&tiles)[4], const common::MatrixView& w, int64_t block,
-                 const Activations& x, float* out) {
+void RunIntTiles(IntTileFn single, int single_rows, const IntTileFn (&tiles)[4], const common::MatrixView& w,
+                 int64_t block, const Activations& x, float* out) {
   const int64_t T = x.num_tokens;
   if (T == 1) {
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += 4) single(w, block, x, r0, 0, out);
+    for (int64_t r0 = 0; r0 < kBlockRows; r0 += single_rows) single(w, block, x, r0, 0, out);
     return;
   }
   for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) {
@@ -179,12 +181,12 @@ void RunIntTiles(IntTileFn single, const IntTileFn (&tiles)[4], const common::Ma
 
 void BlockInt8Avx2Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   static constexpr IntTileFn kTiles[4] = {Int8Tile<2, 1>, Int8Tile<2, 2>, Int8Tile<2, 3>, Int8Tile<2, 4>};
-  RunIntTiles(Int8Tile<4, 1>, kTiles, w, block, x, out);
+  RunIntTiles(Int8Tile<1, 1>, 1, kTiles, w, block, x, out);
 }
 
 void BlockInt4Avx2Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   static constexpr IntTileFn kTiles[4] = {Int4Tile<2, 1>, Int4Tile<2, 2>, Int4Tile<2, 3>, Int4Tile<2, 4>};
-  RunIntTiles(Int4Tile<4, 1>, kTiles, w, block, x, out);
+  RunIntTiles(Int4Tile<4, 1>, 4, kTiles, w, block, x, out);
 }
 
 }  // namespace kernels
