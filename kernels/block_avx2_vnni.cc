@@ -11,13 +11,12 @@
 // bits as the AVX-512 kernels (the lanes are summed in another order).
 //
 // Tiles: T = 1 one row at a time for int8 (in memory order, as the AVX-512
-// kernel; docs/PERFORMANCE.md) and 4 rows for int4; otherwise 2 rows times up
-// to 4 tokens, the
-// pair of rows read from memory once and from L1 for each further token tile.
-// Every (row, token) sees the same operations in the same order either way,
-// so a token's bits depend only on its own inputs. While a tile runs, the
-// next tile's rows (past the block's end: the next block's) are prefetched
-// into L2.
+// kernel; docs/PERFORMANCE.md) and 4 rows for int4; otherwise 2 rows times
+// up to 4 tokens, the pair of rows read from memory once and from L1 for each
+// further token tile. Every (row, token) sees the same operations in the same
+// order either way, so a token's bits depend only on its own inputs. While a
+// tile runs, the next tile's rows (past the block's end: the next block's)
+// are prefetched into L2.
 
 #include "kernels/x86_simd.h"
 
