@@ -4,7 +4,9 @@
 // Runtime ISA dispatch: one binary runs on AVX2-only and AVX-512 machines.
 // The CPU's best ISA comes from cpuid (and the OS's xgetbv); the environment
 // variable COLIBRI_MAX_ISA=scalar|avx2|avx512|avx512_bf16 caps it, so every
-// variant can be tested on one machine. Tables are immutable; thread-safe.
+// variant can be tested on one machine. AVX-VNNI is a feature of the avx2
+// table, not a level (many AVX-512 CPUs lack it): HasAvxVnni(). Tables are
+// immutable; thread-safe.
 
 #include <string>
 
