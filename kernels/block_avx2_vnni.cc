@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "kernels/block_kernel.h"
+#include "kernels/int_tiles.h"
 
 namespace colibri {
 namespace kernels {
@@ -159,20 +160,6 @@ void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
       const float corr = DotGroups(scales + r * groups, zeros + r * groups, x.q8_sums + (t0 + t) * groups, groups);
       out[(t0 + t) * kBlockRows + r0 + r] = HorizontalSum(acc[r][t]) - corr;
     }
-  }
-}
-
-using IntTileFn = void (*)(const common::MatrixView&, int64_t, const Activations&, int64_t, int64_t, float*);
-
-void RunIntTiles(IntTileFn single, int single_rows, const IntTileFn (&tiles)[4], const common::MatrixView& w,
-                 int64_t block, const Activations& x, float* out) {
-  const int64_t T = x.num_tokens;
-  if (T == 1) {
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += single_rows) single(w, block, x, r0, 0, out);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) {
-    for (int64_t t0 = 0; t0 < T; t0 += 4) tiles[std::min<int64_t>(4, T - t0) - 1](w, block, x, r0, t0, out);
   }
 }
 

@@ -23,6 +23,7 @@
 
 #include "kernels/block_kernel.h"
 #include "kernels/int4_avx512.h"
+#include "kernels/int_tiles.h"
 
 namespace colibri {
 namespace kernels {
@@ -138,8 +139,6 @@ void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
   }
 }
 
-using IntTileFn = void (*)(const common::MatrixView&, int64_t, const Activations&, int64_t, int64_t, float*);
-
 // int8 weights on the int8 copy of x (AVX512_VNNI). vpdpbusd multiplies
 // unsigned bytes by signed ones, so each 64-byte group of a row is flipped to
 // w + 128 (one xor) and multiplied by x.q8's group (signed): sixteen int32
@@ -203,26 +202,6 @@ void Int8Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
     for (int t = 0; t < TT; ++t) {
       out[(t0 + t) * kBlockRows + r0 + r] = scales[r] * (_mm512_reduce_add_ps(acc[r][t]) - corr[t]);
     }
-  }
-}
-
-}  // namespace
-
-namespace {
-
-// T = 1 in tiles of `single_rows` rows, else 2 rows at a time (outer: each
-// pair of rows comes from memory once, then from L1/L2 for every further
-// token tile) times token tiles of up to 4. Each (row, token) sees the same
-// operations in the same order either way.
-void RunIntTiles(IntTileFn single, int single_rows, const IntTileFn (&tiles)[4], const common::MatrixView& w,
-                 int64_t block, const Activations& x, float* out) {
-  const int64_t T = x.num_tokens;
-  if (T == 1) {
-    for (int64_t r0 = 0; r0 < kBlockRows; r0 += single_rows) single(w, block, x, r0, 0, out);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < kBlockRows; r0 += 2) {
-    for (int64_t t0 = 0; t0 < T; t0 += 4) tiles[std::min<int64_t>(4, T - t0) - 1](w, block, x, r0, t0, out);
   }
 }
 
