@@ -37,7 +37,10 @@ constexpr int64_t kGroupBytes = 16 * kStepBytes;      // one 64-input group of t
 constexpr int64_t kRecordBytes = kTileQ8RecordBytes;  // + int4's s_g and s_g·z_g per row
 constexpr int64_t kChunkGroups = kTileQ8ChunkGroups;  // groups repacked at a time (~144 KiB: stays in L2)
 static_assert(kRecordBytes == kGroupBytes + 2 * 64 * sizeof(float) && kRecordBytes % 64 == 0);
-constexpr int kMaxTokens = 3;  // tokens per tile: 12 int32 + 12 f32 accumulators
+// Tokens per tile: up to 3 over all 64 rows (4 zmm a step: 12 int32 + 12 f32
+// accumulators), 4 to 6 over 32 rows at a time (2 zmm: up to 12 + 12), which
+// loads half the weights per product from L2.
+constexpr int kMaxTokens = 6;
 
 // 16 zmm, one per row (64 inputs each) -> 16 zmm, one per 4-input step (16 rows
 // each): a 16 x 16 transpose of 32-bit elements.
@@ -118,21 +121,22 @@ struct Ahead {
 };
 constexpr int64_t kFetchTiles = 4;  // the last this many token tiles share the prefetching
 
-// Tokens [t0, t0 + TT) over the repacked groups [g0, g1): acc (in `out`, in
-// the order of the block kernels' output: out[t * 64 + row]) += the groups'
-// sums. int8: Σ_g xs_g·dot_g (the row scale and the 128s come off at the
-// end); int4: Σ_g s_g·xs_g·dot_g − s_g·z_g·q8_sums_g.
-template <bool kInt4, int TT>
-void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0, int64_t g1, const Ahead& ahead,
+// Tokens [t0, t0 + TT), rows [16·v0, 16·(v0 + NV)), over the repacked groups
+// [g0, g1): acc (in `out`, in the order of the block kernels' output:
+// out[t * 64 + row]) += the groups' sums. int8: Σ_g xs_g·dot_g (the row scale
+// and the 128s come off at the end); int4: Σ_g s_g·xs_g·dot_g −
+// s_g·z_g·q8_sums_g. The same operations per (row, token) whatever TT and NV.
+template <bool kInt4, int TT, int NV>
+void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0, int64_t g1, const Ahead& ahead, int v0,
               float* out) {
   const int64_t K = x.cols, groups = K / 64;
   float* o = out + t0 * kBlockRows;
-  __m512 acc[TT][4];
-#pragma GCC unroll 4
+  __m512 acc[TT][NV];
+#pragma GCC unroll 8
   for (int t = 0; t < TT; ++t) {
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i)
-      acc[t][i] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + t * kBlockRows + 16 * i);
+    for (int i = 0; i < NV; ++i)
+      acc[t][i] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + t * kBlockRows + 16 * (v0 + i));
   }
   const int64_t fetch_per_group = (ahead.end - ahead.first + (g1 - g0) - 1) / (g1 - g0);
   int64_t line = ahead.first;
@@ -143,53 +147,55 @@ void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0,
     }
     const uint8_t* record = tile + (g - g0) * kRecordBytes;
     const int8_t* xq = x.q8 + t0 * K + g * 64;
-    __m512i dot[TT][4];
+    __m512i dot[TT][NV];
 #pragma GCC unroll 16
     for (int s = 0; s < 16; ++s) {
       __m512i xv[TT];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) {
         int32_t four;
         std::memcpy(&four, xq + t * K + 4 * s, 4);
         xv[t] = _mm512_set1_epi32(four);
       }
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const __m512i wv = _mm512_load_si512(record + s * kStepBytes + 64 * i);
-#pragma GCC unroll 4
+      for (int i = 0; i < NV; ++i) {
+        const __m512i wv = _mm512_load_si512(record + s * kStepBytes + 64 * (v0 + i));
+#pragma GCC unroll 8
         for (int t = 0; t < TT; ++t) {
           dot[t][i] = _mm512_dpbusd_epi32(s == 0 ? _mm512_setzero_si512() : dot[t][i], wv, xv[t]);
         }
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
       const __m512 xs = _mm512_set1_ps(x.q8_scales[(t0 + t) * groups + g]);
       const __m512 sums = _mm512_set1_ps(kInt4 ? x.q8_sums[(t0 + t) * groups + g] : 0.f);
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < NV; ++i) {
         const __m512 d = _mm512_cvtepi32_ps(dot[t][i]);
         if (kInt4) {
-          const float* m = reinterpret_cast<const float*>(record + kGroupBytes);
-          const __m512 scale = _mm512_mul_ps(_mm512_load_ps(m + 16 * i), xs);
-          acc[t][i] = _mm512_fnmadd_ps(_mm512_load_ps(m + 64 + 16 * i), sums, _mm512_fmadd_ps(d, scale, acc[t][i]));
+          const float* m = reinterpret_cast<const float*>(record + kGroupBytes) + 16 * (v0 + i);
+          const __m512 scale = _mm512_mul_ps(_mm512_load_ps(m), xs);
+          acc[t][i] = _mm512_fnmadd_ps(_mm512_load_ps(m + 64), sums, _mm512_fmadd_ps(d, scale, acc[t][i]));
         } else {
           acc[t][i] = _mm512_fmadd_ps(d, xs, acc[t][i]);
         }
       }
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int t = 0; t < TT; ++t) {
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(o + t * kBlockRows + 16 * i, acc[t][i]);
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + t * kBlockRows + 16 * (v0 + i), acc[t][i]);
   }
 }
 
 template <bool kInt4>
 void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
-  using Fn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, int64_t, const Ahead&, float*);
-  static constexpr Fn kTiles[kMaxTokens] = {Multiply<kInt4, 1>, Multiply<kInt4, 2>, Multiply<kInt4, 3>};
+  using Fn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, int64_t, const Ahead&, int, float*);
+  // n tokens: kTiles[n - 1], over all rows (n <= 3) or over each half.
+  static constexpr Fn kTiles[kMaxTokens] = {Multiply<kInt4, 1, 4>, Multiply<kInt4, 2, 4>, Multiply<kInt4, 3, 4>,
+                                            Multiply<kInt4, 4, 2>, Multiply<kInt4, 5, 2>, Multiply<kInt4, 6, 2>};
   const int64_t K = x.cols, T = x.num_tokens, groups = K / 64;
   constexpr int64_t kGroupRowBytes = kInt4 ? 32 : 64;  // a group of one row, stored
   const uint8_t* base = w.data + block * w.layout.block_bytes;
@@ -210,7 +216,15 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
       Ahead part = ahead;
       part.first = j < 0 ? 0 : lines * j / fetching;
       part.end = j < 0 ? 0 : lines * (j + 1) / fetching;
-      kTiles[std::min<int64_t>(kMaxTokens, T - t0) - 1](scratch, x, t0, g0, g1, part, out);
+      const int64_t n = std::min<int64_t>(kMaxTokens, T - t0);
+      if (n <= 3) {
+        kTiles[n - 1](scratch, x, t0, g0, g1, part, 0, out);
+      } else {  // rows 0-31, then 32-63, each with half the lines to prefetch
+        Ahead second = part;
+        part.end = second.first = (part.first + part.end) / 2;
+        kTiles[n - 1](scratch, x, t0, g0, g1, part, 0, out);
+        kTiles[n - 1](scratch, x, t0, g0, g1, second, 2, out);
+      }
     }
   }
   if (kInt4) return;
