@@ -46,10 +46,12 @@ constexpr int kMaxTokens = 6;
 // each): a 16 x 16 transpose of 32-bit elements.
 inline void Transpose16(__m512i (&v)[16]) {
   __m512i a[16], b[16];
+#pragma GCC unroll 8
   for (int i = 0; i < 16; i += 2) {
     a[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
     a[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
   }
+#pragma GCC unroll 4
   for (int i = 0; i < 16; i += 4) {
     b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
     b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
@@ -57,6 +59,7 @@ inline void Transpose16(__m512i (&v)[16]) {
     b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
   }
   // Now b[4q + j] holds, per 128-bit lane L, element 4L + j of rows 4q..4q+3.
+#pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
     const __m512i lo01 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x44);  // lanes 0,1 of rows 0-3, 4-7
     const __m512i hi01 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xee);  // lanes 2,3
@@ -82,6 +85,7 @@ void Repack(const common::MatrixView& w, int64_t block, int64_t K, int64_t g0, i
     uint8_t* record = tile + (g - g0) * kRecordBytes;
     for (int q = 0; q < 4; ++q) {  // rows 16q .. 16q + 15
       __m512i v[16];
+#pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
         const int64_t r = 16 * q + i;
         if (kInt4) {
@@ -94,6 +98,7 @@ void Repack(const common::MatrixView& w, int64_t block, int64_t K, int64_t g0, i
         }
       }
       Transpose16(v);
+#pragma GCC unroll 16
       for (int s = 0; s < 16; ++s) _mm512_store_si512(record + s * kStepBytes + q * 64, v[s]);
     }
     if (kInt4) {
