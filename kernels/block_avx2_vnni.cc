@@ -20,7 +20,6 @@
 
 #include "kernels/x86_simd.h"
 
-#include <algorithm>
 #include <cstdint>
 
 #include "kernels/block_kernel.h"

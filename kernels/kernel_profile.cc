@@ -162,7 +162,10 @@ std::string CachePath() {
   if (const char* path = std::getenv("COLIBRI_KERNEL_PROFILE"); path != nullptr && *path != '\0') return path;
   const std::string dir = common::UserCacheDir();
   if (dir.empty()) return "";
-  return absl::StrCat(dir, "/kernels-v", kProfileVersion, "-", CpuSignature(), "-", IsaName(SelectedIsa()), ".txt");
+  // A VM may hide AVX-VNNI from a CPU that has it: the avx2 kernels differ by it.
+  const bool vnni = SelectedIsa() == Isa::kAvx2 && HasAvxVnni();
+  return absl::StrCat(dir, "/kernels-v", kProfileVersion, "-", CpuSignature(), "-", IsaName(SelectedIsa()),
+                      vnni ? "+avxvnni" : "", ".txt");
 }
 
 }  // namespace

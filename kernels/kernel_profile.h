@@ -17,7 +17,8 @@
 //   $COLIBRI_KERNEL_PROFILE         a file path, or "off" for the built-in
 //                                   defaults (no measurement)
 //   else $XDG_CACHE_HOME/colibri/ or $HOME/.cache/colibri/
-//        kernels-v<N>-<cpu signature>-<isa>.txt
+//        kernels-v<N>-<cpu signature>-<isa>[+avxvnni].txt (the latter at
+//        the avx2 level on a CPU with AVX-VNNI)
 // Where no file can be written the process measures for itself and says so
 // on stderr once (processes may then disagree; point them at one file).
 

@@ -57,6 +57,12 @@ TEST_CASE("a bad kernel profile is refused naming what is wrong") {
   auto bad = ParseProfile(good + "int8_tile_min_tokens -3\n", Isa::kAvx2);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(std::string(bad.status().message()), Catch::Contains("line 8 'int8_tile_min_tokens -3'"));
+  // int8 widens at avx2 only where AVX-VNNI gave it a vpdpbusd kernel to replace.
+  std::string widened_int8 = good;
+  widened_int8.replace(widened_int8.find("int8_widen 0"), 12, "int8_widen 1");
+  auto int8_widen = ParseProfile(widened_int8, Isa::kAvx2);
+  CHECK(int8_widen.ok() == HasAvxVnni());
+  if (int8_widen.ok()) CHECK(ProfiledTable(*int8_widen).For(common::DType::kInt8) == BlockInt8Avx2);
   auto widen = ParseProfile("isa avx2\nbf16_widen 1\n", Isa::kAvx2);  // no vdpbf16ps to replace there
   REQUIRE_FALSE(widen.ok());
   CHECK_THAT(std::string(widen.status().message()), Catch::Contains("bf16_widen 1"));
