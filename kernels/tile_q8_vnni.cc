@@ -101,14 +101,29 @@ void Repack(const common::MatrixView& w, int64_t block, int64_t K, int64_t g0, i
 #pragma GCC unroll 16
       for (int s = 0; s < 16; ++s) _mm512_store_si512(record + s * kStepBytes + q * 64, v[s]);
     }
-    if (kInt4) {
-      float* m = reinterpret_cast<float*>(record + kGroupBytes);
-      float* o = m + 64;
-      const int64_t n0 = block * kBlockRows;
-      for (int r = 0; r < 64; ++r) {
-        const float s = w.scales[(n0 + r) * groups + g];
-        m[r] = s;
-        o[r] = s * static_cast<float>(w.zeros[(n0 + r) * groups + g]);
+  }
+  if (!kInt4) return;
+  // Each record's s_g and s_g·z_g of its 64 rows. Stored row by row (a row's
+  // groups side by side): 16 rows × 16 groups at a time, transposed.
+  const int64_t n0 = block * kBlockRows;
+  for (int q = 0; q < 4; ++q) {
+    for (int64_t gb = g0; gb < g1; gb += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(16, g1 - gb));
+      const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
+      __m512i s[16], z[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const int64_t at = (n0 + 16 * q + i) * groups + gb;
+        s[i] = _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, w.scales + at));
+        z[i] = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w.zeros + at));
+      }
+      Transpose16(s);
+      Transpose16(z);
+      for (int j = 0; j < n; ++j) {
+        float* m = reinterpret_cast<float*>(tile + (gb - g0 + j) * kRecordBytes + kGroupBytes) + 16 * q;
+        const __m512 scale = _mm512_castsi512_ps(s[j]);
+        _mm512_store_ps(m, scale);
+        _mm512_store_ps(m + 64, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(z[j])));
       }
     }
   }
