@@ -193,6 +193,7 @@ void ExpertService::ComputeLoop() {
           }
         }
       }
+      QueueChanged();
     }
     std::vector<Job> unfinished;
     if (jobs.size() > 1) {
@@ -204,7 +205,14 @@ void ExpertService::ComputeLoop() {
     busy_ = false;
     // Round robin: an unfinished call's next slice after every other call's.
     for (Job& job : unfinished) queue_.push_back(std::move(job));
+    QueueChanged();
   }
+}
+
+void ExpertService::QueueChanged() {
+  if (options_.metrics == nullptr) return;
+  options_.metrics->GetGauge("colibri_expert_queued_calls", "Compute calls waiting for the compute thread.")
+      ->Set(static_cast<double>(queue_.size()));
 }
 
 bool ExpertService::Start(ComputeCall& call) {
@@ -419,6 +427,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
     }
     if (!queue_.empty() || busy_ || call->entries > kSliceRows) {
       queue_.push_back({context, std::move(call)});
+      QueueChanged();
       cv_.Signal();
       return reactor;
     }
@@ -428,7 +437,10 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   const bool finished = Step(*call, true);
   common::MutexLock lock(&mu_);
   busy_ = false;
-  if (!finished) queue_.push_back({context, std::move(call)});
+  if (!finished) {
+    queue_.push_back({context, std::move(call)});
+    QueueChanged();
+  }
   if (!queue_.empty()) cv_.Signal();
   return reactor;
 }

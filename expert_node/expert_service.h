@@ -124,6 +124,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   void UpdateWeightGauges();
   // Paged residency metrics after a call that started with `before` sampled.
   void ObservePaging(const ProcessIo& before);
+  // The colibri_expert_queued_calls gauge, after queue_ changed.
+  void QueueChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ExpertStore* const store_;
   ComputeEngine* const engine_;

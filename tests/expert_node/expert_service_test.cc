@@ -504,21 +504,26 @@ TEST_CASE("queued calls of one layer run as one pass, each answered with the bit
       cv.notify_all();
     });
   }
-  // Once the node has all three (it counts their bytes on arrival): were
-  // they queued while the first call still slept? Only then must they merge.
-  double all_bytes = static_cast<double>(first.rows().data().size());
-  for (const v1::ComputeRequest& r : requests) all_bytes += static_cast<double>(r.rows().data().size());
-  auto bytes_in = [&] {
+  // Were all three queued while the first call still ran (the queue gauge
+  // shows 3)? Only then must they merge: the compute thread takes them
+  // together when the first call ends.
+  auto queued = [&] {
     const std::string page = HttpGet(node.server->metrics_port(), "/metrics");
-    const std::string sample = "\ncolibri_expert_bytes_in_total ";  // the value's line, not its # HELP
+    const std::string sample = "\ncolibri_expert_queued_calls ";  // the value's line, not its # HELP
     const size_t at = page.find(sample);
     return at == std::string::npos ? 0.0 : std::atof(page.c_str() + at + sample.size());
   };
-  for (int i = 0; i < 5000 && bytes_in() < all_bytes; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   bool queued_in_time = false;
+  for (int i = 0; i < 5000 && !queued_in_time; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (done > 0) break;
+    }
+    queued_in_time = queued() == 3;
+    if (!queued_in_time) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   {
     std::unique_lock<std::mutex> lock(mu);
-    queued_in_time = done == 0;
     cv.wait(lock, [&] { return done == 4; });
   }
   const std::string metrics = HttpGet(node.server->metrics_port(), "/metrics");
