@@ -64,10 +64,18 @@ echo "--- --log_format json: one object per line, levels; a bad format is refuse
 if "$build/expert_node/colibri-expert" --model "$tmp/model" --log_format xml 2>"$tmp/err"; then fail "took --log_format xml"; fi
 grep -q -- "--log_format 'xml'" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
 cp -r "$tmp/model" "$tmp/model2"
+# The background job truncates out/err itself, after the fork: remove the first
+# run's files so the wait below cannot read its "listening" line.
+rm -f "$tmp/out" "$tmp/err"
 "$build/expert_node/colibri-expert" --model "$tmp/model2" --listen 127.0.0.1:0 --residency=paged --log_format json \
   >"$tmp/out" 2>"$tmp/err" &
 pid=$!
-for _ in $(seq 1 100); do grep -q "listening on port" "$tmp/out" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 1 100); do
+  grep -q "listening on port" "$tmp/out" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || fail "colibri-expert exited early (json)"
+  sleep 0.1
+done
+grep -q "listening on port" "$tmp/out" || fail "no port printed (json)"
 rm "$tmp/model2/manifest.json"  # the SIGHUP reload now fails: an ERROR line
 kill -HUP "$pid"
 for _ in $(seq 1 100); do grep -q "SIGHUP reload" "$tmp/err" && break; sleep 0.1; done
