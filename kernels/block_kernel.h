@@ -110,6 +110,14 @@ inline constexpr size_t TileQ8ScratchBytes(int64_t cols) {
 void TileInt8Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
 void TileInt4Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
 
+// bf16 weights on AMX tiles (tdpbf16ps; kernels/tile_bf16_amx.{h,cc}): the
+// stored bf16 layout times x.bf16 as they are, 16 tokens × 16 outputs per
+// tile; `scratch` is not used. BlockBf16Scalar within the block tolerance,
+// the f32 sums in the tiles' order (inputs and results below the normal
+// range count as 0). REQUIRES: the avx512_amx level (DetectIsa(): AMX-BF16
+// present and its tile state granted by the kernel).
+void TileBf16Amx(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
+
 }  // namespace kernels
 }  // namespace colibri
 

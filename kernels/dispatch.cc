@@ -1,11 +1,18 @@
 #include "kernels/dispatch.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/half.h"
+#include "common/weight_matrix.h"
 #include "kernels/kernel_profile.h"
 
 namespace colibri {
@@ -19,6 +26,59 @@ uint64_t Xgetbv() {
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (uint64_t{edx} << 32) | eax;
 }
+
+// Linux hands the AMX tile data state (8 KiB a thread) only to processes
+// that ask for it (5.16 and later); without it the first tile instruction
+// faults. Asked once, for the whole process; a refusal is said once.
+bool AmxTilesGranted() {
+  constexpr long kArchReqXcompPerm = 0x1023;  // <asm/prctl.h>
+  constexpr long kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) return true;
+  std::fprintf(stderr,
+               "colibri: the CPU has AMX but the kernel refused its tile state (arch_prctl "
+               "ARCH_REQ_XCOMP_PERM: %s); using avx512_bf16\n",
+               std::strerror(errno));
+  return false;
+}
+
+}  // namespace
+
+// The AMX kernel cannot run on the machines it is developed on (its walk is
+// tested on emulated tiles): DetectIsa runs this before a process uses it.
+bool Bf16TileSelfCheck(TileKernelFn tile) {
+  using common::kBlockRows;
+  constexpr int64_t kCols = 128, kTokens = 17;
+  const common::MatrixLayout layout = common::ComputeMatrixLayout(DType::kBF16, kBlockRows, kCols);
+  std::vector<float> w(kBlockRows * kCols), x(kTokens * kCols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i * 7 % 5) - 2);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i * 3 % 11) - 5);
+  std::vector<uint8_t> data(layout.block_bytes);
+  common::EncodeBlock(layout, w.data(), 0, data.data(), nullptr, nullptr);
+  std::vector<uint16_t> x_bf16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = common::FloatToBf16(x[i]);
+  Activations acts;
+  acts.num_tokens = kTokens;
+  acts.cols = kCols;
+  acts.bf16 = x_bf16.data();
+  std::vector<float> out(kTokens * kBlockRows);
+  tile(common::MatrixView{layout, data.data(), nullptr, nullptr}, 0, acts, nullptr, out.data());
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (int64_t j = 0; j < kBlockRows; ++j) {
+      float sum = 0;
+      for (int64_t k = 0; k < kCols; ++k) sum += w[j * kCols + k] * x[t * kCols + k];
+      if (out[t * kBlockRows + j] != sum) {
+        std::fprintf(stderr,
+                     "colibri: the bf16 tile kernel's self-check failed (token %ld, output %ld: %.9g, expected "
+                     "%.9g)\n",
+                     static_cast<long>(t), static_cast<long>(j), out[t * kBlockRows + j], sum);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+namespace {
 
 KernelTable MakeTable(Isa isa) {
   KernelTable t;
@@ -45,18 +105,22 @@ KernelTable MakeTable(Isa isa) {
       break;
     case Isa::kAvx512:
     case Isa::kAvx512Bf16:
+    case Isa::kAvx512Amx: {
+      const bool dot = isa >= Isa::kAvx512Bf16;  // vdpbf16ps and vpdpbusd
       t.swiglu = SwiGluAvx512;
       t.dequant_bf16 = DequantBf16Avx512;
       set(DType::kF32, BlockF32Avx512);
-      set(DType::kBF16, isa == Isa::kAvx512Bf16 ? BlockBf16Avx512Bf16 : BlockBf16Avx512);
+      set(DType::kBF16, dot ? BlockBf16Avx512Bf16 : BlockBf16Avx512);
       set(DType::kF16, BlockF16Avx512);
-      set(DType::kInt8, isa == Isa::kAvx512Bf16 ? BlockInt8Avx512Vnni : BlockInt8Avx512);
-      set(DType::kInt4, isa == Isa::kAvx512Bf16 ? BlockInt4Avx512Vnni : BlockInt4Avx512);
-      if (isa == Isa::kAvx512Bf16) {
+      set(DType::kInt8, dot ? BlockInt8Avx512Vnni : BlockInt8Avx512);
+      set(DType::kInt4, dot ? BlockInt4Avx512Vnni : BlockInt4Avx512);
+      if (dot) {
         t.tile[static_cast<int>(DType::kInt8)] = TileInt8Vnni;
         t.tile[static_cast<int>(DType::kInt4)] = TileInt4Vnni;
       }
+      if (isa == Isa::kAvx512Amx) t.tile[static_cast<int>(DType::kBF16)] = TileBf16Amx;
       break;
+    }
   }
   return t;
 }
@@ -69,16 +133,17 @@ std::string IsaName(Isa isa) {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Bf16: return "avx512_bf16";
+    case Isa::kAvx512Amx: return "avx512_amx";
   }
   return "unknown";
 }
 
 absl::StatusOr<Isa> ParseIsa(const std::string& name) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+  for (Isa isa : kIsas) {
     if (name == IsaName(isa)) return isa;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown ISA '", name, "' (expected scalar, avx2, avx512 or avx512_bf16)"));
+      absl::StrCat("unknown ISA '", name, "' (expected scalar, avx2, avx512, avx512_bf16 or avx512_amx)"));
 }
 
 Isa DetectIsa() {
@@ -97,7 +162,16 @@ Isa DetectIsa() {
     uint32_t a1 = 0, b1, c1, d1;
     __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
     const bool avx512_bf16 = a1 & (1u << 5), avx512_vnni = c & bit_AVX512VNNI;  // c: leaf 7 subleaf 0
-    return avx512_bf16 && avx512_vnni ? Isa::kAvx512Bf16 : Isa::kAvx512;
+    if (!(avx512_bf16 && avx512_vnni)) return Isa::kAvx512;
+    // d: leaf 7 subleaf 0. AMX-BF16 is bit 22, AMX-TILE bit 24; XCR0 bits 17
+    // and 18 are the tile configuration and data the OS saves.
+    const bool amx = (d & (1u << 22)) && (d & (1u << 24)) && (xcr0 & (3u << 17)) == (3u << 17);
+    if (!amx || !AmxTilesGranted()) return Isa::kAvx512Bf16;
+    if (!Bf16TileSelfCheck(TileBf16Amx)) {
+      std::fprintf(stderr, "colibri: not using the AMX bf16 kernel; using avx512_bf16\n");
+      return Isa::kAvx512Bf16;
+    }
+    return Isa::kAvx512Amx;
   }();
   return detected;
 }
@@ -124,6 +198,7 @@ BlockKernelFn WidenedKernel(Isa isa, DType type) {
       if (own == BlockInt4Avx2Vnni) return BlockInt4Avx2;
       return nullptr;
     case Isa::kAvx512Bf16:
+    case Isa::kAvx512Amx:
       if (type == DType::kBF16 || type == DType::kInt8 || type == DType::kInt4)
         return KernelsFor(Isa::kAvx512).For(type);
       return nullptr;
@@ -133,7 +208,7 @@ BlockKernelFn WidenedKernel(Isa isa, DType type) {
 
 const KernelTable& KernelsFor(Isa isa) {
   static const KernelTable tables[] = {MakeTable(Isa::kScalar), MakeTable(Isa::kAvx2), MakeTable(Isa::kAvx512),
-                                       MakeTable(Isa::kAvx512Bf16)};
+                                       MakeTable(Isa::kAvx512Bf16), MakeTable(Isa::kAvx512Amx)};
   return tables[static_cast<int>(isa)];
 }
 

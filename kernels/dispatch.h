@@ -3,7 +3,7 @@
 
 // Runtime ISA dispatch: one binary runs on AVX2-only and AVX-512 machines.
 // The CPU's best ISA comes from cpuid (and the OS's xgetbv); the environment
-// variable COLIBRI_MAX_ISA=scalar|avx2|avx512|avx512_bf16 caps it, so every
+// variable COLIBRI_MAX_ISA=scalar|avx2|avx512|avx512_bf16|avx512_amx caps it, so every
 // variant can be tested on one machine. AVX-VNNI is a feature of the avx2
 // table, not a level (many AVX-512 CPUs lack it): HasAvxVnni(). Tables are
 // immutable; thread-safe.
@@ -22,13 +22,25 @@ namespace kernels {
 // Ordered: a higher ISA implies every lower one.
 // kAvx512Bf16: AVX-512 F/BW/VL/DQ plus AVX512_BF16 and AVX512_VNNI (every CPU
 // with the first has the second: Cooper Lake, Sapphire Rapids, Zen 4 and later).
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+// kAvx512Amx: that plus AMX-TILE and AMX-BF16 (Sapphire Rapids and later),
+// with the tile state enabled by the OS and granted to this process.
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAvx512Amx = 4 };
+inline constexpr Isa kIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx512Amx};
 
 std::string IsaName(Isa isa);                           // "scalar", "avx2", ...
 absl::StatusOr<Isa> ParseIsa(const std::string& name);  // INVALID_ARGUMENT naming it
 
-// The best ISA this CPU and OS support.
+// The best ISA this CPU and OS support. Where the CPU has AMX, the first
+// call asks Linux for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM,
+// process-wide) and runs Bf16TileSelfCheck(TileBf16Amx); where either
+// fails it says why on stderr once and returns kAvx512Bf16.
 Isa DetectIsa();
+
+// Whether bf16 tile kernel `tile` multiplies one block of small integers by
+// 17 tokens exactly as plain loops do (every product and sum is exact in
+// f32, so any summation order must agree); the first difference is named on
+// stderr.
+bool Bf16TileSelfCheck(TileKernelFn tile);
 
 // Whether the CPU has AVX-VNNI (the VEX-encoded vpdpbusd) beside AVX2: the
 // avx2 table then runs int8 and int4 weights on BlockInt8Avx2Vnni /
@@ -53,7 +65,8 @@ struct KernelTable {
   SwiGluFn swiglu = nullptr;
   DequantBf16Fn dequant_bf16 = nullptr;  // int8/int4 block -> bf16 tile
   // Indexed like `block`: int8/int4 through int8 tiles where the ISA has them
-  // (avx512_bf16: VNNI), else null and dequant_bf16 + the bf16 kernel serve.
+  // (avx512_bf16: VNNI), else null and dequant_bf16 + the bf16 kernel serve;
+  // bf16 on AMX tiles at avx512_amx, else null (no bf16 tiles).
   TileKernelFn tile[8] = {};
 
   BlockKernelFn For(common::DType type) const { return block[static_cast<int>(type)]; }

@@ -38,7 +38,7 @@ struct Plan {
     size_t x_f32, x_bf16, x_sums, h_f32, h_bf16, h_sums;
     size_t x_q8, x_q8_scales, x_q8_sums, h_q8, h_q8_scales, h_q8_sums;  // int4 weights only
     bool onednn;
-    bool dequant;
+    bool tiled;  // through the type's tile kernel, or dequantized to bf16 tiles
   };
   std::vector<Task> tasks;
   size_t tile1, tile3, tile2, dequant1, dequant3;  // per worker, `tile_stride` bytes apart
@@ -132,7 +132,8 @@ namespace {
 // they are the selected kernels' ISA, else the built-in defaults.
 const KernelProfile& ProfileFor(const KernelTable& kernels) {
   static const KernelProfile defaults[] = {DefaultProfile(Isa::kScalar), DefaultProfile(Isa::kAvx2),
-                                           DefaultProfile(Isa::kAvx512), DefaultProfile(Isa::kAvx512Bf16)};
+                                           DefaultProfile(Isa::kAvx512), DefaultProfile(Isa::kAvx512Bf16),
+                                           DefaultProfile(Isa::kAvx512Amx)};
   return kernels.isa == SelectedIsa() ? SelectedProfile() : defaults[static_cast<int>(kernels.isa)];
 }
 
@@ -140,6 +141,10 @@ const KernelProfile& ProfileFor(const KernelTable& kernels) {
 
 int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type) {
   switch (type) {
+    case common::DType::kBF16:
+      if (kernels.TileFor(type) == nullptr) return 0;
+      return options.bf16_tile_min_tokens >= 0 ? options.bf16_tile_min_tokens
+                                               : ProfileFor(kernels).bf16_tile_min_tokens;
     case common::DType::kInt8:
       return options.int8_tile_min_tokens >= 0 ? options.int8_tile_min_tokens
                                                : ProfileFor(kernels).int8_tile_min_tokens;
@@ -155,8 +160,10 @@ int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kerne
 }
 
 int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type) {
-  if (type == common::DType::kBF16 || type == common::DType::kF32) return OnednnMinTokens(options, kernels);
-  return TileMinTokens(options, kernels, type);
+  const int64_t tiles = TileMinTokens(options, kernels, type);
+  if (type != common::DType::kBF16 && type != common::DType::kF32) return tiles;
+  const int64_t onednn = OnednnMinTokens(options, kernels);
+  return tiles > 0 && onednn > 0 ? std::min(tiles, onednn) : std::max(tiles, onednn);
 }
 
 GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
@@ -242,7 +249,7 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     }
     const int64_t kernel_rows = t.kernel_rows > 0 ? t.kernel_rows : t.num_rows;
     p.onednn = onednn_type && onednn_min_tokens > 0 && kernel_rows >= onednn_min_tokens;
-    p.dequant = tile_min_tokens > 0 && kernel_rows >= tile_min_tokens;
+    p.tiled = tile_min_tokens > 0 && kernel_rows >= tile_min_tokens;
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);
     any_onednn |= p.onednn;
@@ -277,11 +284,12 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     float* tile2 = reinterpret_cast<float*>(tile_base + plan.tile2);
     uint16_t* dequant1 = reinterpret_cast<uint16_t*>(tile_base + plan.dequant1);
     uint16_t* dequant3 = reinterpret_cast<uint16_t*>(tile_base + plan.dequant3);
-    // out[T][64] = block b of `w` times `acts`, directly or through a tile:
-    // int8 (repacked, where the ISA has such a kernel) or dequantized to bf16.
-    auto run_block = [&](bool dequant, const common::MatrixView& matrix, int64_t b, const Activations& acts,
+    // out[T][64] = block b of `w` times `acts`, directly or through tiles:
+    // the table's tile kernel (int8 tiles repacked in `tile`, AMX tiles for
+    // bf16) where it has one, else the block dequantized to bf16 in `tile`.
+    auto run_block = [&](bool tiled, const common::MatrixView& matrix, int64_t b, const Activations& acts,
                          uint16_t* tile, const common::MatrixLayout& tile_layout, float* out) {
-      if (!dequant) {
+      if (!tiled) {
         block_kernel(matrix, b, acts, out);
         return;
       }
@@ -346,8 +354,8 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         continue;
       }
       for (int64_t b = b0; b < b1 && !stop(); ++b) {
-        run_block(p.dequant, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
-        run_block(p.dequant, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
+        run_block(p.tiled, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
+        run_block(p.tiled, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
         for (int64_t r = 0; r < t.num_rows; ++r) {
           Activate(kernels.swiglu, *t.expert, tile1 + r * kBlockRows, tile3 + r * kBlockRows, b * kBlockRows,
                    kBlockRows, h_at(r, b * kBlockRows));
@@ -386,7 +394,7 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         continue;
       }
       for (int64_t c = c0; c < c1; ++c) {
-        run_block(p.dequant, t.expert->w2, c, ha, dequant1, tile_layout2, tile1);
+        run_block(p.tiled, t.expert->w2, c, ha, dequant1, tile_layout2, tile1);
         accumulate(t, tile1, kBlockRows, c * kBlockRows, std::min(d_model, (c + 1) * kBlockRows));
       }
     }

@@ -21,7 +21,9 @@
 //
 // Kernels: the dispatch table's block kernels (hand-written, ISA-specific);
 // bf16/f32 experts with at least `onednn_min_tokens` rows use oneDNN matmul
-// on the same stored bytes instead; int8/int4 experts with at least
+// on the same stored bytes instead (and, where the table has AMX tiles, bf16
+// experts with at least `bf16_tile_min_tokens` rows run on them unless oneDNN
+// takes them); int8/int4 experts with at least
 // `int8_tile_min_tokens` / `int4_tile_min_tokens` rows go through tiles:
 // each block repacked once per call to int8 tiles (AVX512_VNNI), or else
 // dequantized once to bf16 for the bf16 kernel.
@@ -89,6 +91,10 @@ struct ExecutorOptions {
   // kernel profile decides (kernels/kernel_profile.h: measured once per host
   // when `kernels` is SelectedKernels(), else the built-in defaults).
   int64_t onednn_min_tokens = -1;
+  // bf16 experts with at least this many rows run on the table's bf16 tile
+  // kernel (AMX, KernelTable::tile) where it has one; below oneDNN's
+  // threshold where both apply. 0 = never, -1: the kernel profile decides.
+  int64_t bf16_tile_min_tokens = -1;
   int64_t int8_tile_min_tokens = -1;
   int64_t int4_tile_min_tokens = -1;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
@@ -99,13 +105,14 @@ struct ExecutorOptions {
   std::function<bool()> should_stop;
 };
 
-// The bf16-tile threshold `options` gives for `type` with `kernels`
-// (resolving -1); 0 (never) for types that have none.
+// The tile threshold `options` gives for `type` with `kernels` (resolving
+// -1): bf16 or int8 tiles for int8/int4, AMX tiles for bf16 where `kernels`
+// has them; 0 (never) for types that have none.
 int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type);
 // The oneDNN threshold `options` gives with `kernels` (resolving -1).
 int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kernels);
 // The smallest row count at which `type`'s kernel changes (its oneDNN or
-// bf16-tile threshold, whichever applies and is set), 0 when none does.
+// tile threshold, whichever is set and smaller), 0 when none does.
 // Below it, a row's result is the same bits whatever the expert's row count.
 int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type);
 

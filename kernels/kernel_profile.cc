@@ -33,7 +33,7 @@ using common::DType;
 
 // Bumped whenever the candidates or the way they are timed change, so a
 // cache written by another version is not read.
-constexpr int kProfileVersion = 5;
+constexpr int kProfileVersion = 6;
 // d_model and d_ff of the synthetic experts: small ones (in cache: compute
 // decides) for the row thresholds, large ones (100 MB at bf16: streamed from
 // memory, as decode does) for the choice of block kernel and the int8-tile
@@ -224,9 +224,10 @@ KernelTable ProfiledTable(const KernelProfile& profile) {
     const BlockKernelFn widened = WidenedKernel(profile.isa, type);
     if (!widen || widened == nullptr) continue;
     table.block[static_cast<int>(type)] = widened;
-    // A widened type keeps its activations in f32: its tiles are bf16 ones
-    // (bf16 activations), not int8 tiles (int8 activations).
-    table.tile[static_cast<int>(type)] = nullptr;
+    // A widened int8/int4 type keeps its activations in f32: its tiles are
+    // bf16 ones (bf16 activations), not int8 tiles (int8 activations). bf16
+    // reads x.bf16 either way and keeps its AMX tiles.
+    if (type != DType::kBF16) table.tile[static_cast<int>(type)] = nullptr;
   }
   return table;
 }
@@ -239,9 +240,11 @@ std::string DescribeProfile(const KernelProfile& p) {
     return WidenedKernel(p.isa, type) != nullptr && !widen ? instruction : "widened to f32 + FMA";
   };
   auto tiles = [&](DType type) { return table.TileFor(type) != nullptr ? "int8 tiles " : "bf16 tiles "; };
+  const std::string amx =
+      table.TileFor(DType::kBF16) != nullptr ? absl::StrCat("; bf16 on AMX tiles ", rows(p.bf16_tile_min_tokens)) : "";
   return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(DType::kBF16, p.bf16_widen, "vdpbf16ps"), ", int8 ",
                       kernel(DType::kInt8, p.int8_widen, "vpdpbusd"), ", int4 ",
-                      kernel(DType::kInt4, p.int4_widen, "vpdpbusd"), "; oneDNN ", rows(p.onednn_min_tokens),
+                      kernel(DType::kInt4, p.int4_widen, "vpdpbusd"), "; oneDNN ", rows(p.onednn_min_tokens), amx,
                       "; int8 on ", tiles(DType::kInt8), rows(p.int8_tile_min_tokens), ", int4 on ",
                       tiles(DType::kInt4), rows(p.int4_tile_min_tokens), "; ", p.source);
 }
@@ -249,7 +252,7 @@ std::string DescribeProfile(const KernelProfile& p) {
 KernelProfile DefaultProfile(Isa isa) {
   KernelProfile p;
   p.isa = isa;
-  const bool vnni = isa == Isa::kAvx512Bf16;
+  const bool vnni = isa >= Isa::kAvx512Bf16;
   // The int8 vpdpbusd kernel adds the activations' int8 rounding to int8's
   // ~0.5% and was within 10% of widening on the Mixtral-shaped layer where
   // we measured it (AMD Zen 5): it is chosen only where it wins clearly.
@@ -259,6 +262,9 @@ KernelProfile DefaultProfile(Isa isa) {
   p.int8_widen = vnni;  // so int8 takes bf16 tiles (ProfiledTable)
   p.int8_tile_min_tokens = 12;
   p.int4_tile_min_tokens = vnni ? 16 : 4;
+  // AMX tiles from one full tile of tokens (16 rows); the measured profile
+  // replaces it with where they win on the machine.
+  p.bf16_tile_min_tokens = isa == Isa::kAvx512Amx ? 16 : 0;
   p.source = "defaults";
   return p;
 }
@@ -276,7 +282,7 @@ KernelProfile MeasureProfile(Isa isa) {
   uint32_t seed = 2024;
   ExecutorOptions hand;  // hand-written block kernels only
   const KernelTable dot_table = KernelsFor(isa);
-  hand.onednn_min_tokens = hand.int8_tile_min_tokens = hand.int4_tile_min_tokens = 0;
+  hand.onednn_min_tokens = hand.bf16_tile_min_tokens = hand.int8_tile_min_tokens = hand.int4_tile_min_tokens = 0;
 
   // Where vdpbf16ps / vpdpbusd kernels exist, each against widening the
   // weights to f32 + FMA, on a large expert: bf16 at 32 rows (it also runs
@@ -320,6 +326,20 @@ KernelProfile MeasureProfile(Isa isa) {
   const KernelTable chosen = ProfiledTable(profile);
   hand.kernels = &chosen;
 
+  // bf16 on AMX tiles against its block kernel, on the large expert streamed
+  // from memory (as a prefill reads it); oneDNN is then timed against the
+  // faster of the two.
+  if (chosen.TileFor(DType::kBF16) != nullptr) {
+    Timer large(pool->get(), kLargeDim);
+    const auto expert = MakeExpert(DType::kBF16, kLargeDim, seed);
+    ExecutorOptions amx = hand;
+    amx.bf16_tile_min_tokens = 1;
+    profile.bf16_tile_min_tokens =
+        MeasureThreshold(large, expert->weights, hand, amx, absl::StrFormat("bf16 %dx%d", kLargeDim, kLargeDim),
+                         "own kernel", "AMX tiles", &profile, kStreamedRows);
+    hand.bf16_tile_min_tokens = profile.bf16_tile_min_tokens;
+  }
+
   // bf16 (and f32) through oneDNN from some number of rows.
   ExecutorOptions onednn = hand;
   onednn.onednn_min_tokens = 1;
@@ -353,10 +373,11 @@ KernelProfile MeasureProfile(Isa isa) {
 }
 
 std::string SerializeProfile(const KernelProfile& p) {
-  std::string out = absl::StrCat("isa ", IsaName(p.isa), "\nbf16_widen ", p.bf16_widen ? 1 : 0, "\nint8_widen ",
-                                 p.int8_widen ? 1 : 0, "\nint4_widen ", p.int4_widen ? 1 : 0, "\nonednn_min_tokens ",
-                                 p.onednn_min_tokens, "\nint8_tile_min_tokens ", p.int8_tile_min_tokens,
-                                 "\nint4_tile_min_tokens ", p.int4_tile_min_tokens, "\n");
+  std::string out =
+      absl::StrCat("isa ", IsaName(p.isa), "\nbf16_widen ", p.bf16_widen ? 1 : 0, "\nint8_widen ", p.int8_widen ? 1 : 0,
+                   "\nint4_widen ", p.int4_widen ? 1 : 0, "\nonednn_min_tokens ", p.onednn_min_tokens,
+                   "\nbf16_tile_min_tokens ", p.bf16_tile_min_tokens, "\nint8_tile_min_tokens ", p.int8_tile_min_tokens,
+                   "\nint4_tile_min_tokens ", p.int4_tile_min_tokens, "\n");
   for (const std::string& line : p.evidence) absl::StrAppend(&out, "evidence ", line, "\n");
   return out;
 }
@@ -388,6 +409,9 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
       ++found;
     } else if (key == "onednn_min_tokens") {
       p.onednn_min_tokens = number, ++found;
+    } else if (key == "bf16_tile_min_tokens") {
+      if (number > 0 && KernelsFor(isa).TileFor(DType::kBF16) == nullptr) return bad();  // no bf16 tiles there
+      p.bf16_tile_min_tokens = number, ++found;
     } else if (key == "int8_tile_min_tokens") {
       p.int8_tile_min_tokens = number, ++found;
     } else if (key == "int4_tile_min_tokens") {
@@ -396,7 +420,7 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
       return bad();
     }
   }
-  if (found != 7) return absl::InvalidArgumentError("incomplete: needs isa, three *_widen and three thresholds");
+  if (found != 8) return absl::InvalidArgumentError("incomplete: needs isa, three *_widen and four thresholds");
   return p;
 }
 

@@ -4,8 +4,9 @@
 // Which implementation runs where several could compute the same product,
 // chosen by timing them on this machine: the bf16, int8 and int4 block kernels
 // (vdpbf16ps / vpdpbusd or widening to f32 + FMA), from how many rows an expert's bf16/f32 matmuls go
-// through oneDNN, and from how many rows int8/int4 experts run on tiles (int8
-// tiles with AVX512_VNNI, else bf16 ones).
+// through oneDNN, from how many rows bf16 experts run on AMX tiles, and from
+// how many rows int8/int4 experts run on tiles (int8 tiles with AVX512_VNNI,
+// else bf16 ones).
 // The fastest differs by CPU (vdpbf16ps is twice the FMA rate on AMD Zen and
 // half of it on some Intel Xeons; oneDNN uses AMX tiles where they exist).
 //
@@ -41,7 +42,8 @@ struct KernelProfile {
   bool bf16_widen = false;
   bool int8_widen = false;
   bool int4_widen = false;
-  int64_t onednn_min_tokens = 0;  // bf16/f32 experts with at least this many rows use oneDNN; 0: never
+  int64_t onednn_min_tokens = 0;     // bf16/f32 experts with at least this many rows use oneDNN; 0: never
+  int64_t bf16_tile_min_tokens = 0;  // bf16 experts on AMX tiles from this many rows; 0: never
   int64_t int8_tile_min_tokens = 0;
   int64_t int4_tile_min_tokens = 0;   // int8/int4 experts on tiles from this many rows; 0: never
   std::string source;                 // "measured", "cached in PATH", "defaults (...)"
@@ -58,7 +60,7 @@ KernelProfile DefaultProfile(Isa isa);
 KernelProfile MeasureProfile(Isa isa);
 
 // The file format: "key value" lines (isa, bf16_widen, int8_widen,
-// int4_widen, onednn_min_tokens,
+// int4_widen, onednn_min_tokens, bf16_tile_min_tokens,
 // int8_tile_min_tokens, int4_tile_min_tokens, then "evidence ..." lines).
 std::string SerializeProfile(const KernelProfile& profile);
 // INVALID_ARGUMENT naming the bad line; a profile of another ISA is refused.
@@ -74,7 +76,7 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
 
 // One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4
 // vpdpbusd; oneDNN never; int8 on int8 tiles from 64 rows, int4 on int8 tiles
-// from 16 rows; <source>".
+// from 16 rows; <source>" (and "bf16 on AMX tiles from N rows" at avx512_amx).
 std::string DescribeProfile(const KernelProfile& profile);
 
 // KernelsFor(profile.isa) with the profile's choice of block kernels (a

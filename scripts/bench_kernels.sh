@@ -48,6 +48,14 @@ for type in ${types//,/ }; do
     echo "# the same, oneDNN for every T (default: hand-written kernels only):"
     "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 1 \
       --single_expert=false | grep -v '^#'
+    if [ "$type" = bf16 ] && grep -qw amx_bf16 /proc/cpuinfo; then
+      echo "# the same, AMX tiles for every T (oneDNN never):"
+      "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --amx_min_tokens 1 \
+        --onednn_min_tokens 0 --single_expert=false | grep -v '^#'
+      echo "# the same, never AMX tiles:"
+      "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --amx_min_tokens 0 \
+        --onednn_min_tokens 0 --single_expert=false | grep -v '^#'
+    fi
   fi
 done
 echo "# PyTorch baseline, same layer shape, same thread count:"

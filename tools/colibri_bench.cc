@@ -27,6 +27,9 @@ ABSL_FLAG(int64_t, onednn_min_tokens, -1,
 ABSL_FLAG(int64_t, dequant_min_tokens, -1,
           "int8/int4 experts with at least this many rows dequantize each block once to a bf16 tile; 0 = never; "
           "-1 = the machine's kernel profile.");
+ABSL_FLAG(int64_t, amx_min_tokens, -1,
+          "bf16 experts with at least this many rows run on AMX tiles (where the CPU has them); 0 = never; "
+          "-1 = the machine's kernel profile.");
 ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
 ABSL_FLAG(std::string, router, "", "router, run: host:port of the router to time.");
@@ -176,6 +179,7 @@ int main(int argc, char** argv) {
   options.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
   options.onednn_min_tokens = absl::GetFlag(FLAGS_onednn_min_tokens);
   options.dequant_min_tokens = absl::GetFlag(FLAGS_dequant_min_tokens);
+  options.amx_min_tokens = absl::GetFlag(FLAGS_amx_min_tokens);
   options.hugepages = absl::GetFlag(FLAGS_hugepages);
   options.single_expert = absl::GetFlag(FLAGS_single_expert);
   options.json = absl::GetFlag(FLAGS_json);

@@ -89,6 +89,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
     exec.int8_tile_min_tokens = o.dequant_min_tokens;
     exec.int4_tile_min_tokens = o.dequant_min_tokens;
   }
+  exec.bf16_tile_min_tokens = o.amx_min_tokens;
   const kernels::BandwidthResult before = kernels::MeasureReadBandwidth(*pool);
   if (before.best_gbps <= 0) return absl::ResourceExhaustedError("cannot map 1 GiB for the bandwidth probe");
   const std::unique_ptr<kernels::ReadProbe> probe = kernels::ReadProbe::Create(*pool, size_t{512} << 20);
@@ -101,10 +102,12 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
   const kernels::KernelProfile& profile = kernels::SelectedProfile();
   out << absl::StrFormat("# %d threads; kernels %s\n", pool->size(), kernels::DescribeProfile(profile));
-  if (o.onednn_min_tokens >= 0 || o.dequant_min_tokens >= 0) {
+  if (o.onednn_min_tokens >= 0 || o.dequant_min_tokens >= 0 || o.amx_min_tokens >= 0) {
     out << absl::StrFormat(
-        "# overridden here: oneDNN from %d rows, bf16 tiles from %d rows (int8) / %d (int4); 0 = never\n",
-        kernels::OnednnMinTokens(exec, table), kernels::TileMinTokens(exec, table, common::DType::kInt8),
+        "# overridden here: oneDNN from %d rows, AMX tiles from %d rows (bf16), tiles from %d rows (int8) / %d "
+        "(int4); 0 = never\n",
+        kernels::OnednnMinTokens(exec, table), kernels::TileMinTokens(exec, table, common::DType::kBF16),
+        kernels::TileMinTokens(exec, table, common::DType::kInt8),
         kernels::TileMinTokens(exec, table, common::DType::kInt4));
   }
   out << absl::StrFormat("# why (cpu %s):\n", kernels::CpuSignature());

@@ -28,6 +28,7 @@ struct KernelBenchOptions {
   uint64_t seed = 1;
   int64_t onednn_min_tokens = -1;   // as ExecutorOptions; 0 never uses oneDNN; -1: the kernel profile
   int64_t dequant_min_tokens = -1;  // int8/int4 bf16 tiles from this many rows; -1: the kernel profile; 0: never
+  int64_t amx_min_tokens = -1;      // bf16 AMX tiles from this many rows (where there are some); as above
   bool hugepages = true;            // copy weights to MADV_HUGEPAGE anonymous memory
   bool single_expert = true;        // also time expert 0 alone
   bool json = false;                // one JSON object per result line

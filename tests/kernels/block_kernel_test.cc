@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/dispatch.h"
 #include "kernels/swiglu.h"
+#include "kernels/tile_bf16_amx.h"
+#include "tests/kernels/amx_emulator.h"
 
 namespace colibri {
 namespace kernels {
@@ -238,48 +240,110 @@ TEST_CASE("the avx2 table runs int8 and int4 on AVX-VNNI exactly where the CPU h
   CHECK(WidenedKernel(Isa::kAvx2, DType::kInt8) == (listed ? BlockInt8Avx2 : nullptr));
 }
 
-TEST_CASE("every int8 tile kernel matches the scalar reference on the int8 activations") {
-  std::mt19937 rng(4321);
-  // {rows, cols}: ragged; 2200 columns make two k-chunks of the repacked block.
+// Tile kernel `tile` of `type` against the scalar reference (on the int8
+// activations for int8/int4, on the bf16 ones for bf16), over ragged shapes
+// and token counts that leave partial tiles; `name` labels failures.
+void CheckTileKernel(const std::string& name, DType type, TileKernelFn tile, std::mt19937& rng) {
+  // {rows, cols}: ragged; 2200 columns make two k-chunks of a repacked int8 block.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {130, 200}, {70, 1000}, {64, 2200}};
+  const bool bf16 = type == DType::kBF16;
+  for (const auto& [rows, cols] : shapes) {
+    const Matrix m = MakeMatrix(type, rows, cols, rng);
+    const int64_t K = m.view.layout.padded_cols;
+    std::vector<uint8_t> buffer(TileQ8ScratchBytes(K) + 64);
+    uint8_t* scratch = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+    for (int64_t tokens : {1, 2, 3, 4, 7, 17, 33, 64}) {
+      if (cols >= 1000 && tokens > 7) continue;  // keep the scalar oracle quick
+      const Inputs in = MakeInputs(tokens, cols, K, rng);
+      const Inputs dequantized = DequantizedQ8(in);
+      const Inputs& oracle_in = bf16 ? in : dequantized;
+      const Inputs last = LastToken(in, tokens);
+      const std::string what =
+          absl::StrCat(name, " tile ", common::DTypeName(type), " [", rows, " x ", cols, "] T=", tokens);
+      std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64), alone(64);
+      bool nonzero = false;
+      for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+        KernelsFor(Isa::kScalar).For(type)(m.view, b, oracle_in.acts, expected.data());
+        tile(m.view, b, in.acts, scratch, actual.data());
+        tile(m.view, b, in.acts, scratch, again.data());
+        REQUIRE(actual == again);  // bitwise deterministic
+        tile(m.view, b, last.acts, scratch, alone.data());
+        INFO(what << " block " << b << ": the last token alone");
+        REQUIRE(std::equal(alone.begin(), alone.end(), actual.begin() + (tokens - 1) * 64));
+        CheckBlock(what, m, b, oracle_in, bf16, expected, actual, &nonzero);
+      }
+      REQUIRE(nonzero);
+    }
+  }
+}
+
+TEST_CASE("every tile kernel matches the scalar reference") {
+  std::mt19937 rng(4321);
   int kernels_tested = 0;
   for (int isa_code = static_cast<int>(Isa::kAvx2); isa_code <= static_cast<int>(DetectIsa()); ++isa_code) {
     const KernelTable& table = KernelsFor(static_cast<Isa>(isa_code));
-    for (DType type : {DType::kInt8, DType::kInt4}) {
-      const TileKernelFn tile = table.TileFor(type);
-      if (tile == nullptr) continue;
+    for (DType type : {DType::kBF16, DType::kInt8, DType::kInt4}) {
+      if (table.TileFor(type) == nullptr) continue;
       ++kernels_tested;
-      for (const auto& [rows, cols] : shapes) {
-        const Matrix m = MakeMatrix(type, rows, cols, rng);
-        const int64_t K = m.view.layout.padded_cols;
-        std::vector<uint8_t> buffer(TileQ8ScratchBytes(K) + 64);
-        uint8_t* scratch = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
-        for (int64_t tokens : {1, 2, 3, 4, 7, 64}) {
-          if (cols >= 1000 && tokens > 7) continue;  // keep the scalar oracle quick
-          const Inputs in = MakeInputs(tokens, cols, K, rng);
-          const Inputs dequantized = DequantizedQ8(in);
-          const Inputs last = LastToken(in, tokens);
-          const std::string what = absl::StrCat(IsaName(static_cast<Isa>(isa_code)), " tile ", common::DTypeName(type),
-                                                " [", rows, " x ", cols, "] T=", tokens);
-          std::vector<float> expected(tokens * 64), actual(tokens * 64), again(tokens * 64), alone(64);
-          bool nonzero = false;
-          for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
-            KernelsFor(Isa::kScalar).For(type)(m.view, b, dequantized.acts, expected.data());
-            tile(m.view, b, in.acts, scratch, actual.data());
-            tile(m.view, b, in.acts, scratch, again.data());
-            REQUIRE(actual == again);  // bitwise deterministic
-            tile(m.view, b, last.acts, scratch, alone.data());
-            REQUIRE(std::equal(alone.begin(), alone.end(), actual.begin() + (tokens - 1) * 64));
-            CheckBlock(what, m, b, dequantized, false, expected, actual, &nonzero);
-          }
-          REQUIRE(nonzero);
-        }
-      }
+      CheckTileKernel(IsaName(table.isa), type, table.TileFor(type), rng);
     }
   }
-  // int8 tiles exist with AVX512_VNNI (the avx512_bf16 level) only.
+  // int8 tiles exist with AVX512_VNNI (the avx512_bf16 level and above),
+  // AMX bf16 tiles at avx512_amx.
   if (DetectIsa() < Isa::kAvx512Bf16) WARN("this CPU has no AVX512_VNNI: no int8 tile kernel to test here");
-  CHECK(kernels_tested == (DetectIsa() == Isa::kAvx512Bf16 ? 2 : 0));
+  if (DetectIsa() < Isa::kAvx512Amx) {
+    WARN("no AMX here (or the kernel refused its tile state): the AMX bf16 kernel runs on emulated tiles only");
+  }
+  const int vnni_levels = std::max(0, static_cast<int>(DetectIsa()) - static_cast<int>(Isa::kAvx512Bf16) + 1);
+  CHECK(kernels_tested == 2 * vnni_levels + (DetectIsa() >= Isa::kAvx512Amx ? 1 : 0));
+}
+
+// The hardware kernel's walk on emulated tiles (tests/kernels/amx_emulator.h).
+void TileBf16AmxEmulated(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t*, float* out) {
+  TileBf16AmxWith<EmulatedTiles>(w, block, x, out);
+}
+
+TEST_CASE("the AMX bf16 tile walk matches the scalar reference on emulated tiles") {
+  std::mt19937 rng(8642);
+  CheckTileKernel("emulated AMX", DType::kBF16, TileBf16AmxEmulated, rng);
+  // Token counts around the 16- and 32-row tiles, with a guard after the
+  // outputs: rows past T are neither read (the inputs are exactly T rows,
+  // which AddressSanitizer checks) nor written.
+  const Matrix m = MakeMatrix(DType::kBF16, 128, 96, rng);
+  for (int64_t tokens : {15, 16, 31, 32, 47, 48, 129}) {
+    const Inputs in = MakeInputs(tokens, 96, m.view.layout.padded_cols, rng);
+    std::vector<float> expected(tokens * 64), actual(tokens * 64 + 64, -7.f);
+    bool nonzero = false;
+    for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+      BlockBf16Scalar(m.view, b, in.acts, expected.data());
+      const int64_t before = EmulatedTiles::state().dot_products;
+      TileBf16AmxEmulated(m.view, b, in.acts, nullptr, actual.data());
+      // Two output groups per token group, for each k-step of 32.
+      CHECK(EmulatedTiles::state().dot_products - before == 4 * ((tokens + 15) / 16) * (128 / 32));
+      CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
+      CheckBlock(absl::StrCat("emulated AMX T=", tokens), m, b, in, true, expected,
+                 std::vector<float>(actual.begin(), actual.end() - 64), &nonzero);
+    }
+    REQUIRE(nonzero);
+  }
+  // The walk leaves the tiles released, as the hardware kernel does.
+  CHECK_FALSE(EmulatedTiles::state().configured);
+}
+
+// The scalar bf16 kernel with one output of one token off by one unit in
+// the last place: what the self-check must catch.
+void OffByOneUlp(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t*, float* out) {
+  BlockBf16Scalar(w, block, x, out);
+  out[16 * 64 + 63] = std::nextafter(out[16 * 64 + 63], INFINITY);
+}
+
+TEST_CASE("the bf16 tile self-check passes the AMX walk and catches one wrong output") {
+  CHECK(Bf16TileSelfCheck(TileBf16AmxEmulated));
+  CHECK(Bf16TileSelfCheck([](const common::MatrixView& w, int64_t block, const Activations& x, uint8_t*, float* out) {
+    BlockBf16Scalar(w, block, x, out);
+  }));
+  CHECK_FALSE(Bf16TileSelfCheck(OffByOneUlp));
+  if (DetectIsa() >= Isa::kAvx512Amx) CHECK(Bf16TileSelfCheck(TileBf16Amx));
 }
 
 TEST_CASE("a 64-input group quantizes to int8 by its largest magnitude") {
@@ -364,7 +428,7 @@ TEST_CASE("int8 and int4 blocks dequantize to bf16 tiles exactly, in every varia
 }
 
 TEST_CASE("ISA names parse and the cap never exceeds the CPU") {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+  for (Isa isa : kIsas) {
     auto parsed = ParseIsa(IsaName(isa));
     REQUIRE(parsed.ok());
     CHECK(*parsed == isa);

@@ -46,6 +46,16 @@ TEST_CASE("a kernel profile survives its file format") {
   CHECK(ProfiledTable(*parsed).For(common::DType::kInt8) == BlockInt8Avx512Vnni);
   CHECK(ProfiledTable(*parsed).For(common::DType::kInt4) == BlockInt4Avx512);
   CHECK(ProfiledTable(DefaultProfile(Isa::kAvx512Bf16)).For(common::DType::kBF16) == BlockBf16Avx512Bf16);
+  // At avx512_amx, bf16 keeps its AMX tiles even where its block kernel is widened.
+  KernelProfile amx = DefaultProfile(Isa::kAvx512Amx);
+  amx.bf16_widen = true;
+  amx.bf16_tile_min_tokens = 32;
+  auto amx_parsed = ParseProfile(SerializeProfile(amx), Isa::kAvx512Amx);
+  REQUIRE(amx_parsed.ok());
+  CHECK(amx_parsed->bf16_tile_min_tokens == 32);
+  CHECK(ProfiledTable(*amx_parsed).TileFor(common::DType::kBF16) == TileBf16Amx);
+  CHECK(ProfiledTable(*amx_parsed).For(common::DType::kBF16) == BlockBf16Avx512);
+  CHECK_THAT(DescribeProfile(*amx_parsed), Catch::Contains("bf16 on AMX tiles from 32 rows"));
 }
 
 TEST_CASE("a bad kernel profile is refused naming what is wrong") {
@@ -56,7 +66,13 @@ TEST_CASE("a bad kernel profile is refused naming what is wrong") {
   CHECK_THAT(std::string(other_isa.status().message()), Catch::Contains("profile of ISA avx2, not avx512"));
   auto bad = ParseProfile(good + "int8_tile_min_tokens -3\n", Isa::kAvx2);
   REQUIRE_FALSE(bad.ok());
-  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("line 8 'int8_tile_min_tokens -3'"));
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("line 9 'int8_tile_min_tokens -3'"));
+  // AMX tiles only where the ISA has them.
+  std::string amx = good;
+  amx.replace(amx.find("bf16_tile_min_tokens 0"), 22, "bf16_tile_min_tokens 16");
+  auto no_amx = ParseProfile(amx, Isa::kAvx2);
+  REQUIRE_FALSE(no_amx.ok());
+  CHECK_THAT(std::string(no_amx.status().message()), Catch::Contains("'bf16_tile_min_tokens 16'"));
   // int8 widens at avx2 only where AVX-VNNI gave it a vpdpbusd kernel to replace.
   std::string widened_int8 = good;
   widened_int8.replace(widened_int8.find("int8_widen 0"), 12, "int8_widen 1");
@@ -95,11 +111,13 @@ TEST_CASE("the measured profile chooses among measured row counts and says why")
   if (isa == Isa::kScalar) return;
   // One line per comparison and the time it took: 7 row counts for oneDNN;
   // for int8 and int4, 7 against bf16 tiles or 6 on the large expert against
-  // int8 tiles (where the profiled table has them); the three pairs of block
-  // kernels where there are two.
+  // int8 tiles (where the profiled table has them); 6 for bf16 on AMX tiles
+  // (where there are some); the three pairs of block kernels where there are
+  // two.
   const KernelTable table = ProfiledTable(p);
   auto tile_lines = [&](common::DType type) { return table.TileFor(type) != nullptr ? 6 : 7; };
-  const size_t lines = 7 + tile_lines(common::DType::kInt8) + tile_lines(common::DType::kInt4) + pairs + 1;
+  const size_t amx_lines = table.TileFor(common::DType::kBF16) != nullptr ? 6 : 0;
+  const size_t lines = 7 + tile_lines(common::DType::kInt8) + tile_lines(common::DType::kInt4) + amx_lines + pairs + 1;
   CHECK(p.evidence.size() == lines);
   CHECK_THAT(p.evidence.front(), Catch::Contains("ms"));
 }

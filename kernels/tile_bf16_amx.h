@@ -1,0 +1,127 @@
+#ifndef COLIBRI_KERNELS_TILE_BF16_AMX_H_
+#define COLIBRI_KERNELS_TILE_BF16_AMX_H_
+
+// The AMX bf16 block kernel's walk over a block, written against a tile
+// "machine" so that one body serves the hardware (kernels/tile_bf16_amx.cc:
+// tileloadd / tdpbf16ps / tilestored) and a scalar emulation of the same
+// instructions (tests/kernels/amx_emulator.h), which checks the tiling —
+// addresses, strides, tails, tile shapes — on CPUs without AMX.
+//
+// The product needs no repacking in either operand:
+//   C[t][j] = Σ_k x[t][k] · W[j][k]   (16 tokens × 16 outputs per tile)
+//   A = 16 tokens × 32 inputs of x.bf16: rows of x, stride cols · 2 bytes;
+//   B = 16 input pairs × 16 outputs of W: the stored bf16 layout is already
+//       [K/2][64][2] per block (common/weight_matrix.h), i.e. the pair rows
+//       tdpbf16ps reads, at a stride of 256 bytes;
+//   C = [16 tokens][16 outputs] f32: stored straight into out[t][64].
+// Tiles: 0–3 accumulate two token groups × two groups of 16 outputs, 4–5
+// hold the two token groups' activations, 6–7 two groups of 16 outputs of
+// the weights. A token group shorter than 16 (the tail of T) is configured
+// with fewer rows, so no row past T is read or written.
+//
+// A Machine provides (static members):
+//   Configure(const AmxTileConfig&)             ldtilecfg
+//   Zero<t>(), Load<t>(ptr, stride), Store<t>(ptr, stride)
+//   DotBf16<c, a, b>()                          c += a · b (tdpbf16ps)
+//   Prefetch(ptr)                               a hint (to L2); may do nothing
+//   Release()                                   tilerelease
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "common/weight_matrix.h"
+#include "kernels/block_kernel.h"
+
+namespace colibri {
+namespace kernels {
+
+// The 64-byte operand of ldtilecfg (palette 1).
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved0[14] = {};
+  uint16_t colsb[16] = {};  // bytes per row of each tile; 0: unused
+  uint8_t rows[16] = {};    // rows of each tile; 0: unused
+};
+static_assert(sizeof(AmxTileConfig) == 64, "ldtilecfg reads 64 bytes");
+
+// The tile shapes for token groups of r0 and r1 rows (r1 = 0: one group).
+inline AmxTileConfig AmxBf16Config(int r0, int r1) {
+  AmxTileConfig c;
+  auto set = [&c](int tile, int rows, int colsb) {
+    c.rows[tile] = static_cast<uint8_t>(rows);
+    c.colsb[tile] = static_cast<uint16_t>(rows > 0 ? colsb : 0);
+  };
+  set(0, r0, 64), set(1, r0, 64), set(2, r1, 64), set(3, r1, 64);  // C: rows × 16 f32
+  set(4, r0, 64), set(5, r1, 64);                                  // A: rows × 32 bf16
+  set(6, 16, 64), set(7, 16, 64);                                  // B: 16 pairs × 16 outputs
+  return c;
+}
+
+// out[t * 64 + j] = Σ_k W[64·block + j][k] · x.bf16[t][k], on Machine's tiles.
+// The BlockKernelFn contract for bf16 weights (kernels/block_kernel.h),
+// except that the sums are the tiles' (f32, in the hardware's order; inputs
+// and results below the normal range count as 0).
+template <typename Machine>
+void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
+  const int64_t tokens = x.num_tokens, cols = x.cols;
+  const uint8_t* weights = w.data + block * w.layout.block_bytes;
+  const int64_t x_stride = cols * static_cast<int64_t>(sizeof(uint16_t));
+  constexpr int64_t kPairRow = 64 * 2 * sizeof(uint16_t);  // one input pair of the block's 64 outputs
+  constexpr int64_t kPrefetchSteps = 8;                    // 8 × 4 KiB of weights ahead
+  int configured0 = -1, configured1 = -1;
+  for (int64_t t0 = 0; t0 < tokens; t0 += 32) {
+    const int r0 = static_cast<int>(std::min<int64_t>(16, tokens - t0));
+    const int r1 = static_cast<int>(std::clamp<int64_t>(tokens - t0 - 16, 0, 16));
+    if (r0 != configured0 || r1 != configured1) {
+      const AmxTileConfig config = AmxBf16Config(r0, r1);
+      Machine::Configure(config);
+      configured0 = r0, configured1 = r1;
+    }
+    const uint16_t* x0 = x.bf16 + t0 * cols;
+    const uint16_t* x1 = x0 + 16 * cols;
+    for (int64_t j0 = 0; j0 < 64; j0 += 32) {
+      Machine::template Zero<0>();
+      Machine::template Zero<1>();
+      if (r1 > 0) {
+        Machine::template Zero<2>();
+        Machine::template Zero<3>();
+      }
+      // The first pass over the block reads it from memory: prefetch whole
+      // pair rows (this pass reads half of each) kPrefetchSteps k-steps on.
+      const bool first_pass = t0 == 0 && j0 == 0;
+      for (int64_t k = 0; k < cols; k += 32) {
+        const uint8_t* b = weights + (k / 2) * kPairRow + j0 * 2 * sizeof(uint16_t);
+        if (first_pass && k + 32 * kPrefetchSteps < cols) {
+          const uint8_t* ahead = weights + ((k + 32 * kPrefetchSteps) / 2) * kPairRow;
+          for (int64_t line = 0; line < 16 * kPairRow; line += 64) Machine::Prefetch(ahead + line);
+        }
+        Machine::template Load<6>(b, kPairRow);
+        Machine::template Load<7>(b + 16 * 2 * sizeof(uint16_t), kPairRow);
+        Machine::template Load<4>(x0 + k, x_stride);
+        Machine::template DotBf16<0, 4, 6>();
+        Machine::template DotBf16<1, 4, 7>();
+        if (r1 > 0) {
+          Machine::template Load<5>(x1 + k, x_stride);
+          Machine::template DotBf16<2, 5, 6>();
+          Machine::template DotBf16<3, 5, 7>();
+        }
+      }
+      constexpr int64_t kOutStride = 64 * sizeof(float);
+      float* o = out + t0 * 64 + j0;
+      Machine::template Store<0>(o, kOutStride);
+      Machine::template Store<1>(o + 16, kOutStride);
+      if (r1 > 0) {
+        Machine::template Store<2>(o + 16 * 64, kOutStride);
+        Machine::template Store<3>(o + 16 * 64 + 16, kOutStride);
+      }
+    }
+  }
+  Machine::Release();
+}
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_KERNELS_TILE_BF16_AMX_H_

@@ -1,0 +1,119 @@
+#ifndef COLIBRI_TESTS_KERNELS_AMX_EMULATOR_H_
+#define COLIBRI_TESTS_KERNELS_AMX_EMULATOR_H_
+
+// A scalar model of the AMX instructions the bf16 tile kernel uses, as the
+// Intel SDM describes them (palette 1: 8 tiles of up to 16 rows × 64 bytes),
+// for kernels::TileBf16AmxWith on CPUs without AMX. It also refuses what the
+// hardware faults on: a tile used while unconfigured or after tilerelease,
+// a configuration out of range, and tdpbf16ps operands whose shapes do not
+// agree (the #UD cases). A refusal throws std::logic_error naming it.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "common/dtype.h"
+#include "kernels/tile_bf16_amx.h"
+
+namespace colibri {
+namespace kernels {
+
+struct EmulatedTiles {
+  struct State {
+    AmxTileConfig config;
+    bool configured = false;
+    uint8_t tile[8][16][64] = {};
+    int64_t dot_products = 0;  // tdpbf16ps executed
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+
+  static void Configure(const AmxTileConfig& c) {
+    if (c.palette != 1) Fail("ldtilecfg: palette " + std::to_string(c.palette));
+    for (int t = 0; t < 8; ++t) {
+      if (c.rows[t] > 16 || c.colsb[t] > 64 || (c.rows[t] == 0) != (c.colsb[t] == 0)) {
+        Fail("ldtilecfg: tile " + std::to_string(t) + " rows " + std::to_string(c.rows[t]) + " colsb " +
+             std::to_string(c.colsb[t]));
+      }
+    }
+    State& s = state();
+    s.config = c;
+    s.configured = true;
+    std::memset(s.tile, 0, sizeof(s.tile));
+  }
+  template <int kTile>
+  static void Zero() {
+    Use(kTile);
+    std::memset(state().tile[kTile], 0, sizeof(state().tile[kTile]));
+  }
+  template <int kTile>
+  static void Load(const void* base, int64_t stride) {
+    Use(kTile);
+    State& s = state();
+    std::memset(s.tile[kTile], 0, sizeof(s.tile[kTile]));
+    for (int r = 0; r < s.config.rows[kTile]; ++r) {
+      std::memcpy(s.tile[kTile][r], static_cast<const uint8_t*>(base) + r * stride, s.config.colsb[kTile]);
+    }
+  }
+  template <int kTile>
+  static void Store(void* base, int64_t stride) {
+    Use(kTile);
+    const State& s = state();
+    for (int r = 0; r < s.config.rows[kTile]; ++r) {
+      std::memcpy(static_cast<uint8_t*>(base) + r * stride, s.tile[kTile][r], s.config.colsb[kTile]);
+    }
+  }
+  // tdpbf16ps: C[m][n] += Σ_k A[m][2k]·B[k][2n] + A[m][2k+1]·B[k][2n+1] in
+  // f32, k in order; inputs and results below the normal range are 0.
+  template <int kC, int kA, int kB>
+  static void DotBf16() {
+    static_assert(kC != kA && kC != kB && kA != kB, "tdpbf16ps needs three distinct tiles");
+    Use(kC), Use(kA), Use(kB);
+    State& s = state();
+    const AmxTileConfig& c = s.config;
+    const int m_rows = c.rows[kC], n_cols = c.colsb[kC] / 4, k_pairs = c.colsb[kA] / 4;
+    if (c.rows[kA] != m_rows || c.colsb[kB] != c.colsb[kC] || c.rows[kB] != k_pairs) {
+      Fail("tdpbf16ps: shapes C " + Shape(kC) + ", A " + Shape(kA) + ", B " + Shape(kB) + " do not agree");
+    }
+    for (int m = 0; m < m_rows; ++m) {
+      float* row = reinterpret_cast<float*>(s.tile[kC][m]);
+      for (int k = 0; k < k_pairs; ++k) {
+        for (int n = 0; n < n_cols; ++n) {
+          float acc = row[n];
+          for (int i = 0; i < 2; ++i)
+            acc = Flush(acc + Bf16(s.tile[kA][m], 2 * k + i) * Bf16(s.tile[kB][k], 2 * n + i));
+          row[n] = acc;
+        }
+      }
+    }
+    ++s.dot_products;
+  }
+  static void Prefetch(const void*) {}
+  static void Release() { state().configured = false; }
+
+ private:
+  static void Fail(const std::string& what) { throw std::logic_error("emulated AMX: " + what); }
+  static void Use(int tile) {
+    const State& s = state();
+    if (!s.configured) Fail("tile " + std::to_string(tile) + " used without a configuration");
+    if (s.config.rows[tile] == 0) Fail("tile " + std::to_string(tile) + " is not configured");
+  }
+  static std::string Shape(int tile) {
+    return std::to_string(state().config.rows[tile]) + "x" + std::to_string(state().config.colsb[tile]) + "B";
+  }
+  static float Flush(float v) { return std::fabs(v) < 1.17549435e-38f ? 0.f : v; }
+  static float Bf16(const uint8_t* row, int i) {
+    uint16_t bits;
+    std::memcpy(&bits, row + 2 * i, sizeof(bits));
+    return Flush(common::Bf16ToFloat(bits));
+  }
+};
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_TESTS_KERNELS_AMX_EMULATOR_H_
