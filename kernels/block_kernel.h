@@ -110,6 +110,22 @@ inline constexpr size_t TileQ8ScratchBytes(int64_t cols) {
 void TileInt8Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
 void TileInt4Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
 
+// The pieces of the int8 tiles the AMX ones reuse (kernels/tile_q8_vnni.cc;
+// REQUIRE AVX-512): groups [g0, g1) of block `block` of an int8/int4 matrix
+// repacked into `records` (kTileQ8RecordBytes each, 64-byte aligned), and
+// int8's last step, out = row scale · (out − 128 · Σ_g x.q8_sums), which
+// takes off the 128 the repacking added to every weight.
+void RepackQ8Records(const common::MatrixView& w, int64_t block, int64_t g0, int64_t g1, uint8_t* records);
+void FinishTileInt8(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
+
+// int8 / int4 weights on AMX tiles (tdpbsud; kernels/tile_q8_amx.h): the
+// int8 tiles' records times x.q8, 16 tokens × 16 outputs × one 64-input
+// group per instruction; per group the exact int32 sums go to f32 as the
+// VNNI tiles do, so the result is TileInt8Vnni's / TileInt4Vnni's bit for
+// bit. REQUIRES: the avx512_amx level; as TileInt8Vnni otherwise.
+void TileInt8Amx(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
+void TileInt4Amx(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
+
 // bf16 weights on AMX tiles (tdpbf16ps; kernels/tile_bf16_amx.{h,cc}): the
 // stored bf16 layout times x.bf16 as they are, 16 tokens × 16 outputs per
 // tile; `scratch` is not used. BlockBf16Scalar within the block tolerance,

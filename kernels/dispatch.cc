@@ -78,6 +78,48 @@ bool Bf16TileSelfCheck(TileKernelFn tile) {
   return true;
 }
 
+bool Q8TileSelfCheck(DType type, TileKernelFn tile) {
+  using common::kBlockRows;
+  // 33 groups: two repacked chunks.
+  constexpr int64_t kCols = 33 * 64, kTokens = 17, kGroups = kCols / 64;
+  const common::MatrixLayout layout = common::ComputeMatrixLayout(type, kBlockRows, kCols);
+  std::vector<float> w(kBlockRows * kCols), x(kTokens * kCols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i * 7919 % 255) - 127) / 64.f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i * 104729 % 201) - 100) / 32.f;
+  std::vector<uint8_t> data(layout.data_bytes), zeros(layout.zero_bytes);
+  std::vector<float> scales(layout.scale_bytes / sizeof(float));
+  common::EncodeBlock(layout, w.data(), 0, data.data(), scales.data(), zeros.data());
+  std::vector<int8_t> q8(x.size());
+  std::vector<float> q8_scales(kTokens * kGroups), q8_sums(kTokens * kGroups);
+  for (int64_t g = 0; g < kTokens * kGroups; ++g) QuantizeGroupQ8(&x[g * 64], &q8[g * 64], &q8_scales[g], &q8_sums[g]);
+  Activations acts;
+  acts.num_tokens = kTokens;
+  acts.cols = kCols;
+  acts.f32 = x.data();
+  acts.q8 = q8.data();
+  acts.q8_scales = q8_scales.data();
+  acts.q8_sums = q8_sums.data();
+  const common::MatrixView view{layout, data.data(), scales.data(), zeros.data()};
+  struct alignas(64) Line {
+    uint8_t bytes[64];
+  };
+  std::vector<Line> scratch(TileQ8ScratchBytes(kCols) / sizeof(Line));
+  std::vector<float> out(kTokens * kBlockRows), expected(kTokens * kBlockRows);
+  tile(view, 0, acts, scratch[0].bytes, out.data());
+  KernelsFor(Isa::kAvx512Bf16).TileFor(type)(view, 0, acts, scratch[0].bytes, expected.data());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] != expected[i]) {
+      std::fprintf(stderr,
+                   "colibri: the %s tile kernel's self-check failed (token %ld, output %ld: %.9g, the VNNI tiles' "
+                   "%.9g)\n",
+                   common::DTypeName(type).c_str(), static_cast<long>(i / kBlockRows),
+                   static_cast<long>(i % kBlockRows), out[i], expected[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
 namespace {
 
 KernelTable MakeTable(Isa isa) {
@@ -118,7 +160,11 @@ KernelTable MakeTable(Isa isa) {
         t.tile[static_cast<int>(DType::kInt8)] = TileInt8Vnni;
         t.tile[static_cast<int>(DType::kInt4)] = TileInt4Vnni;
       }
-      if (isa == Isa::kAvx512Amx) t.tile[static_cast<int>(DType::kBF16)] = TileBf16Amx;
+      if (isa == Isa::kAvx512Amx) {
+        t.tile[static_cast<int>(DType::kBF16)] = TileBf16Amx;
+        t.tile[static_cast<int>(DType::kInt8)] = TileInt8Amx;
+        t.tile[static_cast<int>(DType::kInt4)] = TileInt4Amx;
+      }
       break;
     }
   }
@@ -163,12 +209,13 @@ Isa DetectIsa() {
     __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
     const bool avx512_bf16 = a1 & (1u << 5), avx512_vnni = c & bit_AVX512VNNI;  // c: leaf 7 subleaf 0
     if (!(avx512_bf16 && avx512_vnni)) return Isa::kAvx512;
-    // d: leaf 7 subleaf 0. AMX-BF16 is bit 22, AMX-TILE bit 24; XCR0 bits 17
-    // and 18 are the tile configuration and data the OS saves.
-    const bool amx = (d & (1u << 22)) && (d & (1u << 24)) && (xcr0 & (3u << 17)) == (3u << 17);
+    // d: leaf 7 subleaf 0. AMX-BF16 is bit 22, AMX-TILE bit 24, AMX-INT8 bit
+    // 25; XCR0 bits 17 and 18 are the tile configuration and data the OS saves.
+    const bool amx = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & (3u << 17)) == (3u << 17);
     if (!amx || !AmxTilesGranted()) return Isa::kAvx512Bf16;
-    if (!Bf16TileSelfCheck(TileBf16Amx)) {
-      std::fprintf(stderr, "colibri: not using the AMX bf16 kernel; using avx512_bf16\n");
+    if (!Bf16TileSelfCheck(TileBf16Amx) || !Q8TileSelfCheck(DType::kInt8, TileInt8Amx) ||
+        !Q8TileSelfCheck(DType::kInt4, TileInt4Amx)) {
+      std::fprintf(stderr, "colibri: not using the AMX tile kernels; using avx512_bf16\n");
       return Isa::kAvx512Bf16;
     }
     return Isa::kAvx512Amx;

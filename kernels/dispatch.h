@@ -32,8 +32,8 @@ absl::StatusOr<Isa> ParseIsa(const std::string& name);  // INVALID_ARGUMENT nami
 
 // The best ISA this CPU and OS support. Where the CPU has AMX, the first
 // call asks Linux for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM,
-// process-wide) and runs Bf16TileSelfCheck(TileBf16Amx); where either
-// fails it says why on stderr once and returns kAvx512Bf16.
+// process-wide) and runs the AMX tile kernels' self-checks below; where
+// either fails it says why on stderr once and returns kAvx512Bf16.
 Isa DetectIsa();
 
 // Whether bf16 tile kernel `tile` multiplies one block of small integers by
@@ -41,6 +41,11 @@ Isa DetectIsa();
 // f32, so any summation order must agree); the first difference is named on
 // stderr.
 bool Bf16TileSelfCheck(TileKernelFn tile);
+// Whether int8 / int4 (`type`) tile kernel `tile` gives the VNNI tiles'
+// bits (TileInt8Vnni / TileInt4Vnni) on one block of 33 input groups (two
+// repacked chunks) by 17 tokens; the first difference is named on stderr.
+// REQUIRES: DetectIsa() >= kAvx512Bf16.
+bool Q8TileSelfCheck(common::DType type, TileKernelFn tile);
 
 // Whether the CPU has AVX-VNNI (the VEX-encoded vpdpbusd) beside AVX2: the
 // avx2 table then runs int8 and int4 weights on BlockInt8Avx2Vnni /

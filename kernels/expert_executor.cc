@@ -221,6 +221,7 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   const int64_t onednn_min_tokens = OnednnMinTokens(options, kernels);
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
   const TileKernelFn tile_kernel = kernels.TileFor(type);
+  const TileKernelFn bf16_tiles = kernels.TileFor(common::DType::kBF16);  // AMX, where there are some
   // int4 and int8 block kernels may read the int8 copy of the activations (kernels/block_kernel.h).
   const bool q8 = type == common::DType::kInt4 || type == common::DType::kInt8;
   // A dequantized 64-row block in the bf16 stored layout, as a one-block matrix.
@@ -286,7 +287,8 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     uint16_t* dequant3 = reinterpret_cast<uint16_t*>(tile_base + plan.dequant3);
     // out[T][64] = block b of `w` times `acts`, directly or through tiles:
     // the table's tile kernel (int8 tiles repacked in `tile`, AMX tiles for
-    // bf16) where it has one, else the block dequantized to bf16 in `tile`.
+    // bf16) where it has one, else the block dequantized to bf16 in `tile`
+    // for the bf16 kernel (on AMX tiles where there are some).
     auto run_block = [&](bool tiled, const common::MatrixView& matrix, int64_t b, const Activations& acts,
                          uint16_t* tile, const common::MatrixLayout& tile_layout, float* out) {
       if (!tiled) {
@@ -298,8 +300,12 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         return;
       }
       kernels.dequant_bf16(matrix, b, tile);
-      bf16_kernel(common::MatrixView{tile_layout, reinterpret_cast<const uint8_t*>(tile), nullptr, nullptr}, 0, acts,
-                  out);
+      const common::MatrixView dequantized{tile_layout, reinterpret_cast<const uint8_t*>(tile), nullptr, nullptr};
+      if (bf16_tiles != nullptr) {
+        bf16_tiles(dequantized, 0, acts, nullptr, out);
+      } else {
+        bf16_kernel(dequantized, 0, acts, out);
+      }
     };
 
     // Phase 0: gather each expert's rows of x (zero padded) with their bf16 copy and sums.

@@ -25,8 +25,9 @@
 // experts with at least `bf16_tile_min_tokens` rows run on them unless oneDNN
 // takes them); int8/int4 experts with at least
 // `int8_tile_min_tokens` / `int4_tile_min_tokens` rows go through tiles:
-// each block repacked once per call to int8 tiles (AVX512_VNNI), or else
-// dequantized once to bf16 for the bf16 kernel.
+// each block repacked once per call to int8 tiles (AVX512_VNNI; on AMX
+// tiles at avx512_amx), or else dequantized once to bf16 for the bf16 kernel
+// (its AMX tiles where the table has them).
 //
 // The caller owns `Workspace` (grown to the largest call seen, then reused,
 // so no activation-sized allocation in steady state; a call still builds a

@@ -239,7 +239,10 @@ std::string DescribeProfile(const KernelProfile& p) {
     if (p.isa == Isa::kScalar) return "scalar";
     return WidenedKernel(p.isa, type) != nullptr && !widen ? instruction : "widened to f32 + FMA";
   };
-  auto tiles = [&](DType type) { return table.TileFor(type) != nullptr ? "int8 tiles " : "bf16 tiles "; };
+  auto tiles = [&](DType type) {
+    if (table.TileFor(type) == nullptr) return "bf16 tiles ";
+    return p.isa == Isa::kAvx512Amx ? "AMX int8 tiles " : "int8 tiles ";
+  };
   const std::string amx =
       table.TileFor(DType::kBF16) != nullptr ? absl::StrCat("; bf16 on AMX tiles ", rows(p.bf16_tile_min_tokens)) : "";
   return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(DType::kBF16, p.bf16_widen, "vdpbf16ps"), ", int8 ",
@@ -357,9 +360,10 @@ KernelProfile MeasureProfile(Isa isa) {
     if (chosen.TileFor(type) != nullptr) {
       Timer large(pool->get(), kLargeDim);
       const auto expert = MakeExpert(type, kLargeDim, seed);
-      threshold = MeasureThreshold(large, expert->weights, hand, tiles,
-                                   absl::StrFormat("%s %dx%d", common::DTypeName(type), kLargeDim, kLargeDim),
-                                   "own kernel", "int8 tiles", &profile, kStreamedRows);
+      threshold =
+          MeasureThreshold(large, expert->weights, hand, tiles,
+                           absl::StrFormat("%s %dx%d", common::DTypeName(type), kLargeDim, kLargeDim), "own kernel",
+                           isa == Isa::kAvx512Amx ? "AMX int8 tiles" : "int8 tiles", &profile, kStreamedRows);
     } else {
       const auto& expert = type == DType::kInt8 ? int8 : int4;
       threshold = MeasureThreshold(timer, expert->weights, hand, tiles, common::DTypeName(type), "own kernel",

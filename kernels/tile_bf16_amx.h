@@ -1,11 +1,8 @@
 #ifndef COLIBRI_KERNELS_TILE_BF16_AMX_H_
 #define COLIBRI_KERNELS_TILE_BF16_AMX_H_
 
-// The AMX bf16 block kernel's walk over a block, written against a tile
-// "machine" so that one body serves the hardware (kernels/tile_bf16_amx.cc:
-// tileloadd / tdpbf16ps / tilestored) and a scalar emulation of the same
-// instructions (tests/kernels/amx_emulator.h), which checks the tiling —
-// addresses, strides, tails, tile shapes — on CPUs without AMX.
+// The AMX bf16 block kernel's walk over a block, on a tile Machine
+// (kernels/amx_tiles.h: the hardware's instructions or their emulation).
 //
 // The product needs no repacking in either operand:
 //   C[t][j] = Σ_k x[t][k] · W[j][k]   (16 tokens × 16 outputs per tile)
@@ -14,50 +11,17 @@
 //       [K/2][64][2] per block (common/weight_matrix.h), i.e. the pair rows
 //       tdpbf16ps reads, at a stride of 256 bytes;
 //   C = [16 tokens][16 outputs] f32: stored straight into out[t][64].
-// Tiles: 0–3 accumulate two token groups × two groups of 16 outputs, 4–5
-// hold the two token groups' activations, 6–7 two groups of 16 outputs of
-// the weights. A token group shorter than 16 (the tail of T) is configured
-// with fewer rows, so no row past T is read or written.
-//
-// A Machine provides (static members):
-//   Configure(const AmxTileConfig&)             ldtilecfg
-//   Zero<t>(), Load<t>(ptr, stride), Store<t>(ptr, stride)
-//   DotBf16<c, a, b>()                          c += a · b (tdpbf16ps)
-//   Prefetch(ptr)                               a hint (to L2); may do nothing
-//   Release()                                   tilerelease
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "common/weight_matrix.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/block_kernel.h"
 
 namespace colibri {
 namespace kernels {
-
-// The 64-byte operand of ldtilecfg (palette 1).
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved0[14] = {};
-  uint16_t colsb[16] = {};  // bytes per row of each tile; 0: unused
-  uint8_t rows[16] = {};    // rows of each tile; 0: unused
-};
-static_assert(sizeof(AmxTileConfig) == 64, "ldtilecfg reads 64 bytes");
-
-// The tile shapes for token groups of r0 and r1 rows (r1 = 0: one group).
-inline AmxTileConfig AmxBf16Config(int r0, int r1) {
-  AmxTileConfig c;
-  auto set = [&c](int tile, int rows, int colsb) {
-    c.rows[tile] = static_cast<uint8_t>(rows);
-    c.colsb[tile] = static_cast<uint16_t>(rows > 0 ? colsb : 0);
-  };
-  set(0, r0, 64), set(1, r0, 64), set(2, r1, 64), set(3, r1, 64);  // C: rows × 16 f32
-  set(4, r0, 64), set(5, r1, 64);                                  // A: rows × 32 bf16
-  set(6, 16, 64), set(7, 16, 64);                                  // B: 16 pairs × 16 outputs
-  return c;
-}
 
 // out[t * 64 + j] = Σ_k W[64·block + j][k] · x.bf16[t][k], on Machine's tiles.
 // The BlockKernelFn contract for bf16 weights (kernels/block_kernel.h),
@@ -75,7 +39,7 @@ void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activatio
     const int r0 = static_cast<int>(std::min<int64_t>(16, tokens - t0));
     const int r1 = static_cast<int>(std::clamp<int64_t>(tokens - t0 - 16, 0, 16));
     if (r0 != configured0 || r1 != configured1) {
-      const AmxTileConfig config = AmxBf16Config(r0, r1);
+      const AmxTileConfig config = AmxConfig2x2(r0, r1);
       Machine::Configure(config);
       configured0 = r0, configured1 = r1;
     }

@@ -247,8 +247,22 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
       }
     }
   }
-  if (kInt4) return;
-  // int8: out = scale_row · (acc − 128 · Σ_g q8_sums_g), as the block kernel does.
+  if (!kInt4) FinishTileInt8(w, block, x, out);
+}
+
+}  // namespace
+
+void RepackQ8Records(const common::MatrixView& w, int64_t block, int64_t g0, int64_t g1, uint8_t* records) {
+  if (w.layout.dtype == common::DType::kInt4) {
+    Repack<true>(w, block, w.layout.padded_cols, g0, g1, records);
+  } else {
+    Repack<false>(w, block, w.layout.padded_cols, g0, g1, records);
+  }
+}
+
+void FinishTileInt8(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
+  // out = scale_row · (acc − 128 · Σ_g q8_sums_g), as the block kernel does.
+  const int64_t T = x.num_tokens, groups = x.cols / 64;
   const float* scales = w.scales + block * kBlockRows;
   for (int64_t t = 0; t < T; ++t) {
     __m512 c = _mm512_setzero_ps();
@@ -264,8 +278,6 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
     }
   }
 }
-
-}  // namespace
 
 void TileInt8Vnni(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
   Run<false>(w, block, x, scratch, out);

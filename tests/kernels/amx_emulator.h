@@ -1,9 +1,9 @@
 #ifndef COLIBRI_TESTS_KERNELS_AMX_EMULATOR_H_
 #define COLIBRI_TESTS_KERNELS_AMX_EMULATOR_H_
 
-// A scalar model of the AMX instructions the bf16 tile kernel uses, as the
+// A scalar model of the AMX instructions the tile kernels use, as the
 // Intel SDM describes them (palette 1: 8 tiles of up to 16 rows × 64 bytes),
-// for kernels::TileBf16AmxWith on CPUs without AMX. It also refuses what the
+// for kernels::TileBf16AmxWith and TileQ8AmxWith on CPUs without AMX. It also refuses what the
 // hardware faults on: a tile used while unconfigured or after tilerelease,
 // a configuration out of range, and tdpbf16ps operands whose shapes do not
 // agree (the #UD cases). A refusal throws std::logic_error naming it.
@@ -15,7 +15,7 @@
 #include <string>
 
 #include "common/dtype.h"
-#include "kernels/tile_bf16_amx.h"
+#include "kernels/amx_tiles.h"
 
 namespace colibri {
 namespace kernels {
@@ -24,8 +24,8 @@ struct EmulatedTiles {
   struct State {
     AmxTileConfig config;
     bool configured = false;
-    uint8_t tile[8][16][64] = {};
-    int64_t dot_products = 0;  // tdpbf16ps executed
+    alignas(64) uint8_t tile[8][16][64] = {};  // aligned: C rows are read as f32
+    int64_t dot_products = 0;  // tdpbf16ps and tdpbsud executed
   };
   static State& state() {
     thread_local State s;
@@ -88,6 +88,34 @@ struct EmulatedTiles {
             acc = Flush(acc + Bf16(s.tile[kA][m], 2 * k + i) * Bf16(s.tile[kB][k], 2 * n + i));
           row[n] = acc;
         }
+      }
+    }
+    ++s.dot_products;
+  }
+  // tdpbsud: C[m][n] += Σ_k Σ_i A[m][4k+i] · B[k][4n+i] in int32 (wrapping),
+  // A's bytes signed, B's unsigned.
+  template <int kC, int kA, int kB>
+  static void DotS8U8() {
+    static_assert(kC != kA && kC != kB && kA != kB, "tdpbsud needs three distinct tiles");
+    Use(kC), Use(kA), Use(kB);
+    State& s = state();
+    const AmxTileConfig& c = s.config;
+    const int m_rows = c.rows[kC], n_cols = c.colsb[kC] / 4, k_quads = c.colsb[kA] / 4;
+    if (c.rows[kA] != m_rows || c.colsb[kB] != c.colsb[kC] || c.rows[kB] != k_quads) {
+      Fail("tdpbsud: shapes C " + Shape(kC) + ", A " + Shape(kA) + ", B " + Shape(kB) + " do not agree");
+    }
+    for (int m = 0; m < m_rows; ++m) {
+      for (int n = 0; n < n_cols; ++n) {
+        uint32_t acc;
+        std::memcpy(&acc, s.tile[kC][m] + 4 * n, 4);
+        for (int k = 0; k < k_quads; ++k) {
+          for (int i = 0; i < 4; ++i) {
+            const int32_t a = static_cast<int8_t>(s.tile[kA][m][4 * k + i]);
+            const int32_t b = s.tile[kB][k][4 * n + i];
+            acc += static_cast<uint32_t>(a * b);
+          }
+        }
+        std::memcpy(s.tile[kC][m] + 4 * n, &acc, 4);
       }
     }
     ++s.dot_products;

@@ -17,6 +17,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/swiglu.h"
 #include "kernels/tile_bf16_amx.h"
+#include "kernels/tile_q8_amx.h"
 #include "tests/kernels/amx_emulator.h"
 
 namespace colibri {
@@ -292,7 +293,7 @@ TEST_CASE("every tile kernel matches the scalar reference") {
   // AMX bf16 tiles at avx512_amx.
   if (DetectIsa() < Isa::kAvx512Bf16) WARN("this CPU has no AVX512_VNNI: no int8 tile kernel to test here");
   if (DetectIsa() < Isa::kAvx512Amx) {
-    WARN("no AMX here (or the kernel refused its tile state): the AMX bf16 kernel runs on emulated tiles only");
+    WARN("no AMX here (or the kernel refused its tile state): the AMX tile kernels run on emulated tiles only");
   }
   const int vnni_levels = std::max(0, static_cast<int>(DetectIsa()) - static_cast<int>(Isa::kAvx512Bf16) + 1);
   CHECK(kernels_tested == 2 * vnni_levels + (DetectIsa() >= Isa::kAvx512Amx ? 1 : 0));
@@ -330,11 +331,77 @@ TEST_CASE("the AMX bf16 tile walk matches the scalar reference on emulated tiles
   CHECK_FALSE(EmulatedTiles::state().configured);
 }
 
+// The hardware kernels' walks on emulated tiles.
+void TileInt8AmxEmulated(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch,
+                         float* out) {
+  TileQ8AmxWith<EmulatedTiles, false>(w, block, x, scratch, out);
+}
+void TileInt4AmxEmulated(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch,
+                         float* out) {
+  TileQ8AmxWith<EmulatedTiles, true>(w, block, x, scratch, out);
+}
+
+TEST_CASE("the AMX int8 and int4 tile walks give the VNNI tiles' bits on emulated tiles") {
+  if (DetectIsa() < Isa::kAvx512Bf16) {  // the repacking is AVX-512 code, the VNNI tiles the reference
+    WARN("this CPU has no AVX512_VNNI: the AMX int8/int4 walks are not tested here");
+    return;
+  }
+  std::mt19937 rng(97531);
+  for (auto [type, emulated] : {std::pair<DType, TileKernelFn>{DType::kInt8, TileInt8AmxEmulated},
+                                std::pair<DType, TileKernelFn>{DType::kInt4, TileInt4AmxEmulated}}) {
+    CheckTileKernel("emulated AMX", type, emulated, rng);
+    // Token counts around the 16- and 32-row tiles, over two repacked chunks
+    // (35 groups), bit for bit against the VNNI tiles, with a guard after
+    // the outputs.
+    const Matrix m = MakeMatrix(type, 128, 2200, rng);
+    const int64_t K = m.view.layout.padded_cols;
+    std::vector<uint8_t> buffer(TileQ8ScratchBytes(K) + 64);
+    uint8_t* scratch = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+    for (int64_t tokens : {1, 15, 16, 17, 31, 32, 33, 47, 64, 129}) {
+      const Inputs in = MakeInputs(tokens, 2200, K, rng);
+      std::vector<float> expected(tokens * 64), actual(tokens * 64 + 64, -7.f);
+      for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+        INFO(common::DTypeName(type) << " T=" << tokens << " block " << b);
+        KernelsFor(Isa::kAvx512Bf16).TileFor(type)(m.view, b, in.acts, scratch, expected.data());
+        const int64_t before = EmulatedTiles::state().dot_products;
+        emulated(m.view, b, in.acts, scratch, actual.data());
+        // Two output groups per token group, for each of the 35 groups and both halves of the 64 outputs.
+        CHECK(EmulatedTiles::state().dot_products - before == 2 * ((tokens + 15) / 16) * 35 * 2);
+        CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
+        REQUIRE(std::equal(expected.begin(), expected.end(), actual.begin()));
+      }
+    }
+    CHECK(Q8TileSelfCheck(type, emulated));
+  }
+  CHECK_FALSE(EmulatedTiles::state().configured);
+}
+
 // The scalar bf16 kernel with one output of one token off by one unit in
 // the last place: what the self-check must catch.
 void OffByOneUlp(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t*, float* out) {
   BlockBf16Scalar(w, block, x, out);
   out[16 * 64 + 63] = std::nextafter(out[16 * 64 + 63], INFINITY);
+}
+
+// The VNNI int8 tiles with one output of one token off by one unit in the
+// last place.
+void Int8TilesOffByOneUlp(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch,
+                          float* out) {
+  TileInt8Vnni(w, block, x, scratch, out);
+  out[16 * 64 + 63] = std::nextafter(out[16 * 64 + 63], INFINITY);
+}
+
+TEST_CASE("the int8 tile self-check catches one wrong output") {
+  if (DetectIsa() < Isa::kAvx512Bf16) {
+    WARN("this CPU has no AVX512_VNNI: the int8 tile self-check is not tested here");
+    return;
+  }
+  CHECK(Q8TileSelfCheck(DType::kInt8, TileInt8Vnni));
+  CHECK_FALSE(Q8TileSelfCheck(DType::kInt8, Int8TilesOffByOneUlp));
+  if (DetectIsa() >= Isa::kAvx512Amx) {
+    CHECK(Q8TileSelfCheck(DType::kInt8, TileInt8Amx));
+    CHECK(Q8TileSelfCheck(DType::kInt4, TileInt4Amx));
+  }
 }
 
 TEST_CASE("the bf16 tile self-check passes the AMX walk and catches one wrong output") {

@@ -1,0 +1,113 @@
+#ifndef COLIBRI_KERNELS_TILE_Q8_AMX_H_
+#define COLIBRI_KERNELS_TILE_Q8_AMX_H_
+
+// The AMX int8/int4 block kernels' walk over a block, on a tile Machine
+// (kernels/amx_tiles.h: the hardware's instructions or their emulation).
+//
+// The weights are repacked, 32 groups at a time, into the records of the
+// VNNI int8 tiles (RepackQ8Records, kernels/tile_q8_vnni.cc): per 64-input
+// group, 16 steps of [64 rows][4 bytes] — which is tdpbsud's B operand as
+// it stands: 16 rows of input quads × 16 outputs, 256 bytes apart, at a
+// 64-byte offset per 16 outputs. Weights are unsigned there (int8 + 128,
+// int4 nibbles 0..15), the activations x.q8 signed: tdpbsud, A signed.
+//   A = 16 tokens × one 64-input group of x.q8, stride cols;
+//   C = [16 tokens][16 outputs] int32, the group's exact dot products.
+// One instruction is a whole group, and every group has its own activation
+// scale per token, so each group's C tiles are stored to a small buffer and
+// added to `out` in f32 exactly as the VNNI tiles add theirs
+// (acc = fma(dot, xs, acc); int4: fma(−s·z, q8_sum, fma(dot, s · xs, acc))),
+// in group order: the same bits as TileInt8Vnni / TileInt4Vnni.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common/weight_matrix.h"
+#include "kernels/amx_tiles.h"
+#include "kernels/block_kernel.h"
+
+namespace colibri {
+namespace kernels {
+
+template <typename Machine, bool kInt4>
+void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
+  using common::kBlockRows;
+  constexpr int64_t kStep = kBlockRows * 4;       // one step of a record: 64 rows × 4 inputs
+  constexpr int64_t kGroupBytes = 16 * kStep;     // the steps of one group; then int4's s and s·z
+  constexpr int64_t kRowBytes = kInt4 ? 32 : 64;  // one group of one stored row
+  const int64_t T = x.num_tokens, K = x.cols, groups = K / 64;
+  const uint8_t* base = w.data + block * w.layout.block_bytes;
+  alignas(64) int32_t dots[32][32];  // C of two token groups × 32 outputs
+  std::fill(out, out + T * kBlockRows, 0.f);
+  int configured0 = -1, configured1 = -1;
+  for (int64_t g0 = 0; g0 < groups; g0 += kTileQ8ChunkGroups) {
+    const int64_t g1 = std::min(groups, g0 + kTileQ8ChunkGroups);
+    RepackQ8Records(w, block, g0, g1, scratch);
+    // The next chunk of the stored rows (this block's, or the next block's
+    // first), prefetched to L2 during the last token groups' pass: 64 rows
+    // read across are streams no hardware prefetcher follows.
+    const bool last_chunk = g1 == groups;
+    const uint8_t* next = last_chunk ? base + w.layout.block_bytes : base + g1 * kRowBytes;
+    const int64_t next_groups = std::min(kTileQ8ChunkGroups, last_chunk ? groups : groups - g1);
+    const int64_t lines_per_row = (next_groups * kRowBytes + 63) / 64;
+    const bool prefetch = !(last_chunk && block + 1 == w.layout.num_blocks());
+    for (int64_t t0 = 0; t0 < T; t0 += 32) {
+      const int r0 = static_cast<int>(std::min<int64_t>(16, T - t0));
+      const int r1 = static_cast<int>(std::clamp<int64_t>(T - t0 - 16, 0, 16));
+      if (r0 != configured0 || r1 != configured1) {
+        Machine::Configure(AmxConfig2x2(r0, r1));
+        configured0 = r0, configured1 = r1;
+      }
+      const bool fetching = prefetch && t0 + 32 >= T;
+      for (int64_t g = g0; g < g1; ++g) {
+        if (fetching) {  // this group's share of the 64 rows
+          for (int64_t r = (g - g0) * kBlockRows / (g1 - g0); r < (g - g0 + 1) * kBlockRows / (g1 - g0); ++r) {
+            for (int64_t l = 0; l < lines_per_row; ++l) Machine::Prefetch(next + r * (K / 64) * kRowBytes + l * 64);
+          }
+        }
+        const uint8_t* record = scratch + (g - g0) * kTileQ8RecordBytes;
+        Machine::template Load<4>(x.q8 + t0 * K + g * 64, K);
+        if (r1 > 0) Machine::template Load<5>(x.q8 + (t0 + 16) * K + g * 64, K);
+        for (int64_t j0 = 0; j0 < kBlockRows; j0 += 32) {
+          Machine::template Zero<0>();
+          Machine::template Zero<1>();
+          Machine::template Load<6>(record + j0 * 4, kStep);
+          Machine::template Load<7>(record + (j0 + 16) * 4, kStep);
+          Machine::template DotS8U8<0, 4, 6>();
+          Machine::template DotS8U8<1, 4, 7>();
+          Machine::template Store<0>(&dots[0][0], sizeof(dots[0]));
+          Machine::template Store<1>(&dots[0][16], sizeof(dots[0]));
+          if (r1 > 0) {
+            Machine::template Zero<2>();
+            Machine::template Zero<3>();
+            Machine::template DotS8U8<2, 5, 6>();
+            Machine::template DotS8U8<3, 5, 7>();
+            Machine::template Store<2>(&dots[16][0], sizeof(dots[0]));
+            Machine::template Store<3>(&dots[16][16], sizeof(dots[0]));
+          }
+          const float* s = reinterpret_cast<const float*>(record + kGroupBytes) + j0;  // int4: s, then s·z at +64
+          for (int t = 0; t < r0 + r1; ++t) {
+            const float xs = x.q8_scales[(t0 + t) * groups + g];
+            float* acc = out + (t0 + t) * kBlockRows + j0;
+            if (kInt4) {
+              const float sum = x.q8_sums[(t0 + t) * groups + g];
+              for (int n = 0; n < 32; ++n) {
+                const float scale = s[n] * xs;
+                acc[n] = std::fma(-s[64 + n], sum, std::fma(static_cast<float>(dots[t][n]), scale, acc[n]));
+              }
+            } else {
+              for (int n = 0; n < 32; ++n) acc[n] = std::fma(static_cast<float>(dots[t][n]), xs, acc[n]);
+            }
+          }
+        }
+      }
+    }
+  }
+  Machine::Release();
+  if (!kInt4) FinishTileInt8(w, block, x, out);
+}
+
+}  // namespace kernels
+}  // namespace colibri
+
+#endif  // COLIBRI_KERNELS_TILE_Q8_AMX_H_
