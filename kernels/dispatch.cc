@@ -43,8 +43,10 @@ bool AmxTilesGranted() {
 
 }  // namespace
 
-// The AMX kernel cannot run on the machines it is developed on (its walk is
-// tested on emulated tiles): DetectIsa runs this before a process uses it.
+// The AMX kernels cannot run on the machines they are developed on (their
+// walks are tested on emulated tiles): DetectIsa runs these self-checks
+// before a process uses them, from its own initialization, so they call no
+// function that asks DetectIsa() (KernelsFor, HasAvxVnni, SelectedIsa).
 bool Bf16TileSelfCheck(TileKernelFn tile) {
   using common::kBlockRows;
   constexpr int64_t kCols = 128, kTokens = 17;
@@ -106,7 +108,9 @@ bool Q8TileSelfCheck(DType type, TileKernelFn tile) {
   std::vector<Line> scratch(TileQ8ScratchBytes(kCols) / sizeof(Line));
   std::vector<float> out(kTokens * kBlockRows), expected(kTokens * kBlockRows);
   tile(view, 0, acts, scratch[0].bytes, out.data());
-  KernelsFor(Isa::kAvx512Bf16).TileFor(type)(view, 0, acts, scratch[0].bytes, expected.data());
+  // Not KernelsFor(): DetectIsa() runs this while it initializes, and the
+  // tables ask DetectIsa() (HasAvxVnni); nothing here may.
+  (type == DType::kInt4 ? TileInt4Vnni : TileInt8Vnni)(view, 0, acts, scratch[0].bytes, expected.data());
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] != expected[i]) {
       std::fprintf(stderr,
