@@ -41,6 +41,20 @@ bool AmxTilesGranted() {
   return false;
 }
 
+// Whether a self-check's `out` equals `expected` bit for bit; else the first
+// difference on stderr.
+bool Agrees(const std::string& type, const std::vector<float>& out, const std::vector<float>& expected,
+            const char* expected_name) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == expected[i]) continue;
+    std::fprintf(stderr, "colibri: the %s tile kernel's self-check failed (token %ld, output %ld: %.9g, %s %.9g)\n",
+                 type.c_str(), static_cast<long>(i / common::kBlockRows), static_cast<long>(i % common::kBlockRows),
+                 out[i], expected_name, expected[i]);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 // The AMX kernels cannot run on the machines they are developed on (their
@@ -62,22 +76,15 @@ bool Bf16TileSelfCheck(TileKernelFn tile) {
   acts.num_tokens = kTokens;
   acts.cols = kCols;
   acts.bf16 = x_bf16.data();
-  std::vector<float> out(kTokens * kBlockRows);
+  std::vector<float> out(kTokens * kBlockRows), expected(kTokens * kBlockRows);
   tile(common::MatrixView{layout, data.data(), nullptr, nullptr}, 0, acts, nullptr, out.data());
   for (int64_t t = 0; t < kTokens; ++t) {
     for (int64_t j = 0; j < kBlockRows; ++j) {
-      float sum = 0;
+      float& sum = expected[t * kBlockRows + j];
       for (int64_t k = 0; k < kCols; ++k) sum += w[j * kCols + k] * x[t * kCols + k];
-      if (out[t * kBlockRows + j] != sum) {
-        std::fprintf(stderr,
-                     "colibri: the bf16 tile kernel's self-check failed (token %ld, output %ld: %.9g, expected "
-                     "%.9g)\n",
-                     static_cast<long>(t), static_cast<long>(j), out[t * kBlockRows + j], sum);
-        return false;
-      }
     }
   }
-  return true;
+  return Agrees("bf16", out, expected, "expected");
 }
 
 bool Q8TileSelfCheck(DType type, TileKernelFn tile) {
@@ -111,17 +118,7 @@ bool Q8TileSelfCheck(DType type, TileKernelFn tile) {
   // Not KernelsFor(): DetectIsa() runs this while it initializes, and the
   // tables ask DetectIsa() (HasAvxVnni); nothing here may.
   (type == DType::kInt4 ? TileInt4Vnni : TileInt8Vnni)(view, 0, acts, scratch[0].bytes, expected.data());
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i] != expected[i]) {
-      std::fprintf(stderr,
-                   "colibri: the %s tile kernel's self-check failed (token %ld, output %ld: %.9g, the VNNI tiles' "
-                   "%.9g)\n",
-                   common::DTypeName(type).c_str(), static_cast<long>(i / kBlockRows),
-                   static_cast<long>(i % kBlockRows), out[i], expected[i]);
-      return false;
-    }
-  }
-  return true;
+  return Agrees(common::DTypeName(type), out, expected, "the VNNI tiles'");
 }
 
 namespace {

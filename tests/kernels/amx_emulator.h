@@ -25,7 +25,7 @@ struct EmulatedTiles {
     AmxTileConfig config;
     bool configured = false;
     alignas(64) uint8_t tile[8][16][64] = {};  // aligned: C rows are read as f32
-    int64_t dot_products = 0;  // tdpbf16ps and tdpbsud executed
+    int64_t dot_products = 0;                  // tdpbf16ps and tdpbsud executed
   };
   static State& state() {
     thread_local State s;
@@ -72,13 +72,8 @@ struct EmulatedTiles {
   template <int kC, int kA, int kB>
   static void DotBf16() {
     static_assert(kC != kA && kC != kB && kA != kB, "tdpbf16ps needs three distinct tiles");
-    Use(kC), Use(kA), Use(kB);
+    const auto [m_rows, n_cols, k_pairs] = Operands("tdpbf16ps", kC, kA, kB);
     State& s = state();
-    const AmxTileConfig& c = s.config;
-    const int m_rows = c.rows[kC], n_cols = c.colsb[kC] / 4, k_pairs = c.colsb[kA] / 4;
-    if (c.rows[kA] != m_rows || c.colsb[kB] != c.colsb[kC] || c.rows[kB] != k_pairs) {
-      Fail("tdpbf16ps: shapes C " + Shape(kC) + ", A " + Shape(kA) + ", B " + Shape(kB) + " do not agree");
-    }
     for (int m = 0; m < m_rows; ++m) {
       float* row = reinterpret_cast<float*>(s.tile[kC][m]);
       for (int k = 0; k < k_pairs; ++k) {
@@ -97,13 +92,8 @@ struct EmulatedTiles {
   template <int kC, int kA, int kB>
   static void DotS8U8() {
     static_assert(kC != kA && kC != kB && kA != kB, "tdpbsud needs three distinct tiles");
-    Use(kC), Use(kA), Use(kB);
+    const auto [m_rows, n_cols, k_quads] = Operands("tdpbsud", kC, kA, kB);
     State& s = state();
-    const AmxTileConfig& c = s.config;
-    const int m_rows = c.rows[kC], n_cols = c.colsb[kC] / 4, k_quads = c.colsb[kA] / 4;
-    if (c.rows[kA] != m_rows || c.colsb[kB] != c.colsb[kC] || c.rows[kB] != k_quads) {
-      Fail("tdpbsud: shapes C " + Shape(kC) + ", A " + Shape(kA) + ", B " + Shape(kB) + " do not agree");
-    }
     for (int m = 0; m < m_rows; ++m) {
       for (int n = 0; n < n_cols; ++n) {
         uint32_t acc;
@@ -124,6 +114,21 @@ struct EmulatedTiles {
   static void Release() { state().configured = false; }
 
  private:
+  struct Dims {
+    int m, n, k;  // rows of C and A, 4-byte columns of C and B, 4-byte columns of A = rows of B
+  };
+  // The dimensions of a tile product c += a · b, refusing unconfigured
+  // tiles and shapes that do not agree (the hardware's #UD).
+  static Dims Operands(const char* instruction, int c, int a, int b) {
+    Use(c), Use(a), Use(b);
+    const AmxTileConfig& config = state().config;
+    const Dims d{config.rows[c], config.colsb[c] / 4, config.colsb[a] / 4};
+    if (config.rows[a] != d.m || config.colsb[b] != config.colsb[c] || config.rows[b] != d.k) {
+      Fail(std::string(instruction) + ": shapes C " + Shape(c) + ", A " + Shape(a) + ", B " + Shape(b) +
+           " do not agree");
+    }
+    return d;
+  }
   static void Fail(const std::string& what) { throw std::logic_error("emulated AMX: " + what); }
   static void Use(int tile) {
     const State& s = state();
