@@ -193,35 +193,61 @@ absl::StatusOr<Isa> ParseIsa(const std::string& name) {
       absl::StrCat("unknown ISA '", name, "' (expected scalar, avx2, avx512, avx512_bf16 or avx512_amx)"));
 }
 
-Isa DetectIsa() {
-  static const Isa detected = [] {
-    uint32_t a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::kScalar;
-    const bool osxsave = c & bit_OSXSAVE, fma = c & bit_FMA, f16c = c & bit_F16C, avx = c & bit_AVX;
-    if (!osxsave || !avx) return Isa::kScalar;
-    const uint64_t xcr0 = Xgetbv();
-    const bool ymm_state = (xcr0 & 0x6) == 0x6, zmm_state = (xcr0 & 0xe6) == 0xe6;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::kScalar;
-    const bool avx2 = b & bit_AVX2;
-    const bool avx512 = (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ);
-    if (!(ymm_state && avx2 && fma && f16c)) return Isa::kScalar;
-    if (!(zmm_state && avx512)) return Isa::kAvx2;
-    uint32_t a1 = 0, b1, c1, d1;
-    __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
-    const bool avx512_bf16 = a1 & (1u << 5), avx512_vnni = c & bit_AVX512VNNI;  // c: leaf 7 subleaf 0
-    if (!(avx512_bf16 && avx512_vnni)) return Isa::kAvx512;
-    // d: leaf 7 subleaf 0. AMX-BF16 is bit 22, AMX-TILE bit 24, AMX-INT8 bit
-    // 25; XCR0 bits 17 and 18 are the tile configuration and data the OS saves.
-    const bool amx = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & (3u << 17)) == (3u << 17);
-    if (!amx || !AmxTilesGranted()) return Isa::kAvx512Bf16;
-    if (!Bf16TileSelfCheck(TileBf16Amx) || !Q8TileSelfCheck(DType::kInt8, TileInt8Amx) ||
-        !Q8TileSelfCheck(DType::kInt4, TileInt4Amx)) {
-      std::fprintf(stderr, "colibri: not using the AMX tile kernels; using avx512_bf16\n");
-      return Isa::kAvx512Bf16;
-    }
-    return Isa::kAvx512Amx;
-  }();
+namespace {
+
+// What DetectIsa found, once: the ISA and, below avx512_amx, why the AMX
+// tile kernels are not used.
+struct Detection {
+  Isa isa = Isa::kScalar;
+  std::string no_amx;
+};
+
+Detection Detect() {
+  uint32_t a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return {Isa::kScalar, "the CPU has no cpuid leaf 1"};
+  const bool osxsave = c & bit_OSXSAVE, fma = c & bit_FMA, f16c = c & bit_F16C, avx = c & bit_AVX;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return {Isa::kScalar, "the CPU has no cpuid leaf 7"};
+  // d: leaf 7 subleaf 0. AMX-BF16 is bit 22, AMX-TILE bit 24, AMX-INT8 bit 25.
+  const bool cpu_amx = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25));
+  const std::string no_cpu_amx = cpu_amx ? "" : "the CPU has no AMX";
+  if (!osxsave || !avx) return {Isa::kScalar, cpu_amx ? "the OS does not enable AVX" : no_cpu_amx};
+  const uint64_t xcr0 = Xgetbv();
+  const bool ymm_state = (xcr0 & 0x6) == 0x6, zmm_state = (xcr0 & 0xe6) == 0xe6;
+  const bool avx2 = b & bit_AVX2;
+  const bool avx512 = (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ);
+  if (!(ymm_state && avx2 && fma && f16c)) return {Isa::kScalar, cpu_amx ? "AVX2 is not usable here" : no_cpu_amx};
+  if (!(zmm_state && avx512)) return {Isa::kAvx2, cpu_amx ? "AVX-512 is not usable here" : no_cpu_amx};
+  uint32_t a1 = 0, b1, c1, d1;
+  __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+  const bool avx512_bf16 = a1 & (1u << 5), avx512_vnni = c & bit_AVX512VNNI;  // c: leaf 7 subleaf 0
+  if (!(avx512_bf16 && avx512_vnni)) {
+    return {Isa::kAvx512, cpu_amx ? "the CPU has AMX but not AVX512_BF16 and AVX512_VNNI" : no_cpu_amx};
+  }
+  if (!cpu_amx) return {Isa::kAvx512Bf16, no_cpu_amx};
+  // XCR0 bits 17 and 18: the tile configuration and data the OS saves.
+  if ((xcr0 & (3u << 17)) != (3u << 17)) return {Isa::kAvx512Bf16, "the OS does not enable the AMX state (XCR0)"};
+  if (!AmxTilesGranted()) return {Isa::kAvx512Bf16, "Linux refused the tile state (arch_prctl)"};
+  if (!Bf16TileSelfCheck(TileBf16Amx) || !Q8TileSelfCheck(DType::kInt8, TileInt8Amx) ||
+      !Q8TileSelfCheck(DType::kInt4, TileInt4Amx)) {
+    std::fprintf(stderr, "colibri: not using the AMX tile kernels; using avx512_bf16\n");
+    return {Isa::kAvx512Bf16, "a tile kernel's start-up self-check failed"};
+  }
+  return {Isa::kAvx512Amx, ""};
+}
+
+const Detection& Detected() {
+  static const Detection detected = Detect();
   return detected;
+}
+
+}  // namespace
+
+Isa DetectIsa() { return Detected().isa; }
+
+std::string AmxAbsence() {
+  if (SelectedIsa() == Isa::kAvx512Amx) return "";
+  if (!Detected().no_amx.empty()) return Detected().no_amx;
+  return absl::StrCat("COLIBRI_MAX_ISA caps the kernels at ", IsaName(SelectedIsa()));
 }
 
 bool HasAvxVnni() {

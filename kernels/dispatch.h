@@ -36,6 +36,11 @@ absl::StatusOr<Isa> ParseIsa(const std::string& name);  // INVALID_ARGUMENT nami
 // either fails it says why on stderr once and returns kAvx512Bf16.
 Isa DetectIsa();
 
+// Why the AMX tile kernels are not in use ("the CPU has no AMX", "Linux
+// refused the tile state (arch_prctl)", a failed self-check, or
+// COLIBRI_MAX_ISA); empty where SelectedIsa() is kAvx512Amx.
+std::string AmxAbsence();
+
 // Whether bf16 tile kernel `tile` multiplies one block of small integers by
 // 17 tokens exactly as plain loops do (every product and sum is exact in
 // f32, so any summation order must agree); the first difference is named on

@@ -55,6 +55,8 @@ for type in ${types//,/ }; do
       echo "# the same, never AMX tiles:"
       "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --amx_min_tokens 0 \
         --onednn_min_tokens 0 --single_expert=false | grep -v '^#'
+    elif [ "$type" = bf16 ]; then
+      echo "# AMX tiles: not available on this CPU (no amx_bf16 in /proc/cpuinfo): no AMX rows"
     fi
   fi
 done

@@ -58,6 +58,22 @@ TEST_CASE("a kernel profile survives its file format") {
   CHECK_THAT(DescribeProfile(*amx_parsed), Catch::Contains("bf16 on AMX tiles from 32 rows"));
 }
 
+TEST_CASE("the kernel description says why AMX is not used where it is not") {
+  const std::string described = DescribeProfile(DefaultProfile(SelectedIsa()));
+  if (SelectedIsa() == Isa::kAvx512Amx) {
+    CHECK(AmxAbsence().empty());
+    CHECK_THAT(described, Catch::Contains("bf16 on AMX tiles from"));
+  } else {
+    WARN("AMX not in use here: " << AmxAbsence());
+    CHECK_FALSE(AmxAbsence().empty());
+    CHECK_THAT(described, Catch::Contains("; AMX tiles not available: " + AmxAbsence() + ";"));
+  }
+  // A profile of another ISA (not this process's) says nothing about AMX here.
+  if (SelectedIsa() != Isa::kScalar) {
+    CHECK_THAT(DescribeProfile(DefaultProfile(Isa::kScalar)), !Catch::Contains("AMX"));
+  }
+}
+
 TEST_CASE("a bad kernel profile is refused naming what is wrong") {
   const std::string good = SerializeProfile(DefaultProfile(Isa::kAvx2));
   CHECK(ParseProfile(good, Isa::kAvx2).ok());
