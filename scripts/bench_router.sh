@@ -12,14 +12,15 @@
 # Usage: bash scripts/bench_router.sh [--tokens 1,8,128] [--repeat 30] [--routing lut|gate]
 #                                     [--node_threads 1] [--layout split|replicated] [--small|--tiny]
 #                                     [--bf16] [--gap_us 2000] [--node_replies exact|partial|per_expert]
-#                                     [--batch_window_us N]
+#                                     [--batch_window_us N] [--stream]
 # --node_threads 2 runs each node with two threads instead (both nodes share both CPUs).
 # --layout replicated: both nodes own all 8 experts (one answers each layer call, with
 # --node_threads 2 the same compute as the engine: what is left is the cost of distribution).
 # --small: a d_model 1024 / d_ff 2816 layer (quick smoke run); --tiny: d_model 128 / d_ff 256,
 # whose compute (~70 us) leaves the transport's own cost.
 # --bf16: hidden states and output in bf16; --gap_us: the pause before each call;
-# --node_replies, --batch_window_us: the router's flags of those names.
+# --node_replies, --batch_window_us: the router's flags of those names; --stream: the client
+# sends its router calls over one ForwardStream (a decoding loop's session) instead of unary calls.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tokens=1,8,128
@@ -41,10 +42,11 @@ while [ $# -gt 0 ]; do
     --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
     --tiny) shape=(--d_model 128 --d_ff 256); name=tiny_layer; shift ;;
     --bf16) bench_args+=(--bf16); shift ;;
+    --stream) bench_args+=(--stream); shift ;;
     --gap_us) bench_args+=(--gap_us "$2"); shift 2 ;;
     --node_replies) router_args+=(--node_replies "$2"); shift 2 ;;
     --batch_window_us) router_args+=(--batch_window_us "$2"); shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "bench_router: unknown argument $1" >&2; exit 2 ;;
   esac
 done

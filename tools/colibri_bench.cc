@@ -37,6 +37,9 @@ ABSL_FLAG(int, router_pid, 0, "router: the router's pid, to report its CPU time 
 ABSL_FLAG(std::string, direct_nodes, "",
           "router: also time the calls through a proxyless client calling these nodes (host:port,...) directly.");
 ABSL_FLAG(bool, bf16, false, "router: send hidden states and ask for the output in bf16 (else f32).");
+ABSL_FLAG(bool, stream, false,
+          "router: send the router's calls over one ForwardStream (as a decoding loop's session does) instead of "
+          "unary Forward calls.");
 ABSL_FLAG(int64_t, gap_us, 2000, "router: pause before each call, both paths (idle threads sleep, as between layers).");
 ABSL_FLAG(std::string, routing, "lut", "router, run: routing mode of the calls, lut or gate.");
 ABSL_FLAG(std::string, local, "", "run: drive the in-process engine on this model directory instead of --router.");
@@ -160,6 +163,7 @@ int main(int argc, char** argv) {
       r.direct_nodes.emplace_back(node);
     }
     r.gap_us = std::max<int64_t>(0, absl::GetFlag(FLAGS_gap_us));
+    r.stream = absl::GetFlag(FLAGS_stream);
     const std::optional<colibri::common::RoutingMode> routing = BenchRouting();
     if (r.router.empty() || !routing.has_value()) {
       std::cerr << "colibri-bench: router needs --router HOST:PORT and --routing lut|gate\n";

@@ -121,12 +121,16 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
+  // --stream: one session for the whole run, its requests answered in order.
+  grpc::ClientContext session_context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardRequest, v1::ForwardStreamResponse>> session;
+  if (o.stream) session = stub->ForwardStream(&session_context);
   const int64_t d_model = info.d_model();
   out << "# colibri-bench router: " << o.router << " (" << info.backend() << ", " << info.weight_type() << ", d_model "
       << d_model << ", d_ff " << info.d_ff() << ", " << info.n_experts() << " experts, top-" << info.top_k()
       << ") vs the in-process engine; layer " << o.layer << ", " << common::RoutingModeName(o.routing) << " routing, "
       << (o.bf16 ? "bf16" : "f32") << " in and out, " << o.repeat << " calls per row " << o.gap_us
-      << " us apart, times in microseconds\n";
+      << " us apart, router calls " << (o.stream ? "over one ForwardStream" : "unary") << ", times in microseconds\n";
   out << "# an empty gRPC round trip to the router (GetModelInfo): p50 "
       << static_cast<int64_t>(Percentile(ping_us, 0.5)) << " us, p99 "
       << static_cast<int64_t>(Percentile(ping_us, 0.99)) << " us back to back; p50 "
@@ -200,12 +204,21 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(o.gap_us));
       v1::ForwardResponse response;
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
       const auto start = Clock::now();
-      const grpc::Status s = stub->Forward(&context, request, &response);
+      if (session != nullptr) {
+        v1::ForwardStreamResponse reply;
+        if (!session->Write(request) || !session->Read(&reply)) {
+          return absl::UnavailableError("ForwardStream: the stream ended");
+        }
+        if (reply.code() != 0) return absl::UnavailableError(absl::StrCat("ForwardStream: ", reply.message()));
+        response = std::move(*reply.mutable_response());
+      } else {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        const grpc::Status s = stub->Forward(&context, request, &response);
+        if (!s.ok()) return absl::UnavailableError(absl::StrCat("Forward: ", s.error_message()));
+      }
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-      if (!s.ok()) return absl::UnavailableError(absl::StrCat("Forward: ", s.error_message()));
       if (!timed) continue;
       remote_us.push_back(us);
       own_us.push_back((Timing(response, "route") + Timing(response, "aggregate")) / 1e3);
@@ -256,6 +269,11 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       out << line;
     }
     out << "\n" << std::flush;
+  }
+  if (session != nullptr) {
+    session->WritesDone();
+    const grpc::Status s = session->Finish();
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("ForwardStream: ", s.error_message()));
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,9 @@ struct RouterBenchOptions {
   std::vector<std::string> direct_nodes;
   bool bf16 = false;      // hidden states and output in bf16 (else f32)
   int64_t gap_us = 2000;  // pause before each call (both paths)
+  // The router's calls over one ForwardStream (a decoding loop's session)
+  // instead of unary Forward calls.
+  bool stream = false;
   uint64_t seed = 1;
 };
 
