@@ -121,8 +121,10 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  // --stream: one session for the whole run, its requests answered in order.
+  // --stream: one session for the whole run, its requests answered in order
+  // (a stream's deadline is the whole session's: a bound, not a per-call one).
   grpc::ClientContext session_context;
+  session_context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
   std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardRequest, v1::ForwardStreamResponse>> session;
   if (o.stream) session = stub->ForwardStream(&session_context);
   const int64_t d_model = info.d_model();
