@@ -209,21 +209,24 @@ Detection Detect() {
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return {Isa::kScalar, "the CPU has no cpuid leaf 7"};
   // d: leaf 7 subleaf 0. AMX-BF16 is bit 22, AMX-TILE bit 24, AMX-INT8 bit 25.
   const bool cpu_amx = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25));
-  const std::string no_cpu_amx = cpu_amx ? "" : "the CPU has no AMX";
-  if (!osxsave || !avx) return {Isa::kScalar, cpu_amx ? "the OS does not enable AVX" : no_cpu_amx};
+  // A level without AMX: `reason` where the CPU has AMX, else that it has none.
+  auto below = [cpu_amx](Isa isa, const char* reason) {
+    return Detection{isa, cpu_amx ? reason : "the CPU has no AMX"};
+  };
+  if (!osxsave || !avx) return below(Isa::kScalar, "the OS does not enable AVX");
   const uint64_t xcr0 = Xgetbv();
   const bool ymm_state = (xcr0 & 0x6) == 0x6, zmm_state = (xcr0 & 0xe6) == 0xe6;
   const bool avx2 = b & bit_AVX2;
   const bool avx512 = (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ);
-  if (!(ymm_state && avx2 && fma && f16c)) return {Isa::kScalar, cpu_amx ? "AVX2 is not usable here" : no_cpu_amx};
-  if (!(zmm_state && avx512)) return {Isa::kAvx2, cpu_amx ? "AVX-512 is not usable here" : no_cpu_amx};
+  if (!(ymm_state && avx2 && fma && f16c)) return below(Isa::kScalar, "AVX2 is not usable here");
+  if (!(zmm_state && avx512)) return below(Isa::kAvx2, "AVX-512 is not usable here");
   uint32_t a1 = 0, b1, c1, d1;
   __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
   const bool avx512_bf16 = a1 & (1u << 5), avx512_vnni = c & bit_AVX512VNNI;  // c: leaf 7 subleaf 0
   if (!(avx512_bf16 && avx512_vnni)) {
-    return {Isa::kAvx512, cpu_amx ? "the CPU has AMX but not AVX512_BF16 and AVX512_VNNI" : no_cpu_amx};
+    return below(Isa::kAvx512, "the CPU has AMX but not AVX512_BF16 and AVX512_VNNI");
   }
-  if (!cpu_amx) return {Isa::kAvx512Bf16, no_cpu_amx};
+  if (!cpu_amx) return below(Isa::kAvx512Bf16, "");
   // XCR0 bits 17 and 18: the tile configuration and data the OS saves.
   if ((xcr0 & (3u << 17)) != (3u << 17)) return {Isa::kAvx512Bf16, "the OS does not enable the AMX state (XCR0)"};
   if (!AmxTilesGranted()) return {Isa::kAvx512Bf16, "Linux refused the tile state (arch_prctl)"};

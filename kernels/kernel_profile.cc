@@ -243,11 +243,12 @@ std::string DescribeProfile(const KernelProfile& p) {
     if (table.TileFor(type) == nullptr) return "bf16 tiles ";
     return p.isa == Isa::kAvx512Amx ? "AMX int8 tiles " : "int8 tiles ";
   };
-  // A profile of another ISA than this process's (a test's) says nothing about AMX's absence here.
-  const std::string amx = table.TileFor(DType::kBF16) != nullptr
-                              ? absl::StrCat("; bf16 on AMX tiles ", rows(p.bf16_tile_min_tokens))
-                          : p.isa == SelectedIsa() ? absl::StrCat("; AMX tiles not available: ", AmxAbsence())
-                                                   : "";
+  std::string amx;
+  if (table.TileFor(DType::kBF16) != nullptr) {
+    amx = absl::StrCat("; bf16 on AMX tiles ", rows(p.bf16_tile_min_tokens));
+  } else if (p.isa == SelectedIsa()) {  // a profile of another ISA (a test's) says nothing about AMX here
+    amx = absl::StrCat("; AMX tiles not available: ", AmxAbsence());
+  }
   return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(DType::kBF16, p.bf16_widen, "vdpbf16ps"), ", int8 ",
                       kernel(DType::kInt8, p.int8_widen, "vpdpbusd"), ", int4 ",
                       kernel(DType::kInt4, p.int4_widen, "vpdpbusd"), "; oneDNN ", rows(p.onednn_min_tokens), amx,
