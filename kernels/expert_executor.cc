@@ -14,6 +14,8 @@ namespace {
 using common::kBlockRows;
 
 constexpr size_t kAlign = 64;
+// Chunks per worker in each phase of a call (RunSameShape).
+constexpr int64_t kChunksPerWorker = 8;
 
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -113,7 +115,7 @@ void Activate(SwiGluFn fn, const common::ExpertWeights& e, const float* a, const
 
 // Splits [0, total) of items with the given prefix costs into `parts`
 // contiguous ranges of about equal cost; returns part p's [begin, end).
-std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int parts, int p) {
+std::pair<int64_t, int64_t> Share(const std::vector<double>& prefix, int64_t parts, int64_t p) {
   const double total = prefix.back();
   auto first_at = [&](double cost) {
     return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), cost) - prefix.begin());
@@ -277,6 +279,15 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   }
   std::vector<double> prefix2(blocks2 + 1);
   for (int64_t c = 0; c <= blocks2; ++c) prefix2[c] = static_cast<double>(c);
+  // Each phase's items are cut into chunks of about equal cost that the
+  // workers claim from a counter, rather than one share each: a worker whose
+  // CPU stalls (a vCPU the host deschedules) holds the barrier up by one chunk
+  // at most while the others take the rest. The cuts depend only on the tasks
+  // and the worker count, and a chunk is computed whole by whichever worker
+  // claims it, so the results do not depend on who claims what.
+  const int64_t chunks1 = std::min<int64_t>(static_cast<int64_t>(prefix1.size()) - 1, workers * kChunksPerWorker);
+  const int64_t chunks2 = std::min<int64_t>(blocks2, workers * kChunksPerWorker);
+  std::atomic<int64_t> next1{0}, next2{0};
 
   pool.Run([&](int w) {
     uint8_t* tile_base = base + tiles_at + plan.tile_stride * w;
@@ -328,51 +339,50 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     }
     pool.Barrier();
 
-    // Phase 1: h = silu(W1·x) ⊙ W3·x for this worker's share of (expert, block) items.
-    const auto [begin1, end1] = Share(prefix1, workers, w);
-    for (int64_t item = begin1; item < end1;) {
-      if (stop()) break;
-      const int64_t e = item / blocks1, b0 = item % blocks1;
-      const int64_t b1 = std::min(blocks1, b0 + (end1 - item));  // this expert's run of blocks
-      item += b1 - b0;
-      const ExpertTask& t = tasks[e];
-      const Plan::Task& p = plan.tasks[e];
-      const Activations xa =
-          Acts(base, {p.x_f32, p.x_bf16, p.x_sums, p.x_q8, p.x_q8_scales, p.x_q8_sums}, t.num_rows, k1, q8);
-      // Token r's h from intermediate entry f on.
-      auto h_at = [&](int64_t r, int64_t f) {
-        return HAt{reinterpret_cast<float*>(base + p.h_f32) + r * k2 + f,
-                   reinterpret_cast<uint16_t*>(base + p.h_bf16) + r * k2 + f,
-                   reinterpret_cast<float*>(base + p.h_sums) + r * (k2 / 64) + f / 64,
-                   q8 ? reinterpret_cast<int8_t*>(base + p.h_q8) + r * k2 + f : nullptr,
-                   reinterpret_cast<float*>(base + p.h_q8_scales) + r * (k2 / 64) + f / 64,
-                   reinterpret_cast<float*>(base + p.h_q8_sums) + r * (k2 / 64) + f / 64};
-      };
-      if (p.onednn) {
-        const int64_t n = (b1 - b0) * kBlockRows;
-        const void* src = type == common::DType::kBF16 ? static_cast<const void*>(xa.bf16) : xa.f32;
-        OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w1.data + b0 * l1.block_bytes, tile1, n);
-        OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w3.data + b0 * l1.block_bytes, tile3, n);
-        for (int64_t r = 0; r < t.num_rows; ++r) {
-          Activate(kernels.swiglu, *t.expert, tile1 + r * n, tile3 + r * n, b0 * kBlockRows, n,
-                   h_at(r, b0 * kBlockRows));
+    // Phase 1: h = silu(W1·x) ⊙ W3·x, chunks of (expert, block) items.
+    for (int64_t chunk; (chunk = next1.fetch_add(1, std::memory_order_relaxed)) < chunks1 && !stop();) {
+      const auto [begin1, end1] = Share(prefix1, chunks1, chunk);
+      for (int64_t item = begin1; item < end1 && !stop();) {
+        const int64_t e = item / blocks1, b0 = item % blocks1;
+        const int64_t b1 = std::min(blocks1, b0 + (end1 - item));  // this expert's run of blocks
+        item += b1 - b0;
+        const ExpertTask& t = tasks[e];
+        const Plan::Task& p = plan.tasks[e];
+        const Activations xa =
+            Acts(base, {p.x_f32, p.x_bf16, p.x_sums, p.x_q8, p.x_q8_scales, p.x_q8_sums}, t.num_rows, k1, q8);
+        // Token r's h from intermediate entry f on.
+        auto h_at = [&](int64_t r, int64_t f) {
+          return HAt{reinterpret_cast<float*>(base + p.h_f32) + r * k2 + f,
+                     reinterpret_cast<uint16_t*>(base + p.h_bf16) + r * k2 + f,
+                     reinterpret_cast<float*>(base + p.h_sums) + r * (k2 / 64) + f / 64,
+                     q8 ? reinterpret_cast<int8_t*>(base + p.h_q8) + r * k2 + f : nullptr,
+                     reinterpret_cast<float*>(base + p.h_q8_scales) + r * (k2 / 64) + f / 64,
+                     reinterpret_cast<float*>(base + p.h_q8_sums) + r * (k2 / 64) + f / 64};
+        };
+        if (p.onednn) {
+          const int64_t n = (b1 - b0) * kBlockRows;
+          const void* src = type == common::DType::kBF16 ? static_cast<const void*>(xa.bf16) : xa.f32;
+          OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w1.data + b0 * l1.block_bytes, tile1, n);
+          OnednnMatmul(type, t.num_rows, k1, n, src, t.expert->w3.data + b0 * l1.block_bytes, tile3, n);
+          for (int64_t r = 0; r < t.num_rows; ++r) {
+            Activate(kernels.swiglu, *t.expert, tile1 + r * n, tile3 + r * n, b0 * kBlockRows, n,
+                     h_at(r, b0 * kBlockRows));
+          }
+          continue;
         }
-        continue;
-      }
-      for (int64_t b = b0; b < b1 && !stop(); ++b) {
-        run_block(p.tiled, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
-        run_block(p.tiled, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
-        for (int64_t r = 0; r < t.num_rows; ++r) {
-          Activate(kernels.swiglu, *t.expert, tile1 + r * kBlockRows, tile3 + r * kBlockRows, b * kBlockRows,
-                   kBlockRows, h_at(r, b * kBlockRows));
+        for (int64_t b = b0; b < b1 && !stop(); ++b) {
+          run_block(p.tiled, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
+          run_block(p.tiled, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
+          for (int64_t r = 0; r < t.num_rows; ++r) {
+            Activate(kernels.swiglu, *t.expert, tile1 + r * kBlockRows, tile3 + r * kBlockRows, b * kBlockRows,
+                     kBlockRows, h_at(r, b * kBlockRows));
+          }
         }
       }
     }
     pool.Barrier();
 
-    // Phase 2: this worker's columns of dst, every expert in task order.
-    const auto [c0, c1] = Share(prefix2, workers, w);
-    if (c0 == c1 || stop()) return;
+    // Phase 2: chunks of dst's columns, each with every expert in task order.
     // dst[row][first, last) += weight · (y[row][0, last - first) + b2) for
     // the task's rows (weight 1 when it scaled the input instead).
     auto accumulate = [&](const ExpertTask& t, const float* y, int64_t stride, int64_t first, int64_t last) {
@@ -387,21 +397,24 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         }
       }
     };
-    for (size_t e = 0; e < tasks.size() && !stop(); ++e) {
-      const ExpertTask& t = tasks[e];
-      const Plan::Task& p = plan.tasks[e];
-      const Activations ha =
-          Acts(base, {p.h_f32, p.h_bf16, p.h_sums, p.h_q8, p.h_q8_scales, p.h_q8_sums}, t.num_rows, k2, q8);
-      if (p.onednn) {
-        const int64_t n = (c1 - c0) * kBlockRows;
-        const void* src = type == common::DType::kBF16 ? static_cast<const void*>(ha.bf16) : ha.f32;
-        OnednnMatmul(type, t.num_rows, k2, n, src, t.expert->w2.data + c0 * l2.block_bytes, tile2, n);
-        accumulate(t, tile2, n, c0 * kBlockRows, std::min(d_model, c1 * kBlockRows));
-        continue;
-      }
-      for (int64_t c = c0; c < c1; ++c) {
-        run_block(p.tiled, t.expert->w2, c, ha, dequant1, tile_layout2, tile1);
-        accumulate(t, tile1, kBlockRows, c * kBlockRows, std::min(d_model, (c + 1) * kBlockRows));
+    for (int64_t chunk; (chunk = next2.fetch_add(1, std::memory_order_relaxed)) < chunks2 && !stop();) {
+      const auto [c0, c1] = Share(prefix2, chunks2, chunk);
+      for (size_t e = 0; e < tasks.size() && c0 < c1 && !stop(); ++e) {
+        const ExpertTask& t = tasks[e];
+        const Plan::Task& p = plan.tasks[e];
+        const Activations ha =
+            Acts(base, {p.h_f32, p.h_bf16, p.h_sums, p.h_q8, p.h_q8_scales, p.h_q8_sums}, t.num_rows, k2, q8);
+        if (p.onednn) {
+          const int64_t n = (c1 - c0) * kBlockRows;
+          const void* src = type == common::DType::kBF16 ? static_cast<const void*>(ha.bf16) : ha.f32;
+          OnednnMatmul(type, t.num_rows, k2, n, src, t.expert->w2.data + c0 * l2.block_bytes, tile2, n);
+          accumulate(t, tile2, n, c0 * kBlockRows, std::min(d_model, c1 * kBlockRows));
+          continue;
+        }
+        for (int64_t c = c0; c < c1; ++c) {
+          run_block(p.tiled, t.expert->w2, c, ha, dequant1, tile_layout2, tile1);
+          accumulate(t, tile1, kBlockRows, c * kBlockRows, std::min(d_model, (c + 1) * kBlockRows));
+        }
       }
     }
   });

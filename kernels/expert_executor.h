@@ -9,14 +9,17 @@
 //
 // One job on the pool, three phases separated by two barriers per call (not
 // per expert): (0) each expert's rows of x are gathered with their bf16 copy
-// and group sums; (1) the 64-row blocks of every expert's W1 and W3 are split
-// over the workers, each computing h = silu(W1·x) ⊙ W3·x for its blocks
-// (fused: both matrices in one pass, SiLU and the product on the fly);
-// (2) the 64-column blocks of dst are split over the workers, each running
-// every expert's W2 for its columns and accumulating into dst in task order.
-// Every output element is computed by one worker in an order fixed by the
-// inputs, so results are bitwise identical run to run; with the hand-written
-// kernels (the default) they are also independent of the number of threads.
+// and group sums; (1) the 64-row blocks of every expert's W1 and W3, cut into
+// chunks of about equal cost that the workers claim one at a time, each
+// computing h = silu(W1·x) ⊙ W3·x for its blocks (fused: both matrices in
+// one pass, SiLU and the product on the fly); (2) the 64-column blocks of dst,
+// claimed the same way, each chunk running every expert's W2 for its columns
+// and accumulating into dst in task order. A worker that stalls holds the
+// call up by one chunk; the others take the rest. Every output element is
+// computed whole by one worker in an order fixed by the inputs, so results
+// are bitwise identical run to run, whoever claims what; with the
+// hand-written kernels (the default) they are also independent of the number
+// of threads.
 // (oneDNN's slices depend on the thread count; we do not rely on its bits.)
 //
 // Kernels: the dispatch table's block kernels (hand-written, ISA-specific);

@@ -9,9 +9,13 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "common/model_dir.h"
 #include "kernels/reference_moe.h"
@@ -332,6 +336,62 @@ TEST_CASE("should_stop abandons a call between blocks, and a call never stopped 
   soon.should_stop = [&] { return ++polls > 2; };
   CHECK_FALSE(RunExperts(**pool, tasks.tasks, x.data(), d_model, stopped.data(), ws, soon));
   CHECK(polls.load() < polls_per_call);  // the rest of the call was skipped
+}
+
+TEST_CASE("a stalled worker holds a call up by one chunk of work: the other takes the rest, with the same bits") {
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  synth.d_ff = 24 * 64;  // 24 blocks of W1/W3 per expert: many chunks to share
+  colibri::testing::MakeModel(synth, dir / "model", DType::kBF16);
+  const Layer layer = LoadLayer(dir / "model");
+  std::vector<const common::ExpertWeights*> experts;
+  for (const auto& e : layer.experts) experts.push_back(e.get());
+  const int64_t tokens = 9, d_model = layer.model->manifest().d_model;
+  std::vector<float> x(tokens * d_model);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7 * static_cast<double>(i));
+  const common::Routes routes = common::RouteByGate(layer.routing->gate, layer.model->manifest().n_experts, d_model,
+                                                    layer.model->manifest().top_k, true, x.data(), tokens);
+  const GroupedRoutes tasks = GroupByExpert(routes, experts);
+  auto pool1 = ThreadPool::Create({1, -1, false});
+  auto pool2 = ThreadPool::Create({2, -1, false});
+  REQUIRE(pool1.ok());
+  REQUIRE(pool2.ok());
+  Workspace ws;
+  // The polls (one per unit of work and per chunk) of the whole call on one worker.
+  std::atomic<int> polls{0};
+  ExecutorOptions count;
+  count.should_stop = [&] {
+    ++polls;
+    return false;
+  };
+  std::vector<float> plain(x.size(), 0.f), stalled_run(x.size(), 0.f);
+  REQUIRE(RunExperts(**pool1, tasks.tasks, x.data(), d_model, plain.data(), ws, count));
+  const int whole_call = polls.load();
+  // The first worker to poll stalls (as a descheduled vCPU would) until the
+  // other has polled 60% of the whole call's count — more than its half —
+  // before the barrier that ends the first phase: reachable only if it takes
+  // over the stalled worker's work. A wait of 30 s bounds the test if not.
+  std::mutex mu;
+  std::condition_variable polled;
+  std::thread::id stalled;
+  int others = 0;
+  bool timed_out = false;
+  ExecutorOptions stall;
+  stall.should_stop = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (stalled == std::thread::id()) {
+      stalled = std::this_thread::get_id();
+      timed_out = !polled.wait_for(lock, std::chrono::seconds(30), [&] { return others * 10 >= whole_call * 6; });
+    } else if (std::this_thread::get_id() != stalled) {
+      ++others;
+      polled.notify_all();
+    }
+    return false;
+  };
+  REQUIRE(RunExperts(**pool2, tasks.tasks, x.data(), d_model, stalled_run.data(), ws, stall));
+  INFO("polls of the whole call " << whole_call << ", by the worker that did not stall " << others);
+  CHECK_FALSE(timed_out);
+  CHECK(stalled_run == plain);  // who computed which chunk changes no bit
 }
 
 TEST_CASE("a thread pool runs every worker and its barrier orders phases") {
