@@ -11,16 +11,34 @@ namespace {
 
 namespace v1 = colibri::v1;
 
-// rows: [R, d_model] f32 or bf16 -> f32. Sizes are checked against the bytes
-// actually received before anything is allocated.
-absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, int64_t max_rows, ComputeInput* in) {
+// rows (checked by CheckComputeSizes) -> f32.
+void ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
+  const int64_t count = t.shape(0) * d_model;
+  in->num_rows = t.shape(0);
+  in->rows.resize(count);
+  if (t.dtype() == v1::DATA_TYPE_F32) {
+    std::memcpy(in->rows.data(), t.data().data(), count * 4);
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.data().data() + 2 * i, 2);
+    in->rows[i] = common::Bf16ToFloat(h);
+  }
+}
+
+}  // namespace
+
+absl::Status CheckComputeSizes(const v1::ComputeRequest& request, int64_t d_model, int64_t total_experts,
+                               const ComputeEngine::Limits& limits) {
+  const v1::Tensor& t = request.rows();
   if (t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) != d_model) {
     return absl::InvalidArgumentError(
         absl::StrCat("rows: shape has ", t.shape_size(), " dims",
                      t.shape_size() == 2 ? absl::StrCat(" [", t.shape(0), ", ", t.shape(1), "]") : "", "; must be [R, ",
                      d_model, "]"));
   }
-  size_t element = 0;
+  int64_t element = 0;
   if (t.dtype() == v1::DATA_TYPE_F32) element = 4;
   if (t.dtype() == v1::DATA_TYPE_BF16) element = 2;
   if (element == 0) {
@@ -29,43 +47,51 @@ absl::Status ParseRows(const v1::Tensor& t, int64_t d_model, int64_t max_rows, C
   }
   // R <= bytes received, so R * d_model * element cannot overflow for any message gRPC accepted.
   const int64_t received = static_cast<int64_t>(t.data().size());
-  if (t.shape(0) > received || t.shape(0) * d_model * static_cast<int64_t>(element) != received) {
+  if (t.shape(0) > received || t.shape(0) * d_model * element != received) {
     return absl::InvalidArgumentError(absl::StrCat("rows: ", received, " bytes do not hold [", t.shape(0), ", ",
                                                    d_model, "] values of ", element, " bytes"));
   }
-  if (t.shape(0) > max_rows) {
-    return absl::ResourceExhaustedError(absl::StrCat("rows: ", t.shape(0), " rows exceed the limit of ", max_rows));
+  if (t.shape(0) > limits.max_rows) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rows: ", t.shape(0), " rows exceed the limit of ", limits.max_rows));
   }
-  const int64_t count = t.shape(0) * d_model;
-  in->num_rows = t.shape(0);
-  in->rows.resize(count);
-  if (element == 4) {
-    std::memcpy(in->rows.data(), t.data().data(), count * 4);
-    return absl::OkStatus();
+  if (request.model_id().size() > kMaxModelIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_id is ", request.model_id().size(), " bytes; at most ", kMaxModelIdBytes));
   }
-  for (int64_t i = 0; i < count; ++i) {
-    uint16_t h;
-    std::memcpy(&h, t.data().data() + 2 * i, 2);
-    in->rows[i] = common::Bf16ToFloat(h);
+  if (request.experts_size() > total_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experts: ", request.experts_size(), " entries; the model has ", total_experts, " experts"));
+  }
+  int64_t indices = 0;
+  for (int w = 0; w < request.experts_size(); ++w) {
+    const v1::ExpertWork& e = request.experts(w);
+    if (e.weights_size() != e.row_indices_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("experts[", w, "] (expert ", e.expert(),
+                                                     "): ", e.row_indices_size(), " row indices but ", e.weights_size(),
+                                                     " weights"));
+    }
+    if (e.output_rows_size() > e.row_indices_size() || e.ranks_size() > e.row_indices_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "experts[", w, "] (expert ", e.expert(), "): ", e.row_indices_size(), " row indices but ",
+          e.output_rows_size(), " output_rows and ", e.ranks_size(), " ranks (at most one each per row index)"));
+    }
+    indices += e.row_indices_size();
+  }
+  if (indices > limits.max_row_indices) {
+    return absl::ResourceExhaustedError(absl::StrCat("experts: more than ", limits.max_row_indices, " row indices"));
   }
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_model,
+absl::Status ParseComputeRequest(const v1::ComputeRequest& request, int64_t d_model, int64_t total_experts,
                                  const ComputeEngine::Limits& limits, ComputeInput* input) {
+  if (absl::Status s = CheckComputeSizes(request, d_model, total_experts, limits); !s.ok()) return s;
   input->layer = request.layer();
   input->model_id = request.model_id();
   input->per_expert_output = request.per_expert_output();
   input->num_output_rows = request.num_output_rows();
-  int64_t indices = 0;
-  for (const v1::ExpertWork& w : request.experts()) indices += w.row_indices_size();
-  if (indices > limits.max_row_indices) {
-    return absl::ResourceExhaustedError(absl::StrCat("experts: more than ", limits.max_row_indices, " row indices"));
-  }
-  absl::Status s = ParseRows(request.rows(), d_model, limits.max_rows, input);
-  if (!s.ok()) return s;
+  ParseRows(request.rows(), d_model, input);
   input->experts.clear();
   for (const v1::ExpertWork& w : request.experts()) {
     input->experts.push_back({w.expert(),

@@ -232,8 +232,10 @@ bool ExpertService::Start(ComputeCall& call) {
   if (options_.paged != nullptr) call.io = SampleProcessIo();
   ComputeInput& input = call.input;
   input.check_finite = options_.check_finite;
-  const int64_t d_model = store_->Current()->model().manifest().d_model;
-  if (absl::Status s = ParseComputeRequest(*call.request, d_model, engine_->limits(), &input); !s.ok()) {
+  const common::Manifest& manifest = store_->Current()->model().manifest();
+  if (absl::Status s =
+          ParseComputeRequest(*call.request, manifest.d_model, manifest.total_experts(), engine_->limits(), &input);
+      !s.ok()) {
     Finish(call.reactor, "Compute", runtime::ToGrpcStatus(s));
     return false;
   }
@@ -382,9 +384,17 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
                                      v1::DataType_Name(output_dtype), ") is not f32 or bf16")));
     return reactor;
   }
-  // Parsing (and bf16 conversion) happens on the compute thread, not on gRPC's.
+  // The sizes here, so that a refused request takes no room in the budget
+  // or the queue and is never merged; parsing (and bf16 conversion) happens
+  // on the compute thread, not on gRPC's.
+  const common::Manifest& manifest = store_->Current()->model().manifest();
+  if (absl::Status s = CheckComputeSizes(*request, manifest.d_model, manifest.total_experts(), engine_->limits());
+      !s.ok()) {
+    Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
+    return reactor;
+  }
   absl::StatusOr<common::MemoryBudget::Reservation> reservation =
-      budget_.Reserve(ComputeFootprint(*request, store_->Current()->model().manifest().d_model), "this Compute call");
+      budget_.Reserve(ComputeFootprint(*request, manifest.d_model), "this Compute call");
   if (!reservation.ok()) {
     Finish(reactor, "Compute", runtime::ToGrpcStatus(reservation.status()));
     return reactor;
@@ -397,7 +407,7 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   call->output_dtype = output_dtype;
   call->reservation = *std::move(reservation);
   for (const v1::ExpertWork& w : request->experts()) call->entries += w.row_indices_size();
-  call->rows = request->rows().shape_size() > 0 ? request->rows().shape(0) : 0;
+  call->rows = request->rows().shape(0);  // CheckComputeSizes: [R >= 0, d_model]
   call->mergeable = (request->per_expert_output() || request->num_output_rows() > 0) && call->entries <= kSliceRows;
   if (options_.paged != nullptr) {
     // The routes are known now: start reading the call's experts while the calls ahead of it run.

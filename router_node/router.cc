@@ -176,12 +176,6 @@ absl::StatusOr<common::Routes> Router::Route(const ForwardInput& in, const float
       }
       return common::RouteByLut(table.lut_ids, table.lut_weights, m.vocab_size, m.top_k, in.token_ids);
     case common::RoutingMode::kGate:
-      for (int64_t i = 0; i < in.num_tokens * m.d_model; ++i) {
-        if (!std::isfinite(x[i])) {
-          return absl::InvalidArgumentError(absl::StrCat("hidden[", i / m.d_model, "][", i % m.d_model, "] = ", x[i],
-                                                         " is not finite (gate routing needs finite values)"));
-        }
-      }
       return common::RouteByGateSpec(m.routing, table.gate, table.bias, m.n_experts, m.d_model, m.top_k,
                                      m.norm_topk_prob, x, in.num_tokens);
     case common::RoutingMode::kClient: {
@@ -240,8 +234,20 @@ absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
                                                    ", ", m.d_model, "] of ", common::DTypeName(in.hidden_dtype), " is ",
                                                    in.num_tokens * m.d_model * element));
   }
+  if (in.request_id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id is ", in.request_id.size(), " bytes; at most ", kMaxRequestIdBytes));
+  }
   p->x.resize(in.num_tokens * m.d_model);
   ToF32(in, p->x.data());
+  // Every mode: a NaN or Inf would make the gate's (or a shared expert's
+  // gate's) weights NaN, and nodes refuse non-finite inputs.
+  for (int64_t i = 0; i < in.num_tokens * m.d_model; ++i) {
+    if (!std::isfinite(p->x[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden[", i / m.d_model, "][", i % m.d_model, "] = ", p->x[i], " is not finite"));
+    }
+  }
 
   ForwardOutput& out = p->out;
   out.output_dtype = in.output_dtype;

@@ -50,8 +50,11 @@ struct ForwardInput {
   absl::Span<const int32_t> client_expert_ids;
   absl::Span<const float> client_weights;
   common::DType output_dtype = common::DType::kF32;  // f32, bf16 or f16
+  // The caller's label for logs and traces, passed on to every node call: at
+  // most kMaxRequestIdBytes.
   std::string request_id;
 };
+inline constexpr size_t kMaxRequestIdBytes = 256;
 
 struct StageTimings {
   int64_t route_nanos = 0;

@@ -216,16 +216,16 @@ TEST_CASE("a request over the row limits is refused before its rows are widened 
   limits.max_row_indices = 3;
   const std::vector<float> rows(3 * kDModel, 0.5f);
   ComputeInput input;
-  const absl::Status s = ParseComputeRequest(Request(rows), kDModel, limits, &input);  // 3 rows
+  const absl::Status s = ParseComputeRequest(Request(rows), kDModel, 4, limits, &input);  // 3 rows
   CHECK(s.code() == absl::StatusCode::kResourceExhausted);
   CHECK(s.message().find("3 rows exceed the limit of 2") != absl::string_view::npos);
   CHECK(input.rows.capacity() == 0);  // nothing was allocated for them
   limits.max_rows = 3;
   limits.max_row_indices = 2;  // the request has 3 row indices
-  CHECK(ParseComputeRequest(Request(rows), kDModel, limits, &input).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(ParseComputeRequest(Request(rows), kDModel, 4, limits, &input).code() == absl::StatusCode::kResourceExhausted);
   CHECK(input.rows.capacity() == 0);
   limits.max_row_indices = 3;
-  CHECK(ParseComputeRequest(Request(rows), kDModel, limits, &input).ok());
+  CHECK(ParseComputeRequest(Request(rows), kDModel, 4, limits, &input).ok());
 }
 
 TEST_CASE("a call past its deadline is abandoned during compute, not computed to the end") {
@@ -750,8 +750,23 @@ TEST_CASE("an expert node refuses bad Compute requests with the documented statu
   r.set_model_id("xxh3_128:00");
   expect(r, grpc::StatusCode::FAILED_PRECONDITION, "model_id");
   r = Request(rows);
+  r.set_model_id(std::string(300, 'm'));  // never echoed whole
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "model_id is 300 bytes; at most 256");
+  r = Request(rows);
   *r.add_experts() = r.experts(0);
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "listed twice");
+  // Sizes refused before the call is queued: no copy, no room in the budget, no merging.
+  r = Request(rows);
+  for (int i = 0; i < 3; ++i) r.add_experts()->set_expert(i);  // 5 entries; the model has 4 experts
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "experts: 5 entries; the model has 4 experts");
+  r = Request(rows);
+  for (int i = 0; i < 1000; ++i) r.mutable_experts(1)->add_ranks(0);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "1 row indices but 0 output_rows and 1000 ranks");
+  r = Request(rows);
+  r.set_per_expert_output(true);  // mergeable, were it not refused
+  r.mutable_rows()->set_shape(0, -1);
+  r.mutable_rows()->clear_data();
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "rows: shape has 2 dims [-1, 48]");
   // Grouped output: (e0,r0) and (e0,r2) into row 0, (e1,r1) into row 1.
   v1::ComputeRequest g = Request(rows);
   g.set_num_output_rows(2);

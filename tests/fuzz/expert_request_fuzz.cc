@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   colibri::expert_node::ComputeInput input;
   input.check_finite = size % 2 == 0;
-  if (!colibri::expert_node::ParseComputeRequest(request, 32, node.engine->limits(), &input).ok()) return 0;
+  if (!colibri::expert_node::ParseComputeRequest(request, 32, 4, node.engine->limits(), &input).ok()) return 0;
   (void)node.engine->Compute(input);
   return 0;
 }

@@ -226,7 +226,15 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field and value") 
   bad[50] = std::numeric_limits<float>::infinity();
   in = f.Input(0, ids, bad);
   in.routing = common::RoutingMode::kGate;
-  ExpectInvalid(f.engine->Forward(in), "hidden[1][2]");
+  ExpectInvalid(f.engine->Forward(in), "hidden[1][2] = inf is not finite");
+  bad[50] = std::numeric_limits<float>::quiet_NaN();
+  in = f.Input(0, ids, bad);  // lut: refused too, not passed on to the experts
+  ExpectInvalid(f.engine->Forward(in), "hidden[1][2] = nan is not finite");
+  in = f.Input(0, ids, x);
+  in.request_id = std::string(kMaxRequestIdBytes, 'r');
+  REQUIRE(f.engine->Forward(in).ok());
+  in.request_id += 'r';
+  ExpectInvalid(f.engine->Forward(in), "request_id is 257 bytes; at most 256");
 
   const std::vector<int32_t> many(101, 1);
   const std::vector<float> big = Hidden(101, 48, 4);
