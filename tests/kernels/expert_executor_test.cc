@@ -72,6 +72,31 @@ Layer LoadLayer(const std::string& dir) {
   return l;
 }
 
+// Layer 0 of a model and 9 rows of x = cos(0.3 i) with their gate routes, as
+// RunExperts tasks (held by pointer: the tasks point into the struct).
+struct GateCall {
+  Layer layer;
+  std::vector<const common::ExpertWeights*> experts;
+  int64_t d_model = 0;
+  std::vector<float> x;
+  GroupedRoutes tasks;
+};
+
+std::unique_ptr<GateCall> LoadGateCall(const std::string& dir) {
+  auto c = std::make_unique<GateCall>();
+  c->layer = LoadLayer(dir);
+  for (const auto& e : c->layer.experts) c->experts.push_back(e.get());
+  const common::Manifest& m = c->layer.model->manifest();
+  constexpr int64_t kTokens = 9;
+  c->d_model = m.d_model;
+  c->x.resize(kTokens * m.d_model);
+  for (size_t i = 0; i < c->x.size(); ++i) c->x[i] = std::cos(0.3 * static_cast<double>(i));
+  const common::Routes routes =
+      common::RouteByGate(c->layer.routing->gate, m.n_experts, m.d_model, m.top_k, true, c->x.data(), kTokens);
+  c->tasks = GroupByExpert(routes, c->experts);
+  return c;
+}
+
 double RelativeL2(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -307,15 +332,10 @@ TEST_CASE("rows merged into one task with kernel_rows get the bits of their own 
 TEST_CASE("should_stop abandons a call between blocks, and a call never stopped is unchanged") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt8);
-  const Layer layer = LoadLayer(dir / "model");
-  std::vector<const common::ExpertWeights*> experts;
-  for (const auto& e : layer.experts) experts.push_back(e.get());
-  const int64_t tokens = 9, d_model = layer.model->manifest().d_model;
-  std::vector<float> x(tokens * d_model);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.3 * static_cast<double>(i));
-  const common::Routes routes = common::RouteByGate(layer.routing->gate, layer.model->manifest().n_experts, d_model,
-                                                    layer.model->manifest().top_k, true, x.data(), tokens);
-  const GroupedRoutes tasks = GroupByExpert(routes, experts);
+  const auto call = LoadGateCall(dir / "model");
+  const std::vector<float>& x = call->x;
+  const GroupedRoutes& tasks = call->tasks;
+  const int64_t d_model = call->d_model;
   auto pool = ThreadPool::Create({2, -1, false});
   REQUIRE(pool.ok());
   Workspace ws;
@@ -343,15 +363,10 @@ TEST_CASE("a stalled worker holds a call up by one chunk of work: the other take
   tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
   synth.d_ff = 24 * 64;  // 24 blocks of W1/W3 per expert: many chunks to share
   colibri::testing::MakeModel(synth, dir / "model", DType::kBF16);
-  const Layer layer = LoadLayer(dir / "model");
-  std::vector<const common::ExpertWeights*> experts;
-  for (const auto& e : layer.experts) experts.push_back(e.get());
-  const int64_t tokens = 9, d_model = layer.model->manifest().d_model;
-  std::vector<float> x(tokens * d_model);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7 * static_cast<double>(i));
-  const common::Routes routes = common::RouteByGate(layer.routing->gate, layer.model->manifest().n_experts, d_model,
-                                                    layer.model->manifest().top_k, true, x.data(), tokens);
-  const GroupedRoutes tasks = GroupByExpert(routes, experts);
+  const auto call = LoadGateCall(dir / "model");
+  const std::vector<float>& x = call->x;
+  const GroupedRoutes& tasks = call->tasks;
+  const int64_t d_model = call->d_model;
   auto pool1 = ThreadPool::Create({1, -1, false});
   auto pool2 = ThreadPool::Create({2, -1, false});
   REQUIRE(pool1.ok());
