@@ -68,6 +68,10 @@ struct MatrixView {
   const uint8_t* data = nullptr;
   const float* scales = nullptr;   // int8 / int4 only
   const uint8_t* zeros = nullptr;  // int4 only
+  // int8 / int4 only, optional: the whole matrix already in the layout of the
+  // int8 tile kernels (kernels::BuildQ8Records), which then read it instead
+  // of repacking each block per call. Null: repacked per call.
+  const uint8_t* q8_records = nullptr;
 };
 
 // Encodes the 64-row block `block` of a matrix laid out as `layout` from f32

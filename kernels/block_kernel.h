@@ -116,6 +116,15 @@ void TileInt4Vnni(const common::MatrixView& w, int64_t block, const Activations&
 // int8's last step, out = row scale · (out − 128 · Σ_g x.q8_sums), which
 // takes off the 128 the repacking added to every weight.
 void RepackQ8Records(const common::MatrixView& w, int64_t block, int64_t g0, int64_t g1, uint8_t* records);
+// Bytes of a whole int8/int4 matrix in that layout: every block's groups'
+// records, block after block (groups = padded_cols / 64).
+inline size_t Q8RecordsBytes(const common::MatrixLayout& l) {
+  return static_cast<size_t>(l.num_blocks() * (l.padded_cols / 64) * kTileQ8RecordBytes);
+}
+// Fills `records` (Q8RecordsBytes(w.layout) bytes, 64-byte aligned) with the
+// whole matrix in that layout: what MatrixView::q8_records points to. The
+// tile kernels give the same bits with it as without. REQUIRES AVX-512.
+void BuildQ8Records(const common::MatrixView& w, uint8_t* records);
 void FinishTileInt8(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 // int8 / int4 weights on AMX tiles (tdpbsud; kernels/tile_q8_amx.h): the

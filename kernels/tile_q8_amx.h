@@ -40,9 +40,12 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
   alignas(64) int32_t dots[32][32];  // C of two token groups × 32 outputs
   std::fill(out, out + T * kBlockRows, 0.f);
   int configured0 = -1, configured1 = -1;
+  // Records built ahead (BuildQ8Records) are read in place, front to back.
+  const uint8_t* records = w.q8_records != nullptr ? w.q8_records + block * groups * kTileQ8RecordBytes : nullptr;
   for (int64_t g0 = 0; g0 < groups; g0 += kTileQ8ChunkGroups) {
     const int64_t g1 = std::min(groups, g0 + kTileQ8ChunkGroups);
-    RepackQ8Records(w, block, g0, g1, scratch);
+    const uint8_t* chunk = records != nullptr ? records + g0 * kTileQ8RecordBytes : scratch;
+    if (records == nullptr) RepackQ8Records(w, block, g0, g1, scratch);
     // The next chunk of the stored rows (this block's, or the next block's
     // first), prefetched to L2 during the last token groups' pass: 64 rows
     // read across are streams no hardware prefetcher follows.
@@ -50,7 +53,7 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
     const uint8_t* next = last_chunk ? base + w.layout.block_bytes : base + g1 * kRowBytes;
     const int64_t next_groups = std::min(kTileQ8ChunkGroups, last_chunk ? groups : groups - g1);
     const int64_t lines_per_row = (next_groups * kRowBytes + 63) / 64;
-    const bool prefetch = !(last_chunk && block + 1 == w.layout.num_blocks());
+    const bool prefetch = records == nullptr && !(last_chunk && block + 1 == w.layout.num_blocks());
     for (int64_t t0 = 0; t0 < T; t0 += 32) {
       const int r0 = static_cast<int>(std::min<int64_t>(16, T - t0));
       const int r1 = static_cast<int>(std::clamp<int64_t>(T - t0 - 16, 0, 16));
@@ -65,7 +68,7 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
             for (int64_t l = 0; l < lines_per_row; ++l) Machine::Prefetch(next + r * (K / 64) * kRowBytes + l * 64);
           }
         }
-        const uint8_t* record = scratch + (g - g0) * kTileQ8RecordBytes;
+        const uint8_t* record = chunk + (g - g0) * kTileQ8RecordBytes;
         Machine::template Load<4>(x.q8 + t0 * K + g * 64, K);
         if (r1 > 0) Machine::template Load<5>(x.q8 + (t0 + 16) * K + g * 64, K);
         for (int64_t j0 = 0; j0 < kBlockRows; j0 += 32) {

@@ -219,18 +219,27 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
   const int64_t K = x.cols, T = x.num_tokens, groups = K / 64;
   constexpr int64_t kGroupRowBytes = kInt4 ? 32 : 64;  // a group of one row, stored
   const uint8_t* base = w.data + block * w.layout.block_bytes;
+  // Records built ahead (BuildQ8Records): this block's, read in place.
+  const uint8_t* records = w.q8_records != nullptr ? w.q8_records + block * groups * kRecordBytes : nullptr;
   for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
     const int64_t g1 = std::min(groups, g0 + kChunkGroups);
     // The next chunk: this block's, or after the last one the next block's first.
-    Ahead ahead;
-    ahead.row_bytes = K / 64 * kGroupRowBytes;
-    ahead.row0 = g1 < groups ? base + g1 * kGroupRowBytes : base + w.layout.block_bytes;
     const int64_t next_groups = g1 < groups ? std::min(kChunkGroups, groups - g1) : std::min(kChunkGroups, groups);
-    ahead.per_row = (next_groups * kGroupRowBytes + 63) / 64;
+    Ahead ahead;
+    if (records != nullptr) {  // the next chunk's records follow this one's
+      ahead.row0 = records + g1 * kRecordBytes;
+      ahead.per_row = next_groups * kRecordBytes / 64;
+    } else {
+      ahead.row_bytes = K / 64 * kGroupRowBytes;
+      ahead.row0 = g1 < groups ? base + g1 * kGroupRowBytes : base + w.layout.block_bytes;
+      ahead.per_row = (next_groups * kGroupRowBytes + 63) / 64;
+    }
     const bool last = g1 == groups && block + 1 == w.layout.num_blocks();  // nothing of the matrix follows
-    const int64_t lines = last ? 0 : kBlockRows * ahead.per_row, tiles = (T + kMaxTokens - 1) / kMaxTokens;
+    const int64_t rows_ahead = records != nullptr ? 1 : kBlockRows;
+    const int64_t lines = last ? 0 : rows_ahead * ahead.per_row, tiles = (T + kMaxTokens - 1) / kMaxTokens;
     const int64_t fetching = std::min(tiles, kFetchTiles);
-    Repack<kInt4>(w, block, K, g0, g1, scratch);
+    const uint8_t* chunk = records != nullptr ? records + g0 * kRecordBytes : scratch;
+    if (records == nullptr) Repack<kInt4>(w, block, K, g0, g1, scratch);
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t t0 = tile * kMaxTokens, j = tile - (tiles - fetching);  // j-th of the prefetching tiles
       Ahead part = ahead;
@@ -238,12 +247,12 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
       part.end = j < 0 ? 0 : lines * (j + 1) / fetching;
       const int64_t n = std::min<int64_t>(kMaxTokens, T - t0);
       if (n <= 3) {
-        kTiles[n - 1](scratch, x, t0, g0, g1, part, 0, out);
+        kTiles[n - 1](chunk, x, t0, g0, g1, part, 0, out);
       } else {  // rows 0-31, then 32-63, each with half the lines to prefetch
         Ahead second = part;
         part.end = second.first = (part.first + part.end) / 2;
-        kTiles[n - 1](scratch, x, t0, g0, g1, part, 0, out);
-        kTiles[n - 1](scratch, x, t0, g0, g1, second, 2, out);
+        kTiles[n - 1](chunk, x, t0, g0, g1, part, 0, out);
+        kTiles[n - 1](chunk, x, t0, g0, g1, second, 2, out);
       }
     }
   }
@@ -258,6 +267,12 @@ void RepackQ8Records(const common::MatrixView& w, int64_t block, int64_t g0, int
   } else {
     Repack<false>(w, block, w.layout.padded_cols, g0, g1, records);
   }
+}
+
+void BuildQ8Records(const common::MatrixView& w, uint8_t* records) {
+  const int64_t groups = w.layout.padded_cols / 64;
+  for (int64_t b = 0; b < w.layout.num_blocks(); ++b)
+    RepackQ8Records(w, b, 0, groups, records + b * groups * kRecordBytes);
 }
 
 void FinishTileInt8(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {

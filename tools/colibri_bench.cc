@@ -31,6 +31,9 @@ ABSL_FLAG(int64_t, amx_min_tokens, -1,
           "bf16 experts with at least this many rows run on AMX tiles (where the CPU has them); 0 = never; "
           "-1 = the machine's kernel profile.");
 ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
+ABSL_FLAG(bool, q8_records, false,
+          "kernels, int8/int4 models: build each matrix's int8 tile records once, beside the weights (a second "
+          "copy), so the tile kernels read them instead of repacking per call.");
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
 ABSL_FLAG(std::string, router, "", "router, run: host:port of the router to time.");
 ABSL_FLAG(int, router_pid, 0, "router: the router's pid, to report its CPU time per call (0: not reported).");
@@ -185,6 +188,7 @@ int main(int argc, char** argv) {
   options.dequant_min_tokens = absl::GetFlag(FLAGS_dequant_min_tokens);
   options.amx_min_tokens = absl::GetFlag(FLAGS_amx_min_tokens);
   options.hugepages = absl::GetFlag(FLAGS_hugepages);
+  options.q8_records = absl::GetFlag(FLAGS_q8_records);
   options.single_expert = absl::GetFlag(FLAGS_single_expert);
   options.json = absl::GetFlag(FLAGS_json);
   const absl::Status status = colibri::tools::RunKernelBench(options, std::cout);

@@ -30,8 +30,11 @@ struct KernelBenchOptions {
   int64_t dequant_min_tokens = -1;  // int8/int4 bf16 tiles from this many rows; -1: the kernel profile; 0: never
   int64_t amx_min_tokens = -1;      // bf16 AMX tiles from this many rows (where there are some); as above
   bool hugepages = true;            // copy weights to MADV_HUGEPAGE anonymous memory
-  bool single_expert = true;        // also time expert 0 alone
-  bool json = false;                // one JSON object per result line
+  // int8/int4: build each matrix's int8 tile records once (kernels::BuildQ8Records,
+  // a second copy in memory), so the tile kernels do not repack per call.
+  bool q8_records = false;
+  bool single_expert = true;  // also time expert 0 alone
+  bool json = false;          // one JSON object per result line
 };
 
 absl::Status RunKernelBench(const KernelBenchOptions& options, std::ostream& out);

@@ -376,6 +376,43 @@ TEST_CASE("the AMX int8 and int4 tile walks give the VNNI tiles' bits on emulate
   CHECK_FALSE(EmulatedTiles::state().configured);
 }
 
+TEST_CASE("int8 tile records built once give the bits of the per-call repacking, which they replace") {
+  if (DetectIsa() < Isa::kAvx512Bf16) {
+    WARN("this CPU has no AVX512_VNNI: no int8 tiles, no records to test here");
+    return;
+  }
+  std::mt19937 rng(8642);
+  for (DType type : {DType::kInt8, DType::kInt4}) {
+    const Matrix m = MakeMatrix(type, 130, 2200, rng);  // 3 blocks (padded rows), 35 groups: two chunks
+    const int64_t K = m.view.layout.padded_cols;
+    std::vector<uint8_t> records_buffer(Q8RecordsBytes(m.view.layout) + 64);
+    uint8_t* records = records_buffer.data() + (64 - reinterpret_cast<uintptr_t>(records_buffer.data()) % 64) % 64;
+    BuildQ8Records(m.view, records);
+    common::MatrixView with_records = m.view;
+    with_records.q8_records = records;
+    std::vector<uint8_t> buffer(TileQ8ScratchBytes(K) + 64);
+    uint8_t* scratch = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+    const TileKernelFn vnni = KernelsFor(Isa::kAvx512Bf16).TileFor(type);
+    const TileKernelFn amx = type == DType::kInt8 ? TileInt8AmxEmulated : TileInt4AmxEmulated;
+    for (int64_t tokens : {1, 7, 17, 64, 129}) {
+      const Inputs in = MakeInputs(tokens, 2200, K, rng);
+      for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+        for (auto [name, kernel] : {std::pair<const char*, TileKernelFn>{"VNNI", vnni}, {"emulated AMX", amx}}) {
+          INFO(name << " " << common::DTypeName(type) << " T=" << tokens << " block " << b);
+          std::vector<float> repacked(tokens * 64), read(tokens * 64 + 64, -7.f);
+          kernel(m.view, b, in.acts, scratch, repacked.data());
+          std::fill(buffer.begin(), buffer.end(), uint8_t{0xa5});
+          kernel(with_records, b, in.acts, scratch, read.data());
+          CHECK(std::all_of(buffer.begin(), buffer.end(), [](uint8_t v) { return v == 0xa5; }));  // nothing repacked
+          CHECK(std::all_of(read.end() - 64, read.end(), [](float v) { return v == -7.f; }));
+          REQUIRE(std::equal(repacked.begin(), repacked.end(), read.begin()));
+        }
+      }
+    }
+  }
+  CHECK_FALSE(EmulatedTiles::state().configured);
+}
+
 // The scalar bf16 kernel with one output of one token off by one unit in
 // the last place: what the self-check must catch.
 void OffByOneUlp(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t*, float* out) {
