@@ -47,6 +47,8 @@ struct ExpertWeights {
   bool weight_at_input = false;  // a routed expert of a model whose routing.weight_at_input
   std::unique_ptr<MappedFile> file;
   std::unique_ptr<AnonymousMemory> copy;
+  // What the views' q8_records point into, when they were built.
+  std::vector<std::unique_ptr<AnonymousMemory>> q8_records;
 };
 
 // Copies the expert's file into anonymous memory (huge pages and/or one NUMA

@@ -45,6 +45,10 @@ ABSL_FLAG(int64_t, memory_budget, 0,
           "are evicted (each call's experts are read in as it arrives). 0: no limit.");
 ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be locked (instead of warning).");
 ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page memory.");
+ABSL_FLAG(bool, q8_records, false,
+          "int8/int4 models: build the int8 tile kernels' records of every matrix at load (a second copy, ~1.1 bytes "
+          "a weight, locked with the weights), so calls with many rows per expert do not repack the weights; needs "
+          "AVX512_VNNI and --residency locked or copy.");
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");
 ABSL_FLAG(int64_t, max_rows, 65536, "Most token rows one Compute call may carry (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_queued_calls, 64, "Compute calls waiting for the compute thread (RESOURCE_EXHAUSTED beyond).");
@@ -88,6 +92,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"ServerOptions::admin_listen", "--admin_listen"},
     {"ServerOptions::admin_identities", "--admin_identities"},
     {"StoreOptions::require_mlock", "--require_mlock"},
+    {"StoreOptions::q8_records", "--q8_records"},
     {"StoreOptions::residency", "--residency"},
     {"ServerOptions::memory_budget", "--memory_budget"},
     {"ThreadPool::Options::numa_node", "--numa_node"},
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
   options.memory_budget = absl::GetFlag(FLAGS_memory_budget);
   options.store.require_mlock = absl::GetFlag(FLAGS_require_mlock);
   options.store.hugepages = absl::GetFlag(FLAGS_hugepages);
+  options.store.q8_records = absl::GetFlag(FLAGS_q8_records);
   options.store.numa_node = absl::GetFlag(FLAGS_numa_node);
   if (absl::GetFlag(FLAGS_numa_node_auto)) {
     if (options.store.numa_node >= 0) {

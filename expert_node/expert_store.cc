@@ -10,9 +10,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/anonymous_memory.h"
 #include "common/file_verifier.h"
 #include "common/parallel_for.h"
 #include "common/status_macros.h"
+#include "kernels/block_kernel.h"
+#include "kernels/dispatch.h"
 
 namespace colibri {
 namespace expert_node {
@@ -22,6 +25,19 @@ namespace {
 std::pair<const uint8_t*, size_t> Backing(const common::ExpertWeights& e) {
   if (e.copy != nullptr) return {e.copy->data(), e.copy->size()};
   return {e.file->data(), e.file->size()};
+}
+
+// Whether StoreOptions::q8_records applies to a model of `type` on this
+// CPU's kernels; where not, says why on `log`.
+bool Q8RecordsApply(common::DType type, std::ostream* log) {
+  const char* why = nullptr;
+  if (type != common::DType::kInt8 && type != common::DType::kInt4) {
+    why = "the weights are not int8 or int4";
+  } else if (kernels::SelectedKernels().TileFor(type) == nullptr) {
+    why = "these kernels have no int8 tiles for them (they need AVX512_VNNI)";
+  }
+  if (why != nullptr && log != nullptr) *log << "int8 tile records not built: " << why << "\n";
+  return why == nullptr;
 }
 
 // common::ParallelFor; the error of the lowest index that failed, else OK.
@@ -75,7 +91,8 @@ std::string WeightSet::placement() const {
     case kRefused: lock = ", not locked (mlock refused)"; break;
   }
   return absl::StrCat(copy_description_.empty() ? "mapped files" : absl::StrCat("copied (", copy_description_, ")"),
-                      lock, " (residency ", ResidencyName(residency_), ")");
+                      q8_records_ ? ", with int8 tile records" : "", lock, " (residency ", ResidencyName(residency_),
+                      ")");
 }
 
 absl::StatusOr<const common::ExpertWeights*> WeightSet::Find(int64_t layer, int64_t expert) const {
@@ -88,6 +105,9 @@ absl::StatusOr<const common::ExpertWeights*> WeightSet::Find(int64_t layer, int6
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::string& model_dir,
                                                                  const StoreOptions& options, std::ostream* log) {
+  if (options.q8_records && options.residency == Residency::kPaged) {
+    return absl::InvalidArgumentError("StoreOptions::q8_records needs residency locked or copy, not paged");
+  }
   std::unique_ptr<ExpertStore> store(new ExpertStore(options, log));
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(model_dir, options.shard, 1));
   common::MutexLock lock(&store->mu_);  // no other thread sees the store yet; the lock states the rule
@@ -240,6 +260,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     if (log_ != nullptr) *log_ << report.Describe() << "\n";
   }
   const bool copy = options_.residency == Residency::kCopy || options_.hugepages || options_.numa_node >= 0;
+  const bool records = options_.q8_records && Q8RecordsApply(m.weight_type, log_);
   // Copies are independent per expert: on verify_threads threads.
   const absl::Status placed = ParallelFor(loaded.size(), options_.verify_threads, [&](size_t i) -> absl::Status {
     common::ExpertWeights& weights = *loaded[i];
@@ -250,6 +271,16 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
       // calls that read it (DATA_LOSS), not kill the node with SIGBUS.
       weights.file->Guard();
     }
+    if (records) {
+      for (common::MatrixView* view : {&weights.w1, &weights.w3, &weights.w2}) {
+        COLIBRI_ASSIGN_OR_RETURN(auto memory,
+                                 common::AnonymousMemory::Create(kernels::Q8RecordsBytes(view->layout),
+                                                                 {options_.hugepages, options_.numa_node}));
+        kernels::BuildQ8Records(*view, memory->data());
+        view->q8_records = memory->data();
+        weights.q8_records.push_back(std::move(memory));
+      }
+    }
     return absl::OkStatus();
   });
   if (!placed.ok()) return placed;
@@ -257,6 +288,11 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
   for (std::unique_ptr<common::ExpertWeights>& weights : loaded) {
     ranges.push_back(Backing(*weights));
     set->bytes_ += ranges.back().second;
+    for (const auto& memory : weights->q8_records) {
+      ranges.emplace_back(memory->data(), memory->size());
+      set->bytes_ += memory->size();
+      set->q8_records_ = true;
+    }
     if (weights->copy != nullptr) set->copy_description_ = weights->copy->description();
     set->experts_[{weights->layer, weights->expert}] = std::move(weights);
   }

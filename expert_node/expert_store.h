@@ -65,6 +65,13 @@ struct StoreOptions {
   bool require_mlock = false;  // fail (instead of warning and running unlocked) if mlock is refused
   bool hugepages = false;      // copy weights to MADV_HUGEPAGE anonymous memory (implies a copy)
   int numa_node = -1;          // >= 0: copy weights to memory bound to this node (implies a copy)
+  // int8/int4 models on a CPU with int8 tiles (AVX512_VNNI, AMX): build
+  // every matrix's int8 tile records at load (kernels::BuildQ8Records; a
+  // second copy of ~1.1 bytes a weight, on the same pages and node as the
+  // weights, locked with them), so calls on tiles read them instead of
+  // repacking each block per call; the same bits. Not with kPaged. Elsewhere
+  // it is said in the log and has no effect.
+  bool q8_records = false;
 };
 
 class WeightSet {
@@ -101,6 +108,7 @@ class WeightSet {
   Residency residency_ = Residency::kLocked;
   uint64_t bytes_ = 0;
   std::string copy_description_;  // empty: the mapped files are served
+  bool q8_records_ = false;       // StoreOptions::q8_records took effect
   std::vector<std::pair<int64_t, int64_t>> owned_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<common::ExpertWeights>> experts_;
   std::atomic<int> lock_state_{kNotLocked};

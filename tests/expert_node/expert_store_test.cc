@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "common/model_dir.h"
+#include "kernels/block_kernel.h"
+#include "kernels/dispatch.h"
 #include "tests/test_util.h"
 
 namespace colibri {
@@ -140,6 +142,36 @@ TEST_CASE("weights copied to huge-page memory decode exactly like the mapped fil
     common::DecodeRow(x->w1, r, rx.data());
     common::DecodeRow(y->w1, r, ry.data());
     REQUIRE(rx == ry);
+  }
+}
+
+TEST_CASE("int8 tile records are built at load where the kernels have int8 tiles, and refused with paged") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kInt4);
+  StoreOptions options;
+  options.q8_records = true;
+  options.residency = Residency::kPaged;
+  auto paged = ExpertStore::Create(dir / "model", options, nullptr);
+  REQUIRE_FALSE(paged.ok());
+  CHECK(paged.status().message().find("StoreOptions::q8_records needs residency locked or copy") != std::string::npos);
+  options.residency = Residency::kCopy;
+  std::ostringstream log;
+  auto store = ExpertStore::Create(dir / "model", options, &log);
+  REQUIRE(store.ok());
+  const common::ExpertWeights* w = *(*store)->Current()->Find(1, 3);
+  if (kernels::SelectedKernels().TileFor(DType::kInt4) == nullptr) {
+    CHECK(log.str().find("int8 tile records not built: these kernels have no int8 tiles") != std::string::npos);
+    CHECK(w->w1.q8_records == nullptr);
+    WARN("no int8 tiles on this CPU's kernels: records not built, as the log says");
+    return;
+  }
+  CHECK((*store)->Current()->placement().find("with int8 tile records") != std::string::npos);
+  for (const common::MatrixView* v : {&w->w1, &w->w3, &w->w2}) {
+    REQUIRE(v->q8_records != nullptr);
+    std::vector<uint8_t> expected(kernels::Q8RecordsBytes(v->layout) + 64);
+    uint8_t* aligned = expected.data() + (64 - reinterpret_cast<uintptr_t>(expected.data()) % 64) % 64;
+    kernels::BuildQ8Records(*v, aligned);
+    CHECK(std::equal(aligned, aligned + kernels::Q8RecordsBytes(v->layout), v->q8_records));
   }
 }
 
