@@ -14,8 +14,8 @@
 #include "common/file_verifier.h"
 #include "common/parallel_for.h"
 #include "common/status_macros.h"
-#include "kernels/block_kernel.h"
 #include "kernels/dispatch.h"
+#include "kernels/expert_executor.h"
 
 namespace colibri {
 namespace expert_node {
@@ -25,19 +25,6 @@ namespace {
 std::pair<const uint8_t*, size_t> Backing(const common::ExpertWeights& e) {
   if (e.copy != nullptr) return {e.copy->data(), e.copy->size()};
   return {e.file->data(), e.file->size()};
-}
-
-// Whether StoreOptions::q8_records applies to a model of `type` on this
-// CPU's kernels; where not, says why on `log`.
-bool Q8RecordsApply(common::DType type, std::ostream* log) {
-  const char* why = nullptr;
-  if (type != common::DType::kInt8 && type != common::DType::kInt4) {
-    why = "the weights are not int8 or int4";
-  } else if (kernels::SelectedKernels().TileFor(type) == nullptr) {
-    why = "these kernels have no int8 tiles for them (they need AVX512_VNNI)";
-  }
-  if (why != nullptr && log != nullptr) *log << "int8 tile records not built: " << why << "\n";
-  return why == nullptr;
 }
 
 // common::ParallelFor; the error of the lowest index that failed, else OK.
@@ -260,7 +247,9 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     if (log_ != nullptr) *log_ << report.Describe() << "\n";
   }
   const bool copy = options_.residency == Residency::kCopy || options_.hugepages || options_.numa_node >= 0;
-  const bool records = options_.q8_records && Q8RecordsApply(m.weight_type, log_);
+  // StoreOptions::q8_records, where the kernels have int8 tiles for the weights (else said in the log).
+  const bool records = options_.q8_records;
+  std::atomic<bool> records_refused{false};
   // Copies are independent per expert: on verify_threads threads.
   const absl::Status placed = ParallelFor(loaded.size(), options_.verify_threads, [&](size_t i) -> absl::Status {
     common::ExpertWeights& weights = *loaded[i];
@@ -272,13 +261,14 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
       weights.file->Guard();
     }
     if (records) {
-      for (common::MatrixView* view : {&weights.w1, &weights.w3, &weights.w2}) {
-        COLIBRI_ASSIGN_OR_RETURN(auto memory,
-                                 common::AnonymousMemory::Create(kernels::Q8RecordsBytes(view->layout),
-                                                                 {options_.hugepages, options_.numa_node}));
-        kernels::BuildQ8Records(*view, memory->data());
-        view->q8_records = memory->data();
-        weights.q8_records.push_back(std::move(memory));
+      const absl::Status built =
+          kernels::AttachQ8Records(&weights, kernels::SelectedKernels(), {options_.hugepages, options_.numa_node});
+      if (built.code() == absl::StatusCode::kFailedPrecondition) {
+        if (!records_refused.exchange(true) && log_ != nullptr) {
+          *log_ << "int8 tile records not built: " << built.message() << "\n";
+        }
+      } else if (!built.ok()) {
+        return built;
       }
     }
     return absl::OkStatus();

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "common/status_macros.h"
 #include "kernels/kernel_profile.h"
 #include "kernels/onednn_matmul.h"
 
@@ -451,6 +453,27 @@ std::vector<ExpertTask> ExecutionOrder(absl::Span<const ExpertTask> tasks) {
     }
   }
   return order;
+}
+
+absl::Status AttachQ8Records(common::ExpertWeights* expert, const KernelTable& kernels,
+                             const common::AnonymousMemory::Options& options) {
+  const common::DType type = expert->w1.layout.dtype;
+  if (type != common::DType::kInt8 && type != common::DType::kInt4) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("int8 tile records are for int8 or int4 weights, not ", common::DTypeName(type)));
+  }
+  if (kernels.TileFor(type) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", IsaName(kernels.isa), " kernels have no int8 tiles for ", common::DTypeName(type),
+                     " (they need AVX512_VNNI and a profile that does not widen ", common::DTypeName(type), ")"));
+  }
+  for (common::MatrixView* view : {&expert->w1, &expert->w3, &expert->w2}) {
+    COLIBRI_ASSIGN_OR_RETURN(auto memory, common::AnonymousMemory::Create(Q8RecordsBytes(view->layout), options));
+    BuildQ8Records(*view, memory->data());
+    view->q8_records = memory->data();
+    expert->q8_records.push_back(std::move(memory));
+  }
+  return absl::OkStatus();
 }
 
 bool RunExperts(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const float* x, int64_t d_model, float* dst,

@@ -43,6 +43,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/model_dir.h"
 #include "common/routing.h"
@@ -137,6 +138,16 @@ struct GroupedRoutes {
 // be null), ids < experts.size().
 GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const common::ExpertWeights* const> experts,
                             bool to_slots = false);
+
+// Builds the int8 tile records of the expert's three matrices
+// (BuildQ8Records) in anonymous memory placed by `options`, points the views'
+// q8_records at them and hands the memory to expert->q8_records. What a
+// RunExperts call then computes is the same bits, without repacking.
+// FAILED_PRECONDITION where `kernels` has no int8 tiles for the expert's type
+// (not int8/int4, no AVX512_VNNI, or a profile that widens it), naming why;
+// RESOURCE_EXHAUSTED if the memory cannot be mapped.
+absl::Status AttachQ8Records(common::ExpertWeights* expert, const KernelTable& kernels,
+                             const common::AnonymousMemory::Options& options);
 
 // The tasks RunExperts actually runs, in its order: grouped by expert shape
 // (d_ff and weight type) in order of first appearance, and each task of more

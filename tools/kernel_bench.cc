@@ -9,12 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/anonymous_memory.h"
 #include "common/model_dir.h"
 #include "common/routing.h"
 #include "common/status_macros.h"
 #include "kernels/bandwidth.h"
-#include "kernels/block_kernel.h"
 #include "kernels/dispatch.h"
 #include "kernels/expert_executor.h"
 #include "kernels/kernel_profile.h"
@@ -78,23 +76,13 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
   const common::Manifest& m = model->manifest();
   COLIBRI_ASSIGN_OR_RETURN(auto routing, model->LoadRouting(o.layer, false));
   std::vector<std::unique_ptr<common::ExpertWeights>> experts;
-  std::vector<std::unique_ptr<common::AnonymousMemory>> records;  // --q8_records
-  const bool build_records =
-      o.q8_records && (m.weight_type == common::DType::kInt8 || m.weight_type == common::DType::kInt4);
-  if (build_records && kernels::SelectedKernels().TileFor(m.weight_type) == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("--q8_records: the ", kernels::IsaName(kernels::SelectedIsa()),
-                                                      " kernels have no int8 tiles for ",
-                                                      common::DTypeName(m.weight_type)));
-  }
   for (int64_t e = 0; e < m.total_experts(); ++e) {  // shared experts too: every token runs them
     COLIBRI_ASSIGN_OR_RETURN(auto w, model->LoadExpert(o.layer, e, false));
     if (o.hugepages) COLIBRI_RETURN_IF_ERROR(common::CopyExpertToMemory(w.get(), {}));
-    for (common::MatrixView* v : {&w->w1, &w->w3, &w->w2}) {
-      if (!build_records) break;
-      COLIBRI_ASSIGN_OR_RETURN(auto memory, common::AnonymousMemory::Create(kernels::Q8RecordsBytes(v->layout), {}));
-      kernels::BuildQ8Records(*v, memory->data());
-      v->q8_records = memory->data();
-      records.push_back(std::move(memory));
+    if (o.q8_records) {
+      if (absl::Status s = kernels::AttachQ8Records(w.get(), kernels::SelectedKernels(), {}); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("--q8_records: ", s.message()));
+      }
     }
     experts.push_back(std::move(w));
   }
@@ -118,7 +106,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
                              ? absl::StrFormat(", %d shared expert(s) of d_ff %d", m.n_shared_experts, m.shared_d_ff)
                              : "",
                          common::DTypeName(m.weight_type), o.hugepages ? " (copied to huge pages)" : " (mapped file)");
-  if (build_records) out << "# int8 tile records built once for every matrix (--q8_records): no repacking per call\n";
+  if (o.q8_records) out << "# int8 tile records built once for every matrix (--q8_records): no repacking per call\n";
   const kernels::KernelProfile& profile = kernels::SelectedProfile();
   out << absl::StrFormat("# %d threads; kernels %s\n", pool->size(), kernels::DescribeProfile(profile));
   if (o.onednn_min_tokens >= 0 || o.dequant_min_tokens >= 0 || o.amx_min_tokens >= 0) {
