@@ -248,7 +248,8 @@ std::vector<absl::Status> ComputeEngine::RunMerged(absl::Span<PreparedCall* cons
   for (size_t i = 0; i < calls.size(); ++i) {
     for (const kernels::ExpertTask& t : calls[i]->tasks) {
       const int64_t own = t.kernel_rows > 0 ? t.kernel_rows : t.num_rows;
-      const int64_t limit = kernels::RowSplitLimit(kernels::ExecutorOptions{}, kernels, t.expert->w1.layout.dtype);
+      const int64_t limit = kernels::RowSplitLimit(kernels::ExecutorOptions{}, kernels, t.expert->w1.layout.dtype,
+                                                   t.expert->w1.q8_records != nullptr);
       size_t w = works.size();
       if (limit <= 0 || own < limit) {
         const auto [at, added] = shared.emplace(t.expert, works.size());

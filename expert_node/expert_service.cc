@@ -503,8 +503,9 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   response->set_numa_node(options_.numa_node);
   response->set_threads(options_.threads);
   response->set_kernel_isa(options_.kernel_isa);
-  // The engine runs with the default ExecutorOptions: the kernel profile's thresholds (0: none, sent as -1).
-  const int64_t limit = kernels::RowSplitLimit({}, kernels::SelectedKernels(), m.weight_type);
+  // The engine runs with the default ExecutorOptions: the kernel profile's thresholds (0: none, sent as -1),
+  // those for records where the set has them.
+  const int64_t limit = kernels::RowSplitLimit({}, kernels::SelectedKernels(), m.weight_type, set->q8_records());
   response->set_row_split_limit(limit > 0 ? limit : -1);
   response->set_reads_kernel_rows(true);
   response->set_state(v1::LOAD_STATE_READY);

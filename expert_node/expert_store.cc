@@ -92,8 +92,10 @@ absl::StatusOr<const common::ExpertWeights*> WeightSet::Find(int64_t layer, int6
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::string& model_dir,
                                                                  const StoreOptions& options, std::ostream* log) {
-  if (options.q8_records && options.residency == Residency::kPaged) {
-    return absl::InvalidArgumentError("StoreOptions::q8_records needs residency locked or copy, not paged");
+  if (options.q8_records && options.residency == Residency::kPaged && !options.hugepages && options.numa_node < 0) {
+    return absl::InvalidArgumentError(
+        "StoreOptions::q8_records needs residency locked or copy, not paged (or the weights copied: hugepages, "
+        "numa_node)");
   }
   std::unique_ptr<ExpertStore> store(new ExpertStore(options, log));
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(model_dir, options.shard, 1));

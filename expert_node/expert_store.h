@@ -69,8 +69,10 @@ struct StoreOptions {
   // every matrix's int8 tile records at load (kernels::BuildQ8Records; a
   // second copy of ~1.1 bytes a weight, on the same pages and node as the
   // weights, locked with them), so calls on tiles read them instead of
-  // repacking each block per call; the same bits. Not with kPaged. Elsewhere
-  // it is said in the log and has no effect.
+  // repacking each block per call (the same bits for a call on tiles), and
+  // take tiles from the kernel profile's *_records_tile_min_tokens rows.
+  // Not with kPaged unless the weights are copied (hugepages, numa_node).
+  // Elsewhere it is said in the log and has no effect.
   bool q8_records = false;
 };
 
@@ -96,6 +98,8 @@ class WeightSet {
   // Bytes of the owned experts' files (or their copies).
   uint64_t bytes() const { return bytes_; }
   Residency residency() const { return residency_; }
+  // Whether the owned experts' int8 tile records are built (StoreOptions::q8_records took effect).
+  bool q8_records() const { return q8_records_; }
 
   // FAILED_PRECONDITION naming the layer and expert when this set does not own it.
   absl::StatusOr<const common::ExpertWeights*> Find(int64_t layer, int64_t expert) const;

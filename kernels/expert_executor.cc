@@ -143,18 +143,18 @@ const KernelProfile& ProfileFor(const KernelTable& kernels) {
 
 }  // namespace
 
-int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type) {
+int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type, bool records) {
   switch (type) {
     case common::DType::kBF16:
       if (kernels.TileFor(type) == nullptr) return 0;
       return options.bf16_tile_min_tokens >= 0 ? options.bf16_tile_min_tokens
                                                : ProfileFor(kernels).bf16_tile_min_tokens;
     case common::DType::kInt8:
-      return options.int8_tile_min_tokens >= 0 ? options.int8_tile_min_tokens
-                                               : ProfileFor(kernels).int8_tile_min_tokens;
+      if (options.int8_tile_min_tokens >= 0) return options.int8_tile_min_tokens;
+      return records ? ProfileFor(kernels).int8_records_tile_min_tokens : ProfileFor(kernels).int8_tile_min_tokens;
     case common::DType::kInt4:
-      return options.int4_tile_min_tokens >= 0 ? options.int4_tile_min_tokens
-                                               : ProfileFor(kernels).int4_tile_min_tokens;
+      if (options.int4_tile_min_tokens >= 0) return options.int4_tile_min_tokens;
+      return records ? ProfileFor(kernels).int4_records_tile_min_tokens : ProfileFor(kernels).int4_tile_min_tokens;
     default: return 0;
   }
 }
@@ -163,8 +163,8 @@ int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kerne
   return options.onednn_min_tokens >= 0 ? options.onednn_min_tokens : ProfileFor(kernels).onednn_min_tokens;
 }
 
-int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type) {
-  const int64_t tiles = TileMinTokens(options, kernels, type);
+int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type, bool records) {
+  const int64_t tiles = TileMinTokens(options, kernels, type, records);
   if (type != common::DType::kBF16 && type != common::DType::kF32) return tiles;
   const int64_t onednn = OnednnMinTokens(options, kernels);
   return tiles > 0 && onednn > 0 ? std::min(tiles, onednn) : std::max(tiles, onednn);
@@ -221,7 +221,6 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   const int64_t blocks1 = l1.num_blocks(), blocks2 = l2.num_blocks();
   const BlockKernelFn block_kernel = kernels.For(type);
   const bool onednn_type = type == common::DType::kBF16 || type == common::DType::kF32;
-  const int64_t tile_min_tokens = TileMinTokens(options, kernels, type);
   const int64_t onednn_min_tokens = OnednnMinTokens(options, kernels);
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
   const TileKernelFn tile_kernel = kernels.TileFor(type);
@@ -254,6 +253,7 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     }
     const int64_t kernel_rows = t.kernel_rows > 0 ? t.kernel_rows : t.num_rows;
     p.onednn = onednn_type && onednn_min_tokens > 0 && kernel_rows >= onednn_min_tokens;
+    const int64_t tile_min_tokens = TileMinTokens(options, kernels, type, t.expert->w1.q8_records != nullptr);
     p.tiled = tile_min_tokens > 0 && kernel_rows >= tile_min_tokens;
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);

@@ -100,6 +100,9 @@ struct ExecutorOptions {
   // kernel (AMX, KernelTable::tile) where it has one; below oneDNN's
   // threshold where both apply. 0 = never, -1: the kernel profile decides.
   int64_t bf16_tile_min_tokens = -1;
+  // A value >= 0 holds for every expert of the type; -1 takes the profile's
+  // threshold for experts with int8 tile records (MatrixView::q8_records)
+  // from its *_records_tile_min_tokens.
   int64_t int8_tile_min_tokens = -1;
   int64_t int4_tile_min_tokens = -1;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
@@ -112,14 +115,18 @@ struct ExecutorOptions {
 
 // The tile threshold `options` gives for `type` with `kernels` (resolving
 // -1): bf16 or int8 tiles for int8/int4, AMX tiles for bf16 where `kernels`
-// has them; 0 (never) for types that have none.
-int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type);
+// has them; 0 (never) for types that have none. `records`: for experts whose
+// int8 tile records are built.
+int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type,
+                      bool records = false);
 // The oneDNN threshold `options` gives with `kernels` (resolving -1).
 int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kernels);
 // The smallest row count at which `type`'s kernel changes (its oneDNN or
 // tile threshold, whichever is set and smaller), 0 when none does.
 // Below it, a row's result is the same bits whatever the expert's row count.
-int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type);
+// `records` as for TileMinTokens.
+int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type,
+                      bool records = false);
 
 // A layer's routes grouped by expert: the tasks RunExperts takes. `tasks`
 // point into `rows` and `weights` (moving the struct keeps them valid; do not

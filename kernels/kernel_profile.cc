@@ -33,7 +33,7 @@ using common::DType;
 
 // Bumped whenever the candidates or the way they are timed change, so a
 // cache written by another version is not read.
-constexpr int kProfileVersion = 6;
+constexpr int kProfileVersion = 7;
 // d_model and d_ff of the synthetic experts: small ones (in cache: compute
 // decides) for the row thresholds, large ones (100 MB at bf16: streamed from
 // memory, as decode does) for the choice of block kernel and the int8-tile
@@ -234,6 +234,11 @@ KernelTable ProfiledTable(const KernelProfile& profile) {
 
 std::string DescribeProfile(const KernelProfile& p) {
   auto rows = [](int64_t n) { return n > 0 ? absl::StrCat("from ", n, " rows") : std::string("never"); };
+  // A tile threshold, and the one with records where it differs.
+  auto tile_rows = [&](int64_t n, int64_t with_records) {
+    if (with_records == n) return rows(n);
+    return absl::StrCat(rows(n), " (", with_records > 0 ? absl::StrCat(with_records) : "never", " with records)");
+  };
   const KernelTable table = ProfiledTable(p);
   auto kernel = [&](DType type, bool widen, const char* instruction) {
     if (p.isa == Isa::kScalar) return "scalar";
@@ -249,11 +254,12 @@ std::string DescribeProfile(const KernelProfile& p) {
   } else if (p.isa == SelectedIsa()) {  // a profile of another ISA (a test's) says nothing about AMX here
     amx = absl::StrCat("; AMX tiles not available: ", AmxAbsence());
   }
-  return absl::StrCat(IsaName(p.isa), ": bf16 ", kernel(DType::kBF16, p.bf16_widen, "vdpbf16ps"), ", int8 ",
-                      kernel(DType::kInt8, p.int8_widen, "vpdpbusd"), ", int4 ",
-                      kernel(DType::kInt4, p.int4_widen, "vpdpbusd"), "; oneDNN ", rows(p.onednn_min_tokens), amx,
-                      "; int8 on ", tiles(DType::kInt8), rows(p.int8_tile_min_tokens), ", int4 on ",
-                      tiles(DType::kInt4), rows(p.int4_tile_min_tokens), "; ", p.source);
+  return absl::StrCat(
+      IsaName(p.isa), ": bf16 ", kernel(DType::kBF16, p.bf16_widen, "vdpbf16ps"), ", int8 ",
+      kernel(DType::kInt8, p.int8_widen, "vpdpbusd"), ", int4 ", kernel(DType::kInt4, p.int4_widen, "vpdpbusd"),
+      "; oneDNN ", rows(p.onednn_min_tokens), amx, "; int8 on ", tiles(DType::kInt8),
+      tile_rows(p.int8_tile_min_tokens, p.int8_records_tile_min_tokens), ", int4 on ", tiles(DType::kInt4),
+      tile_rows(p.int4_tile_min_tokens, p.int4_records_tile_min_tokens), "; ", p.source);
 }
 
 KernelProfile DefaultProfile(Isa isa) {
@@ -269,6 +275,9 @@ KernelProfile DefaultProfile(Isa isa) {
   p.int8_widen = vnni;  // so int8 takes bf16 tiles (ProfiledTable)
   p.int8_tile_min_tokens = 12;
   p.int4_tile_min_tokens = vnni ? 16 : 4;
+  // Records are never measured here: the same thresholds.
+  p.int8_records_tile_min_tokens = p.int8_tile_min_tokens;
+  p.int4_records_tile_min_tokens = p.int4_tile_min_tokens;
   // AMX tiles from one full tile of tokens (16 rows); the measured profile
   // replaces it with where they win on the machine.
   p.bf16_tile_min_tokens = isa == Isa::kAvx512Amx ? 16 : 0;
@@ -361,19 +370,32 @@ KernelProfile MeasureProfile(Isa isa) {
     ExecutorOptions tiles = hand;
     (type == DType::kInt8 ? tiles.int8_tile_min_tokens : tiles.int4_tile_min_tokens) = 1;
     int64_t threshold = 0;
+    int64_t records_threshold = 0;
     if (chosen.TileFor(type) != nullptr) {
       Timer large(pool->get(), kLargeDim);
       const auto expert = MakeExpert(type, kLargeDim, seed);
+      const std::string what = absl::StrFormat("%s %dx%d", common::DTypeName(type), kLargeDim, kLargeDim);
+      const char* tile_name = isa == Isa::kAvx512Amx ? "AMX int8 tiles" : "int8 tiles";
       threshold =
-          MeasureThreshold(large, expert->weights, hand, tiles,
-                           absl::StrFormat("%s %dx%d", common::DTypeName(type), kLargeDim, kLargeDim), "own kernel",
-                           isa == Isa::kAvx512Amx ? "AMX int8 tiles" : "int8 tiles", &profile, kStreamedRows);
+          MeasureThreshold(large, expert->weights, hand, tiles, what, "own kernel", tile_name, &profile, kStreamedRows);
+      // Again with the expert's records built: the tiles then read them in place.
+      const absl::Status built = AttachQ8Records(&expert->weights, chosen, {});
+      if (built.ok()) {
+        records_threshold = MeasureThreshold(large, expert->weights, hand, tiles, what + " with records", "own kernel",
+                                             tile_name, &profile, kStreamedRows);
+      } else {
+        records_threshold = threshold;
+        profile.evidence.push_back(absl::StrCat(what, " with records: not measured (", built.message(), ")"));
+      }
     } else {
       const auto& expert = type == DType::kInt8 ? int8 : int4;
       threshold = MeasureThreshold(timer, expert->weights, hand, tiles, common::DTypeName(type), "own kernel",
                                    "bf16 tiles", &profile);
     }
+    if (chosen.TileFor(type) == nullptr) records_threshold = threshold;  // no int8 tiles: no records
     (type == DType::kInt8 ? profile.int8_tile_min_tokens : profile.int4_tile_min_tokens) = threshold;
+    (type == DType::kInt8 ? profile.int8_records_tile_min_tokens : profile.int4_records_tile_min_tokens) =
+        records_threshold;
   }
   profile.evidence.push_back(absl::StrFormat(
       "measured in %.2f s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
@@ -381,11 +403,12 @@ KernelProfile MeasureProfile(Isa isa) {
 }
 
 std::string SerializeProfile(const KernelProfile& p) {
-  std::string out =
-      absl::StrCat("isa ", IsaName(p.isa), "\nbf16_widen ", p.bf16_widen ? 1 : 0, "\nint8_widen ", p.int8_widen ? 1 : 0,
-                   "\nint4_widen ", p.int4_widen ? 1 : 0, "\nonednn_min_tokens ", p.onednn_min_tokens,
-                   "\nbf16_tile_min_tokens ", p.bf16_tile_min_tokens, "\nint8_tile_min_tokens ", p.int8_tile_min_tokens,
-                   "\nint4_tile_min_tokens ", p.int4_tile_min_tokens, "\n");
+  std::string out = absl::StrCat(
+      "isa ", IsaName(p.isa), "\nbf16_widen ", p.bf16_widen ? 1 : 0, "\nint8_widen ", p.int8_widen ? 1 : 0,
+      "\nint4_widen ", p.int4_widen ? 1 : 0, "\nonednn_min_tokens ", p.onednn_min_tokens, "\nbf16_tile_min_tokens ",
+      p.bf16_tile_min_tokens, "\nint8_tile_min_tokens ", p.int8_tile_min_tokens, "\nint4_tile_min_tokens ",
+      p.int4_tile_min_tokens, "\nint8_records_tile_min_tokens ", p.int8_records_tile_min_tokens,
+      "\nint4_records_tile_min_tokens ", p.int4_records_tile_min_tokens, "\n");
   for (const std::string& line : p.evidence) absl::StrAppend(&out, "evidence ", line, "\n");
   return out;
 }
@@ -424,11 +447,15 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
       p.int8_tile_min_tokens = number, ++found;
     } else if (key == "int4_tile_min_tokens") {
       p.int4_tile_min_tokens = number, ++found;
+    } else if (key == "int8_records_tile_min_tokens") {
+      p.int8_records_tile_min_tokens = number, ++found;
+    } else if (key == "int4_records_tile_min_tokens") {
+      p.int4_records_tile_min_tokens = number, ++found;
     } else {
       return bad();
     }
   }
-  if (found != 8) return absl::InvalidArgumentError("incomplete: needs isa, three *_widen and four thresholds");
+  if (found != 10) return absl::InvalidArgumentError("incomplete: needs isa, three *_widen and six thresholds");
   return p;
 }
 

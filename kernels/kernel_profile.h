@@ -45,7 +45,12 @@ struct KernelProfile {
   int64_t onednn_min_tokens = 0;     // bf16/f32 experts with at least this many rows use oneDNN; 0: never
   int64_t bf16_tile_min_tokens = 0;  // bf16 experts on AMX tiles from this many rows; 0: never
   int64_t int8_tile_min_tokens = 0;
-  int64_t int4_tile_min_tokens = 0;   // int8/int4 experts on tiles from this many rows; 0: never
+  int64_t int4_tile_min_tokens = 0;  // int8/int4 experts on tiles from this many rows; 0: never
+  // The same for experts whose int8 tile records are built (AttachQ8Records):
+  // with no repacking per call, tiles can pay from fewer rows. Where the
+  // kernels have no int8 tiles (no records either), equal to the above.
+  int64_t int8_records_tile_min_tokens = 0;
+  int64_t int4_records_tile_min_tokens = 0;
   std::string source;                 // "measured", "cached in PATH", "defaults (...)"
   std::vector<std::string> evidence;  // one line per comparison timed: what won and by how much
 };
@@ -61,7 +66,8 @@ KernelProfile MeasureProfile(Isa isa);
 
 // The file format: "key value" lines (isa, bf16_widen, int8_widen,
 // int4_widen, onednn_min_tokens, bf16_tile_min_tokens,
-// int8_tile_min_tokens, int4_tile_min_tokens, then "evidence ..." lines).
+// int8_tile_min_tokens, int4_tile_min_tokens, int8_records_tile_min_tokens,
+// int4_records_tile_min_tokens, then "evidence ..." lines).
 std::string SerializeProfile(const KernelProfile& profile);
 // INVALID_ARGUMENT naming the bad line; a profile of another ISA is refused.
 absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);
@@ -75,8 +81,9 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);
 absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa);
 
 // One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4
-// vpdpbusd; oneDNN never; int8 on int8 tiles from 64 rows, int4 on int8 tiles
-// from 16 rows; <source>" (and "bf16 on AMX tiles from N rows" at avx512_amx).
+// vpdpbusd; oneDNN never; int8 on int8 tiles from 64 rows (8 with records),
+// int4 on int8 tiles from 16 rows (4 with records); <source>" (and "bf16 on
+// AMX tiles from N rows" at avx512_amx).
 std::string DescribeProfile(const KernelProfile& profile);
 
 // KernelsFor(profile.isa) with the profile's choice of block kernels (a

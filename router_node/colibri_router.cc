@@ -76,6 +76,9 @@ ABSL_FLAG(int, threads, 0, "--local: compute threads (0: one per allowed CPU, of
 ABSL_FLAG(int, numa_node, -1, "--local: bind compute threads and weight copies to this NUMA node (-1: none).");
 ABSL_FLAG(bool, mlock, false, "--local: lock the weights in RAM (a warning if refused).");
 ABSL_FLAG(bool, hugepages, false, "--local: copy the weights into transparent-huge-page memory.");
+ABSL_FLAG(bool, q8_records, false,
+          "--local, int8/int4 models: build int8 tile records at load, as colibri-expert --q8_records (needs "
+          "--mlock or --hugepages).");
 ABSL_FLAG(std::string, model_root, "",
           "Router.LoadModel may switch to model directories inside this one; empty (the default): only to --model "
           "re-read (e.g. a symlink switched to a new version).");
@@ -97,6 +100,7 @@ namespace {
 // The options named in the libraries' errors, and the flags that set them.
 const colibri::runtime::OptionFlags kOptionFlags = {
     {"RouterOptions::max_tokens", "--max_tokens"},
+    {"StoreOptions::q8_records", "--q8_records"},
     {"BatchOptions::max_tokens", "--batch_max_tokens"},
     {"RouterServerOptions::model_dir", "--model"},
     {"RouterServerOptions::tls_cert_file", "--tls_cert"},
@@ -189,6 +193,7 @@ int main(int argc, char** argv) {
   o.engine.numa_node = absl::GetFlag(FLAGS_numa_node);
   o.engine.lock_memory = absl::GetFlag(FLAGS_mlock);
   o.engine.hugepages = absl::GetFlag(FLAGS_hugepages);
+  o.engine.q8_records = absl::GetFlag(FLAGS_q8_records);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   o.admin_listen = absl::GetFlag(FLAGS_admin_listen);

@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_di
   store.residency = options.lock_memory ? expert_node::Residency::kLocked : expert_node::Residency::kPaged;
   store.verify_threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   store.hugepages = options.hugepages;
+  store.q8_records = options.q8_records;
   store.numa_node = options.numa_node;
   COLIBRI_ASSIGN_OR_RETURN(e->store_, expert_node::ExpertStore::Create(
                                           model_dir, store, options.log != nullptr ? options.log : NullStream()));

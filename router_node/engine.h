@@ -30,10 +30,15 @@ namespace colibri {
 class Engine {
  public:
   struct Options {
-    int threads = 0;               // compute threads; 0: one per allowed CPU (of numa_node)
-    int numa_node = -1;            // >= 0: bind threads and weight copies to this node
-    bool lock_memory = false;      // mlock the weights (a warning goes to `log` if refused)
-    bool hugepages = false;        // copy the weights to transparent-huge-page memory
+    int threads = 0;           // compute threads; 0: one per allowed CPU (of numa_node)
+    int numa_node = -1;        // >= 0: bind threads and weight copies to this node
+    bool lock_memory = false;  // mlock the weights (a warning goes to `log` if refused)
+    bool hugepages = false;    // copy the weights to transparent-huge-page memory
+    // int8/int4 models: build int8 tile records at load (StoreOptions::q8_records;
+    // needs lock_memory or hugepages). Their tile thresholds are the kernel
+    // profile's for records: a node started with --q8_records answers like an
+    // engine with this set, not like one without.
+    bool q8_records = false;
     bool verify_checksums = true;  // hash every file at load
     int64_t max_tokens = 65536;    // tokens per Forward
     // > 0: concurrent Forward calls of one layer (from several threads) are

@@ -52,8 +52,8 @@ bool LocalBackend::Mergeable(const LayerWork& work) const {
     absl::StatusOr<const common::ExpertWeights*> weights = set->Find(work.layer, w.expert);
     if (!weights.ok()) return false;
     // Compute runs the executor with its default options.
-    const int64_t limit =
-        kernels::RowSplitLimit(kernels::ExecutorOptions{}, kernels::SelectedKernels(), (*weights)->w1.layout.dtype);
+    const int64_t limit = kernels::RowSplitLimit(kernels::ExecutorOptions{}, kernels::SelectedKernels(),
+                                                 (*weights)->w1.layout.dtype, (*weights)->w1.q8_records != nullptr);
     if (limit > 0 && static_cast<int64_t>(w.rows.size()) >= limit) return false;
   }
   return true;

@@ -33,7 +33,8 @@ ABSL_FLAG(int64_t, amx_min_tokens, -1,
 ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
 ABSL_FLAG(bool, q8_records, false,
           "kernels, int8/int4 models: build each matrix's int8 tile records once, beside the weights (a second "
-          "copy), so the tile kernels read them instead of repacking per call.");
+          "copy), so the tile kernels read them instead of repacking per call. router: the same for the "
+          "in-process engine (to compare with nodes started with --q8_records).");
 ABSL_FLAG(bool, single_expert, true, "Also time expert 0 alone.");
 ABSL_FLAG(std::string, router, "", "router, run: host:port of the router to time.");
 ABSL_FLAG(int, router_pid, 0, "router: the router's pid, to report its CPU time per call (0: not reported).");
@@ -167,6 +168,7 @@ int main(int argc, char** argv) {
     }
     r.gap_us = std::max<int64_t>(0, absl::GetFlag(FLAGS_gap_us));
     r.stream = absl::GetFlag(FLAGS_stream);
+    r.q8_records = absl::GetFlag(FLAGS_q8_records);
     const std::optional<colibri::common::RoutingMode> routing = BenchRouting();
     if (r.router.empty() || !routing.has_value()) {
       std::cerr << "colibri-bench: router needs --router HOST:PORT and --routing lut|gate\n";

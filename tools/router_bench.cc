@@ -80,6 +80,8 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     Engine::Options options;
     options.threads = o.local_threads;
     options.lock_memory = false;
+    options.q8_records = o.q8_records;
+    options.hugepages = o.q8_records;  // records need the weights in memory, not paged
     COLIBRI_ASSIGN_OR_RETURN(engine, Engine::Open(o.model_dir, options));
   }
   auto stub = v1::Router::NewStub(grpc::CreateChannel(o.router, grpc::InsecureChannelCredentials()));

@@ -42,6 +42,10 @@ struct RouterBenchOptions {
   // The router's calls over one ForwardStream (a decoding loop's session)
   // instead of unary Forward calls.
   bool stream = false;
+  // The engine builds int8 tile records (Engine::Options::q8_records, its
+  // weights copied to huge pages for them), to compare with nodes started
+  // with --q8_records.
+  bool q8_records = false;
   uint64_t seed = 1;
 };
 

@@ -154,6 +154,12 @@ TEST_CASE("int8 tile records are built at load where the kernels have int8 tiles
   auto paged = ExpertStore::Create(dir / "model", options, nullptr);
   REQUIRE_FALSE(paged.ok());
   CHECK(paged.status().message().find("StoreOptions::q8_records needs residency locked or copy") != std::string::npos);
+  // Paged, but copied to huge pages: the records are built.
+  options.hugepages = true;
+  auto copied = ExpertStore::Create(dir / "model", options, nullptr);
+  REQUIRE(copied.ok());
+  CHECK((*copied)->Current()->q8_records() == (kernels::SelectedKernels().TileFor(DType::kInt4) != nullptr));
+  options.hugepages = false;
   options.residency = Residency::kCopy;
   std::ostringstream log;
   auto store = ExpertStore::Create(dir / "model", options, &log);
@@ -163,10 +169,12 @@ TEST_CASE("int8 tile records are built at load where the kernels have int8 tiles
     CHECK(log.str().find("int8 tile records not built: the ") != std::string::npos);
     CHECK(log.str().find("kernels have no int8 tiles for int4") != std::string::npos);
     CHECK(w->w1.q8_records == nullptr);
+    CHECK_FALSE((*store)->Current()->q8_records());
     WARN("no int8 tiles on this CPU's kernels: records not built, as the log says");
     return;
   }
   CHECK((*store)->Current()->placement().find("with int8 tile records") != std::string::npos);
+  CHECK((*store)->Current()->q8_records());
   for (const common::MatrixView* v : {&w->w1, &w->w3, &w->w2}) {
     REQUIRE(v->q8_records != nullptr);
     std::vector<uint8_t> expected(kernels::Q8RecordsBytes(v->layout) + 64);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "catch2/catch.hpp"
 #include "tests/test_util.h"
@@ -32,6 +33,8 @@ TEST_CASE("a kernel profile survives its file format") {
   p.onednn_min_tokens = 64;
   p.int8_tile_min_tokens = 0;
   p.int4_tile_min_tokens = 16;
+  p.int8_records_tile_min_tokens = 2;
+  p.int4_records_tile_min_tokens = 8;
   p.evidence = {"bf16 block rows=32: vdpbf16ps 2.000 ms, widened+fma 1.000 ms"};
   auto parsed = ParseProfile(SerializeProfile(p), Isa::kAvx512Bf16);
   REQUIRE(parsed.ok());
@@ -41,6 +44,10 @@ TEST_CASE("a kernel profile survives its file format") {
   CHECK(parsed->onednn_min_tokens == 64);
   CHECK(parsed->int8_tile_min_tokens == 0);
   CHECK(parsed->int4_tile_min_tokens == 16);
+  CHECK(parsed->int8_records_tile_min_tokens == 2);
+  CHECK(parsed->int4_records_tile_min_tokens == 8);
+  CHECK_THAT(DescribeProfile(*parsed), Catch::Contains("int8 tiles never (2 with records)"));
+  CHECK_THAT(DescribeProfile(*parsed), Catch::Contains("from 16 rows (8 with records)"));
   CHECK(parsed->evidence == p.evidence);
   CHECK(ProfiledTable(*parsed).For(common::DType::kBF16) == BlockBf16Avx512);
   CHECK(ProfiledTable(*parsed).For(common::DType::kInt8) == BlockInt8Avx512Vnni);
@@ -82,7 +89,7 @@ TEST_CASE("a bad kernel profile is refused naming what is wrong") {
   CHECK_THAT(std::string(other_isa.status().message()), Catch::Contains("profile of ISA avx2, not avx512"));
   auto bad = ParseProfile(good + "int8_tile_min_tokens -3\n", Isa::kAvx2);
   REQUIRE_FALSE(bad.ok());
-  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("line 9 'int8_tile_min_tokens -3'"));
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("line 11 'int8_tile_min_tokens -3'"));
   // AMX tiles only where the ISA has them.
   std::string amx = good;
   amx.replace(amx.find("bf16_tile_min_tokens 0"), 22, "bf16_tile_min_tokens 16");
@@ -113,6 +120,8 @@ TEST_CASE("the measured profile chooses among measured row counts and says why")
   CHECK(IsMeasuredRowCount(p.onednn_min_tokens));
   CHECK(IsMeasuredRowCount(p.int8_tile_min_tokens));
   CHECK(IsMeasuredRowCount(p.int4_tile_min_tokens));
+  CHECK(IsMeasuredRowCount(p.int8_records_tile_min_tokens));
+  CHECK(IsMeasuredRowCount(p.int4_records_tile_min_tokens));
   // A kernel is widened only where there is a widening one to take its place.
   int pairs = 0;
   for (auto [type, widen] :
@@ -126,12 +135,19 @@ TEST_CASE("the measured profile chooses among measured row counts and says why")
   }
   if (isa == Isa::kScalar) return;
   // One line per comparison and the time it took: 7 row counts for oneDNN;
-  // for int8 and int4, 7 against bf16 tiles or 6 on the large expert against
-  // int8 tiles (where the profiled table has them); 6 for bf16 on AMX tiles
+  // for int8 and int4, 7 against bf16 tiles or 6 + 6 on the large expert
+  // against int8 tiles, without and with records (where the profiled table
+  // has int8 tiles; without them the records thresholds are the others);
+  // 6 for bf16 on AMX tiles
   // (where there are some); the three pairs of block kernels where there are
   // two.
   const KernelTable table = ProfiledTable(p);
-  auto tile_lines = [&](common::DType type) { return table.TileFor(type) != nullptr ? 6 : 7; };
+  auto tile_lines = [&](common::DType type) { return table.TileFor(type) != nullptr ? 12 : 7; };
+  for (auto [type, with, without] :
+       {std::tuple{common::DType::kInt8, p.int8_records_tile_min_tokens, p.int8_tile_min_tokens},
+        std::tuple{common::DType::kInt4, p.int4_records_tile_min_tokens, p.int4_tile_min_tokens}}) {
+    if (table.TileFor(type) == nullptr) CHECK(with == without);
+  }
   const size_t amx_lines = table.TileFor(common::DType::kBF16) != nullptr ? 6 : 0;
   const size_t lines = 7 + tile_lines(common::DType::kInt8) + tile_lines(common::DType::kInt4) + amx_lines + pairs + 1;
   CHECK(p.evidence.size() == lines);
