@@ -2,7 +2,7 @@
 # The router benchmark of docs/PERFORMANCE.md: a router and two expert nodes
 # on loopback against the in-process engine, same calls, same run.
 # Builds, synthesizes and converts a Mixtral-8x7B-shaped MoE layer (d_model
-# 4096, d_ff 14336, 8 experts, top-2, bf16; cached, shared with
+# 4096, d_ff 14336, 8 experts, top-2, bf16 unless --type; cached, shared with
 # bench_kernels.sh), starts node A (experts 0-3) and node B (experts 4-7),
 # each pinned with taskset to its own CPU with one compute thread, and a
 # router in front, then runs `colibri-bench router` (the engine in the bench
@@ -12,7 +12,7 @@
 # Usage: bash scripts/bench_router.sh [--tokens 1,8,128] [--repeat 30] [--routing lut|gate]
 #                                     [--node_threads 1] [--layout split|replicated] [--small|--tiny]
 #                                     [--bf16] [--gap_us 2000] [--node_replies exact|partial|per_expert]
-#                                     [--batch_window_us N] [--stream]
+#                                     [--batch_window_us N] [--stream] [--type bf16|int8|int4] [--q8_records]
 # --node_threads 2 runs each node with two threads instead (both nodes share both CPUs).
 # --layout replicated: both nodes own all 8 experts (one answers each layer call, with
 # --node_threads 2 the same compute as the engine: what is left is the cost of distribution).
@@ -21,6 +21,7 @@
 # --bf16: hidden states and output in bf16; --gap_us: the pause before each call;
 # --node_replies, --batch_window_us: the router's flags of those names; --stream: the client
 # sends its router calls over one ForwardStream (a decoding loop's session) instead of unary calls.
+# --type: the weight type of the layer; --q8_records (int8/int4): nodes and engine build int8 tile records.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tokens=1,8,128
@@ -30,8 +31,10 @@ node_threads=1
 layout=split
 shape=(--d_model 4096 --d_ff 14336)
 name=mixtral_8x7b_layer
+type=bf16
 bench_args=()
 router_args=()
+node_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tokens) tokens=$2; shift 2 ;;
@@ -43,10 +46,12 @@ while [ $# -gt 0 ]; do
     --tiny) shape=(--d_model 128 --d_ff 256); name=tiny_layer; shift ;;
     --bf16) bench_args+=(--bf16); shift ;;
     --stream) bench_args+=(--stream); shift ;;
+    --type) type=$2; shift 2 ;;
+    --q8_records) bench_args+=(--q8_records); node_args+=(--q8_records); shift ;;
     --gap_us) bench_args+=(--gap_us "$2"); shift 2 ;;
     --node_replies) router_args+=(--node_replies "$2"); shift 2 ;;
     --batch_window_us) router_args+=(--batch_window_us "$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "bench_router: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,12 +59,12 @@ done
 bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
-bench_layer "$name" bf16 "${shape[@]}"
+bench_layer "$name" "$type" "${shape[@]}"
 model=$bench_model
 
 source "$root/scripts/process_lib.sh"
 proc_init
-node=("$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --threads "$node_threads")
+node=("$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --threads "$node_threads" "${node_args[@]}")
 experts_a=0-3; experts_b=4-7
 [ "$layout" = replicated ] && experts_a=all && experts_b=all
 if [ "$node_threads" = 1 ] && [ "$(nproc)" -ge 2 ]; then
