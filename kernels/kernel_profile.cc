@@ -391,8 +391,8 @@ KernelProfile MeasureProfile(Isa isa) {
       const auto& expert = type == DType::kInt8 ? int8 : int4;
       threshold = MeasureThreshold(timer, expert->weights, hand, tiles, common::DTypeName(type), "own kernel",
                                    "bf16 tiles", &profile);
+      records_threshold = threshold;  // no int8 tiles: no records
     }
-    if (chosen.TileFor(type) == nullptr) records_threshold = threshold;  // no int8 tiles: no records
     (type == DType::kInt8 ? profile.int8_tile_min_tokens : profile.int4_tile_min_tokens) = threshold;
     (type == DType::kInt8 ? profile.int8_records_tile_min_tokens : profile.int4_records_tile_min_tokens) =
         records_threshold;

@@ -59,7 +59,7 @@ struct KernelProfile {
 KernelProfile DefaultProfile(Isa isa);
 
 // Times the candidates on synthetic experts (one thread, the fastest of 6
-// alternating runs each after a warm-up; about two seconds: docs/KERNELS.md)
+// alternating runs each after a warm-up; five to seven seconds: docs/KERNELS.md)
 // and keeps an alternative only where it is at least 10% faster — and, for
 // a row threshold, at that row count and every larger one measured.
 KernelProfile MeasureProfile(Isa isa);
