@@ -3,7 +3,8 @@
 # nodes (experts 0-3 and 4-7) against the in-process engine and a proxyless
 # client calling the same nodes, with unary calls and over one ForwardStream:
 # every row prints, and the router's and the proxyless client's answers are
-# the engine's bytes ("yes" in both "identical" columns). No timing is judged.
+# the engine's bytes ("yes" in both "identical" columns); the targets judged
+# from the run are printed, each met or not. No timing is judged here.
 # Usage: bench_router_check.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -43,6 +44,12 @@ for mode in "" --stream; do
     cat "$tmp/out.txt"
     fail "$mode: an answer differs from the engine's"
   fi
+  # The targets judged from the run: each line says met or not met.
+  for target in "T=1 added p50 <= 2 x round trip + 50 us" "T=1 proxyless added p50 <= round trip + 50 us" \
+    "T=1 router p99 <= 2 x p50" "T=1 node bytes <= 1.1 x the minimum" "T=3 node bytes <= 1.1 x the minimum"; do
+    grep -F "#   $target " "$tmp/out.txt" | grep -E " (met|not met)$" >/dev/null ||
+      { cat "$tmp/out.txt"; fail "$mode: no verdict for '$target'"; }
+  done
   how=unary
   [ -n "$mode" ] && how="over one ForwardStream"
   grep -q "router calls $how" "$tmp/out.txt" ||
