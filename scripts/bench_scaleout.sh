@@ -120,5 +120,5 @@ run_load "2 nodes (4 experts each), 1 CPU each" --router "$router"
 
 one=$(cut -d'|' -f2 <<<"${results[1]}")
 two=$(cut -d'|' -f2 <<<"${results[2]}")
-awk -v one="$one" -v two="$two" 'BEGIN { if (one > 0) printf "# scale-out: 2 nodes / 1 node = %.2fx tokens/s\n", two / one }'
+awk -v one="$one" -v two="$two" 'BEGIN { if (one > 0) printf "# scale-out: 2 nodes / 1 node = %.2fx tokens/s (target >= 1.8x: %s)\n", two / one, ((two >= 1.8 * one) ? "met" : "not met") }'
 exit 0
