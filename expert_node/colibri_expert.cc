@@ -47,8 +47,9 @@ ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be lo
 ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page memory.");
 ABSL_FLAG(bool, q8_records, false,
           "int8/int4 models: build the int8 tile kernels' records of every matrix at load (a second copy, ~1.1 bytes "
-          "a weight, locked with the weights), so calls with many rows per expert do not repack the weights; needs "
-          "AVX512_VNNI and --residency locked or copy.");
+          "a weight, locked with the weights), so calls on tiles do not repack the weights, and take tiles from the "
+          "kernel profile's thresholds for records (other row counts than without: the last bits of those rows "
+          "differ). Needs AVX512_VNNI and --residency locked or copy (or paged with --hugepages / --numa_node).");
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");
 ABSL_FLAG(int64_t, max_rows, 65536, "Most token rows one Compute call may carry (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_queued_calls, 64, "Compute calls waiting for the compute thread (RESOURCE_EXHAUSTED beyond).");

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -418,6 +419,7 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
   p.source = "parsed";
   int found = 0;
   int line_number = 0;
+  std::optional<int64_t> int8_records, int4_records;  // optional keys
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     ++line_number;
     const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits(' ', 1));
@@ -448,14 +450,17 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
     } else if (key == "int4_tile_min_tokens") {
       p.int4_tile_min_tokens = number, ++found;
     } else if (key == "int8_records_tile_min_tokens") {
-      p.int8_records_tile_min_tokens = number, ++found;
+      int8_records = number;
     } else if (key == "int4_records_tile_min_tokens") {
-      p.int4_records_tile_min_tokens = number, ++found;
+      int4_records = number;
     } else {
       return bad();
     }
   }
-  if (found != 10) return absl::InvalidArgumentError("incomplete: needs isa, three *_widen and six thresholds");
+  if (found != 8) return absl::InvalidArgumentError("incomplete: needs isa, three *_widen and four thresholds");
+  // A profile written before records had thresholds of their own: theirs are the others.
+  p.int8_records_tile_min_tokens = int8_records.value_or(p.int8_tile_min_tokens);
+  p.int4_records_tile_min_tokens = int4_records.value_or(p.int4_tile_min_tokens);
   return p;
 }
 

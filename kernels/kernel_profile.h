@@ -66,8 +66,9 @@ KernelProfile MeasureProfile(Isa isa);
 
 // The file format: "key value" lines (isa, bf16_widen, int8_widen,
 // int4_widen, onednn_min_tokens, bf16_tile_min_tokens,
-// int8_tile_min_tokens, int4_tile_min_tokens, int8_records_tile_min_tokens,
-// int4_records_tile_min_tokens, then "evidence ..." lines).
+// int8_tile_min_tokens, int4_tile_min_tokens, int8_records_tile_min_tokens
+// and int4_records_tile_min_tokens — these two optional: absent, they equal
+// the int8/int4 ones — then "evidence ..." lines).
 std::string SerializeProfile(const KernelProfile& profile);
 // INVALID_ARGUMENT naming the bad line; a profile of another ISA is refused.
 absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);

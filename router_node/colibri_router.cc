@@ -78,7 +78,7 @@ ABSL_FLAG(bool, mlock, false, "--local: lock the weights in RAM (a warning if re
 ABSL_FLAG(bool, hugepages, false, "--local: copy the weights into transparent-huge-page memory.");
 ABSL_FLAG(bool, q8_records, false,
           "--local, int8/int4 models: build int8 tile records at load, as colibri-expert --q8_records (needs "
-          "--mlock or --hugepages).");
+          "--mlock, --hugepages or --numa_node).");
 ABSL_FLAG(std::string, model_root, "",
           "Router.LoadModel may switch to model directories inside this one; empty (the default): only to --model "
           "re-read (e.g. a symlink switched to a new version).");

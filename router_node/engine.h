@@ -35,7 +35,7 @@ class Engine {
     bool lock_memory = false;  // mlock the weights (a warning goes to `log` if refused)
     bool hugepages = false;    // copy the weights to transparent-huge-page memory
     // int8/int4 models: build int8 tile records at load (StoreOptions::q8_records;
-    // needs lock_memory or hugepages). Their tile thresholds are the kernel
+    // needs lock_memory, hugepages or a numa_node). Their tile thresholds are the kernel
     // profile's for records: a node started with --q8_records answers like an
     // engine with this set, not like one without.
     bool q8_records = false;

@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
     --model) model=$2; shift 2 ;;
     --paged) residency=paged; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "bench_batching: unknown argument $1" >&2; exit 2 ;;
   esac
 done

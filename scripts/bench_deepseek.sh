@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     --repeat) repeat=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --type) type=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bench_deepseek: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
     --tokens) tokens=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "bench_e2e: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
     --delay_ms) delay=$2; shift 2 ;;
     --every) every=$2; shift 2 ;;
     --hedge_after_ms) hedge=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "bench_hedge: unknown argument $1" >&2; exit 2 ;;
   esac
 done

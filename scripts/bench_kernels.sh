@@ -69,8 +69,14 @@ run_all() {
     --dtypes "$torch_dtypes" --threads "$(nproc)" --repeat "$repeat" --routing gate
 }
 
-# Everything above, then the targets judged from it (scripts/kernel_targets.py).
+# Everything above, then the targets judged from it (scripts/kernel_targets.py),
+# also when a part failed (e.g. no PyTorch: its comparisons are "not measured").
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-run_all 2>&1 | tee "$log"
+set +e  # (run_all stops at its first failure: errexit holds in its subshell)
+(set -e; run_all) 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
 /usr/bin/python3 "$root/scripts/kernel_targets.py" "$log"
+targets=$?
+[ "$status" = 0 ] && status=$targets
+exit "$status"

@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
     --node_experts) node_experts=$2; shift 2 ;;
     --small) shape=(--d_model 1024 --d_ff 2816); name=small_layer; shift ;;
     --top_k) top_k=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "bench_placement: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
     --gap_us) bench_args+=(--gap_us "$2"); shift 2 ;;
     --node_replies) router_args+=(--node_replies "$2"); shift 2 ;;
     --batch_window_us) router_args+=(--batch_window_us "$2"); shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "bench_router: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --tiny) size=tiny; shift ;;
     --skip-deps) deps=0; shift ;;
     --skip-build) build_it=0; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "demo: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

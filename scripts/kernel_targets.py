@@ -70,7 +70,7 @@ def verdicts(colibri, torch, amx):
             row["frac"] >= goal)
 
     row, base = colibri.get(("bf16", 128)), torch.get(128)
-    speedup = f"{base / row['median']:.2f}x PyTorch" if row and base else "-"
+    speedup = f"{base / row['median']:.3f}x PyTorch" if row and base else "-"
     if amx:
         ok = None if row is None or row["x_floor"] is None else row["x_floor"] <= 1.3
         floor = f"{row['x_floor']:.2f}x the read time" if row and row["x_floor"] else "-"
@@ -83,7 +83,7 @@ def verdicts(colibri, torch, amx):
         for dtype in ("bf16", "int8", "int4"):
             row = colibri.get((dtype, tokens))
             ok = None if not (row and base) else base / row["median"] >= 2.0
-            add(f"T={tokens} {dtype} >= 2x PyTorch bf16", f"{base / row['median']:.2f}x" if ok is not None else "-", ok)
+            add(f"T={tokens} {dtype} >= 2x PyTorch bf16", f"{base / row['median']:.3f}x" if ok is not None else "-", ok)
 
     bf16 = colibri.get(("bf16", 128))
     for dtype in ("int8", "int4"):

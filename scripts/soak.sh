@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
     --concurrency) concurrency=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "soak: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -113,9 +113,9 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
     out << absl::StrFormat(
         "# overridden here: oneDNN from %d rows, AMX tiles from %d rows (bf16), tiles from %d rows (int8) / %d "
         "(int4); 0 = never\n",
-        kernels::OnednnMinTokens(exec, table), kernels::TileMinTokens(exec, table, common::DType::kBF16),
-        kernels::TileMinTokens(exec, table, common::DType::kInt8),
-        kernels::TileMinTokens(exec, table, common::DType::kInt4));
+        kernels::OnednnMinTokens(exec, table), kernels::TileMinTokens(exec, table, common::DType::kBF16, false),
+        kernels::TileMinTokens(exec, table, common::DType::kInt8, o.q8_records),
+        kernels::TileMinTokens(exec, table, common::DType::kInt4, o.q8_records));
   }
   out << absl::StrFormat("# why (cpu %s):\n", kernels::CpuSignature());
   for (const std::string& line : profile.evidence) out << "#   " << line << "\n";

@@ -126,9 +126,9 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
   if (o.local_threads >= 0) {
     Engine::Options options;
     options.threads = o.local_threads;
-    options.lock_memory = false;
+    // Records need the weights in memory, not paged: locked, like the nodes'.
+    options.lock_memory = o.q8_records;
     options.q8_records = o.q8_records;
-    options.hugepages = o.q8_records;  // records need the weights in memory, not paged
     COLIBRI_ASSIGN_OR_RETURN(engine, Engine::Open(o.model_dir, options));
   }
   auto stub = v1::Router::NewStub(grpc::CreateChannel(o.router, grpc::InsecureChannelCredentials()));

@@ -43,8 +43,8 @@ struct RouterBenchOptions {
   // instead of unary Forward calls.
   bool stream = false;
   // The engine builds int8 tile records (Engine::Options::q8_records, its
-  // weights copied to huge pages for them), to compare with nodes started
-  // with --q8_records.
+  // weights locked for them, as the nodes' are), to compare with nodes
+  // started with --q8_records.
   bool q8_records = false;
   uint64_t seed = 1;
 };

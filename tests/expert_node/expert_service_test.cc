@@ -865,33 +865,6 @@ TEST_CASE("GetNodeInfo describes the shard and Reload swaps weights within the m
   CHECK(info.last_reload_error().empty());
 }
 
-TEST_CASE("GetNodeInfo's row_split_limit is the kernels' row threshold, the records' one where they are built") {
-  TempDir dir;
-  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kInt8);
-  auto limit_of = [](Node& node) {
-    v1::GetNodeInfoResponse info;
-    grpc::ClientContext context;
-    REQUIRE(node.stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
-    CHECK(info.reads_kernel_rows());
-    return info.row_split_limit();
-  };
-  auto expected = [](bool records) {
-    const int64_t limit = kernels::RowSplitLimit({}, kernels::SelectedKernels(), common::DType::kInt8, records);
-    return limit > 0 ? limit : -1;
-  };
-  {
-    Node plain = Start(dir / "model", "all");
-    CHECK(limit_of(plain) == expected(false));
-  }
-  ServerOptions options = Options(dir / "model", "all");
-  options.store.residency = Residency::kCopy;
-  options.store.q8_records = true;
-  Node recorded = StartWith(options);
-  const bool built = kernels::SelectedKernels().TileFor(common::DType::kInt8) != nullptr;
-  CHECK(limit_of(recorded) == expected(built));
-  if (!built) WARN("no int8 tiles here: the node built no records and reports the plain threshold");
-}
-
 }  // namespace
 }  // namespace expert_node
 }  // namespace colibri

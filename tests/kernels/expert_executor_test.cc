@@ -18,7 +18,6 @@
 #include <thread>
 
 #include "common/model_dir.h"
-#include "kernels/kernel_profile.h"
 #include "kernels/reference_moe.h"
 #include "tests/test_util.h"
 #include "tools/convert.h"
@@ -44,7 +43,7 @@ double Tolerance(common::DType type, int64_t rows, const ExecutorOptions& option
     case DType::kInt8:
     case DType::kInt4: {  // (an expert may get fewer rows than the call: the int8 kernel may be in play)
       if (ReadsQ8(SelectedKernels().For(type)) || SelectedKernels().TileFor(type) != nullptr) return kInt8Activations;
-      const int64_t tile_min = TileMinTokens(options, SelectedKernels(), type);
+      const int64_t tile_min = TileMinTokens(options, SelectedKernels(), type, false);
       return tile_min > 0 && rows >= tile_min ? kBf16 : kExact;
     }
     default: return kExact;
@@ -328,59 +327,6 @@ TEST_CASE("rows merged into one task with kernel_rows get the bits of their own 
     REQUIRE(RunExperts(**pool, {big}, x.data(), d_model, crossed.data(), ws, options));
     CHECK(RelativeL2(crossed, alone) < Tolerance(type, 3, options) + 1e-2);
   }
-}
-
-TEST_CASE("an expert with int8 tile records takes tiles from the profile's records threshold") {
-  const KernelTable& kernels = SelectedKernels();
-  const KernelProfile& profile = SelectedProfile();
-  bool tested = false;
-  for (const DType type : {DType::kInt8, DType::kInt4}) {
-    if (kernels.TileFor(type) == nullptr) continue;  // no int8 tiles: no records (AttachQ8Records refuses)
-    CAPTURE(common::DTypeName(type));
-    const bool int8 = type == DType::kInt8;
-    const int64_t with = int8 ? profile.int8_records_tile_min_tokens : profile.int4_records_tile_min_tokens;
-    const int64_t without = int8 ? profile.int8_tile_min_tokens : profile.int4_tile_min_tokens;
-    CHECK(TileMinTokens({}, kernels, type, /*records=*/true) == with);
-    CHECK(TileMinTokens({}, kernels, type, /*records=*/false) == without);
-    CHECK(RowSplitLimit({}, kernels, type, /*records=*/true) == with);
-    ExecutorOptions fixed;  // a threshold given holds with records too
-    fixed.int8_tile_min_tokens = fixed.int4_tile_min_tokens = 5;
-    CHECK(TileMinTokens(fixed, kernels, type, true) == 5);
-    if (with <= 0) continue;
-    TempDir dir;
-    colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", type);
-    Layer plain = LoadLayer(dir / "model"), recorded = LoadLayer(dir / "model");
-    REQUIRE(AttachQ8Records(recorded.experts[1].get(), kernels, {}).ok());
-    const int64_t d_model = plain.model->manifest().d_model;
-    auto pool = ThreadPool::Create({2, -1, false});
-    REQUIRE(pool.ok());
-    Workspace ws;
-    // Rows at the records threshold and one below it.
-    for (const int64_t rows : {with, with - 1}) {
-      if (rows <= 0) continue;
-      CAPTURE(rows, with, without);
-      std::vector<float> x(rows * d_model);
-      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.3 * static_cast<double>(i)));
-      std::vector<int32_t> indices(rows);
-      for (int64_t r = 0; r < rows; ++r) indices[r] = static_cast<int32_t>(r);
-      const std::vector<float> weights(rows, 0.5f);
-      auto run = [&](const Layer& layer, int64_t tile_min_tokens) {
-        ExecutorOptions options;
-        options.int8_tile_min_tokens = options.int4_tile_min_tokens = tile_min_tokens;
-        std::vector<float> out(x.size(), 0.f);
-        const ExpertTask task{layer.experts[1].get(), indices.data(), weights.data(), rows};
-        REQUIRE(RunExperts(**pool, {task}, x.data(), d_model, out.data(), ws, options));
-        return out;
-      };
-      const std::vector<float> tiles = run(plain, 1), block = run(plain, 0);
-      // With records and the profile's thresholds: tiles from `with` rows, the block kernel below.
-      CHECK(run(recorded, -1) == (rows >= with ? tiles : block));
-      // Without records, the other threshold.
-      CHECK(run(plain, -1) == (rows >= without && without > 0 ? tiles : block));
-      tested = true;
-    }
-  }
-  if (!tested) WARN("no int8 tiles here, or the profile never takes them with records: nothing run");
 }
 
 TEST_CASE("should_stop abandons a call between blocks, and a call never stopped is unchanged") {

@@ -108,6 +108,18 @@ TEST_CASE("a bad kernel profile is refused naming what is wrong") {
   auto unknown = ParseProfile(good + "speed 11\n", Isa::kAvx2);
   REQUIRE_FALSE(unknown.ok());
   CHECK_THAT(std::string(unknown.status().message()), Catch::Contains("'speed 11'"));
+  // A profile without the records thresholds (written before they existed): theirs are the others.
+  KernelProfile old_format = DefaultProfile(Isa::kAvx2);
+  old_format.int8_tile_min_tokens = 24;
+  std::string old_text = SerializeProfile(old_format);
+  for (const char* key : {"int8_records_tile_min_tokens", "int4_records_tile_min_tokens"}) {
+    const size_t at = old_text.find(key);
+    old_text.erase(at, old_text.find('\n', at) + 1 - at);
+  }
+  auto old = ParseProfile(old_text, Isa::kAvx2);
+  REQUIRE(old.ok());
+  CHECK(old->int8_records_tile_min_tokens == 24);
+  CHECK(old->int4_records_tile_min_tokens == old->int4_tile_min_tokens);
   auto incomplete = ParseProfile("isa avx2\n", Isa::kAvx2);
   REQUIRE_FALSE(incomplete.ok());
   CHECK_THAT(std::string(incomplete.status().message()), Catch::Contains("incomplete"));
