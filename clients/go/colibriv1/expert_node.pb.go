@@ -592,7 +592,8 @@ type GetNodeInfoResponse struct {
 	// calls naming either are served by its weights.
 	ModelIds []string `protobuf:"bytes,17,rep,name=model_ids,json=modelIds,proto3" json:"model_ids,omitempty"`
 	// The row count from which this node's kernels for the weight type change
-	// (its kernel profile's oneDNN or bf16-tile threshold): below it a row's
+	// (its kernel profile's oneDNN or tile threshold, the one for int8 tile
+	// records where it built them): below it a row's
 	// result does not depend on how many rows the call gave its expert, so a
 	// router may split an expert's rows among replicas without changing any
 	// bit. -1: no such threshold (never depends on the row count). 0 (a node
