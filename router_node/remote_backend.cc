@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "router_node/remote_backend_internal.h"
+#include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
 
 // The node set, health checks and the shard map. One layer's node calls are
@@ -143,6 +144,8 @@ std::unique_ptr<NodeChannel> RemoteBackend::Connect(const std::string& address) 
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
+  // The node calls' callbacks may drop a channel's last owner (a client destroyed meanwhile).
+  runtime::KeepCallbackQueue();
   return std::make_unique<GrpcNodeChannel>(
       grpc::CreateCustomChannel(address, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args));
 }
@@ -220,13 +223,12 @@ void RemoteBackend::HealthRound() {
   v1::GetNodeInfoRequest request;
   for (size_t i = 0; i < probes.size(); ++i) {
     probes[i].context.set_deadline(absl::ToChronoTime(clock_->Now() + options_.health_timeout));
-    topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response,
-                                         [&, i](grpc::Status s) {
-                                           probes[i].status = std::move(s);
-                                           common::MutexLock lock(&done_mu);
-                                           ++answered;
-                                           done_cv.SignalAll();
-                                         });
+    topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response, [&, i](grpc::Status s) {
+      probes[i].status = std::move(s);
+      common::MutexLock lock(&done_mu);
+      ++answered;
+      done_cv.SignalAll();
+    });
   }
   {
     common::MutexLock lock(&done_mu);

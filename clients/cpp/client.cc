@@ -8,6 +8,7 @@
 #include "common/mutex.h"
 #include "router_node/remote_router.h"
 #include "router_node/router_service.h"
+#include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
 
 namespace colibri {
@@ -144,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  runtime::KeepCallbackQueue();  // ForwardAsync's callback may drop the channel's last owner
   auto channel = grpc::CreateCustomChannel(options.target, *credentials, args);
   std::unique_ptr<Client> client(new Client(options, v1::Router::NewStub(channel)));
   grpc::ClientContext context;
