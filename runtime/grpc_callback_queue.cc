@@ -11,10 +11,13 @@
 namespace colibri {
 namespace runtime {
 
+// The channel holding the reference, never destroyed. A global with external
+// linkage, so it stays reachable for LeakSanitizer (which scans globals) and
+// the store cannot be optimized away.
+std::shared_ptr<grpc::Channel>* kept_callback_queue_channel = nullptr;
+
 void KeepCallbackQueue() {
-  // Never destroyed, so its reference to the queue lasts as long as the
-  // process (and reachable from here: not a leak to LeakSanitizer).
-  static const std::shared_ptr<grpc::Channel>* const kept = [] {
+  static const bool kept = [] {
     auto* channel = new std::shared_ptr<grpc::Channel>(
         grpc::CreateChannel("unix:/nonexistent/colibri-callback-queue", grpc::InsecureChannelCredentials()));
     grpc::GenericStub stub(*channel);
@@ -33,7 +36,8 @@ void KeepCallbackQueue() {
                    });
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });
-    return channel;
+    kept_callback_queue_channel = channel;
+    return true;
   }();
   (void)kept;
 }
