@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -420,6 +421,7 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
   int found = 0;
   int line_number = 0;
   std::optional<int64_t> int8_records, int4_records;  // optional keys
+  std::set<std::string> seen;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     ++line_number;
     const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits(' ', 1));
@@ -428,6 +430,8 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
     int64_t number = 0;
     if (key == "evidence") {
       p.evidence.push_back(value);
+    } else if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", line_number, " '", line, "': a second ", key));
     } else if (key == "isa") {
       if (value != IsaName(isa)) {
         return absl::InvalidArgumentError(absl::StrCat("profile of ISA ", value, ", not ", IsaName(isa)));

@@ -105,6 +105,9 @@ TEST_CASE("a bad kernel profile is refused naming what is wrong") {
   auto widen = ParseProfile("isa avx2\nbf16_widen 1\n", Isa::kAvx2);  // no vdpbf16ps to replace there
   REQUIRE_FALSE(widen.ok());
   CHECK_THAT(std::string(widen.status().message()), Catch::Contains("bf16_widen 1"));
+  auto twice = ParseProfile(good + "int8_tile_min_tokens 3\n", Isa::kAvx2);  // a key twice
+  REQUIRE_FALSE(twice.ok());
+  CHECK_THAT(std::string(twice.status().message()), Catch::Contains("a second int8_tile_min_tokens"));
   auto unknown = ParseProfile(good + "speed 11\n", Isa::kAvx2);
   REQUIRE_FALSE(unknown.ok());
   CHECK_THAT(std::string(unknown.status().message()), Catch::Contains("'speed 11'"));
