@@ -62,7 +62,20 @@ struct Client::Direct {
 Client::Client(ClientOptions options, std::unique_ptr<v1::Router::Stub> stub)
     : options_(std::move(options)), stub_(std::move(stub)) {}
 
-Client::~Client() = default;
+Client::~Client() {
+  std::unique_lock<std::mutex> lock(async_mu_);
+  async_cv_.wait(lock, [&] { return async_in_flight_ == 0; });
+}
+
+void Client::AsyncStarted() {
+  std::lock_guard<std::mutex> lock(async_mu_);
+  ++async_in_flight_;
+}
+
+void Client::AsyncEnded() {
+  std::lock_guard<std::mutex> lock(async_mu_);
+  if (--async_in_flight_ == 0) async_cv_.notify_all();
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOptions& options) {
   const ClientOptions::Direct& d = options.direct;
@@ -248,9 +261,11 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
     };
     auto call = std::make_shared<DirectCall>(absl::Now() + options_.timeout);
     call->request = std::move(*request);
+    AsyncStarted();
     direct_->Start(call->request, call->control, &call->response, [this, call, done = std::move(done)](absl::Status s) {
-      if (!s.ok()) return done(std::move(s));
-      done(ReadResponse(call->response));
+      absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(call->response) : std::move(s);
+      AsyncEnded();  // `this` is not touched after this
+      done(std::move(result));
     });
     return;
   }
@@ -258,13 +273,12 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
   call->request = std::move(*request);
   call->done = std::move(done);
   SetDeadline(&call->context, options_.timeout);
+  AsyncStarted();
   stub_->async()->Forward(&call->context, &call->request, &call->response, [this, call](grpc::Status s) {
     std::unique_ptr<Call> owned(call);
-    if (!s.ok()) {
-      owned->done(FromGrpc(s));
-      return;
-    }
-    owned->done(ReadResponse(owned->response));
+    absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(owned->response) : FromGrpc(s);
+    AsyncEnded();  // `this` is not touched after this
+    owned->done(std::move(result));
   });
 }
 

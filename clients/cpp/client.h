@@ -25,9 +25,11 @@
 // or UNAVAILABLE / DEADLINE_EXCEEDED from the transport.
 // Client is thread-safe; a Session is used by one thread at a time.
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -127,7 +129,10 @@ class Client {
   // One layer, synchronously, with the options' timeout.
   absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
   // The same without blocking: `done` runs once on a gRPC thread (keep it
-  // short). `args.hidden` is copied before this returns.
+  // short). `args.hidden` is copied before this returns. The client may be
+  // destroyed with calls in flight: ~Client waits until each has its result
+  // (its `done` then runs on, the client no longer touched), and `done` may
+  // destroy the client itself.
   void ForwardAsync(const ForwardArgs& args, std::function<void(absl::StatusOr<ForwardResult>)> done);
   // A ForwardStream for a decoding loop. The stream has no deadline of its
   // own; a broken stream fails its next Forward.
@@ -161,7 +166,14 @@ class Client {
   Client(ClientOptions options, std::unique_ptr<colibri::v1::Router::Stub> stub);
   static absl::StatusOr<std::unique_ptr<Client>> ConnectDirect(const ClientOptions& options);
 
+  // ForwardAsync calls between their start and their result; ~Client waits for none.
+  void AsyncStarted();
+  void AsyncEnded();
+
   const ClientOptions options_;
+  std::mutex async_mu_;
+  std::condition_variable async_cv_;
+  int64_t async_in_flight_ = 0;                      // guarded by async_mu_
   std::unique_ptr<colibri::v1::Router::Stub> stub_;  // null when proxyless
   std::unique_ptr<Direct> direct_;                   // null unless proxyless
   colibri::v1::GetModelInfoResponse model_;          // constant after Connect

@@ -212,6 +212,47 @@ TEST_CASE("a proxyless client calls the nodes itself and answers byte for byte l
   CHECK(Client::Connect(bad_mode).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a client destroyed with ForwardAsync calls in flight waits for their results; done may destroy it") {
+  Cluster cluster;
+  const std::vector<float> x = Hidden(3, 21);
+  ForwardArgs args;
+  args.layer = 0;
+  args.token_ids = {5, 6, 7};
+  args.hidden = x;
+  for (const bool proxyless : {false, true}) {
+    CAPTURE(proxyless);
+    constexpr int kCalls = 16;
+    std::atomic<int> ok{0}, answered{0};
+    {
+      std::unique_ptr<Client> client =
+          proxyless ? ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b)})
+                    : cluster.Connect();
+      for (int i = 0; i < kCalls; ++i) {
+        client->ForwardAsync(args, [&](absl::StatusOr<ForwardResult> r) {
+          ok.fetch_add(r.ok() ? 1 : 0);
+          answered.fetch_add(1);
+        });
+      }
+    }  // destroyed with the calls in flight
+    for (int i = 0; i < 2000 && answered.load() < kCalls; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(answered.load() == kCalls);
+    CHECK(ok.load() == kCalls);
+    // The last reference dropped inside a done.
+    std::promise<bool> destroyed;
+    auto* held = (proxyless ? ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b)})
+                            : cluster.Connect())
+                     .release();
+    held->ForwardAsync(args, [&, held](absl::StatusOr<ForwardResult> r) {
+      delete held;
+      destroyed.set_value(r.ok());
+    });
+    auto future = destroyed.get_future();
+    REQUIRE(future.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    CHECK(future.get());
+  }
+}
+
 TEST_CASE("kill -9 of a replica under load from proxyless clients fails no request") {
   Cluster cluster;
   // A third node with every expert: each expert has a replica beside node a or b.
