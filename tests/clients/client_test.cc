@@ -212,7 +212,7 @@ TEST_CASE("a proxyless client calls the nodes itself and answers byte for byte l
   CHECK(Client::Connect(bad_mode).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("a client destroyed with ForwardAsync calls in flight waits for their results; done may destroy it") {
+TEST_CASE("a client destroyed with ForwardAsync calls in flight waits for their results, and a callback may destroy it") {
   Cluster cluster;
   const std::vector<float> x = Hidden(3, 21);
   ForwardArgs args;
