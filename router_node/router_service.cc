@@ -255,16 +255,22 @@ void RouterService::StartForward(const v1::ForwardRequest& request, CallControl&
       budget_.Reserve(ForwardFootprint(request, router->manifest()), "this Forward call");
   if (!reservation.ok()) return done(reservation.status());
   auto in = std::make_shared<absl::StatusOr<ForwardInput>>(ParseForwardRequest(request));
-  if (!in->ok()) return done(in->status());
+  if (!in->ok()) {
+    *reservation = common::MemoryBudget::Reservation();  // given back before `done`, which may end the service
+    return done(in->status());
+  }
   auto held = std::make_shared<common::MemoryBudget::Reservation>(std::move(*reservation));
   Router& core = *router;
-  core.ForwardAsync(**in, control,
-                    [this, &request, response, in, held, router = std::move(router),
-                     done = std::move(done)](absl::StatusOr<ForwardOutput> out) {
-                      if (!out.ok()) return done(out.status());
-                      Respond(request, **in, router->manifest().d_model, *out, response);
-                      done(absl::OkStatus());
-                    });
+  core.ForwardAsync(
+      **in, control,
+      [this, &request, response, in, held, router, done = std::move(done)](absl::StatusOr<ForwardOutput> out) mutable {
+        if (out.ok()) Respond(request, **in, router->manifest().d_model, *out, response);
+        // Nothing of the service is touched once `done` runs: it may end the service (a
+        // proxyless client destroyed by its caller as soon as its last call is answered).
+        held.reset();
+        router.reset();
+        done(out.ok() ? absl::OkStatus() : out.status());
+      });
 }
 
 void RouterService::Respond(const v1::ForwardRequest& request, const ForwardInput& in, int64_t d_model,

@@ -89,7 +89,8 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // Starts one request on the calling thread (parse, route, send) and ends
   // with done(status) once `response` is filled, on this thread or on the
   // thread of the last node reply. `request`, `control` and `response` must
-  // live until `done` runs. Used by both RPCs.
+  // live until `done` runs; nothing of the service is touched once `done`
+  // has been called, so it may destroy the service. Used by both RPCs.
   void StartForward(const colibri::v1::ForwardRequest& request, CallControl& control,
                     colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
   // GetModelInfo's and GetClusterStatus's answers (`admin`: node addresses
@@ -122,8 +123,8 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   void WorkerLoop();
   void Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer);
   // Fills `response` from `out` (whose output it moves) and records the call.
-  void Respond(const colibri::v1::ForwardRequest& request, const ForwardInput& in, int64_t d_model,
-               ForwardOutput& out, colibri::v1::ForwardResponse* response);
+  void Respond(const colibri::v1::ForwardRequest& request, const ForwardInput& in, int64_t d_model, ForwardOutput& out,
+               colibri::v1::ForwardResponse* response);
 
   const Options options_;
   mutable common::Mutex router_mu_;

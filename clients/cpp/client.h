@@ -128,14 +128,18 @@ class Client {
   bool proxyless() const { return direct_ != nullptr; }
   // One layer, synchronously, with the options' timeout.
   absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
-  // The same without blocking: `done` runs once on a gRPC thread (keep it
-  // short). `args.hidden` is copied before this returns. The client may be
-  // destroyed with calls in flight: ~Client waits until each has its result
-  // (its `done` then runs on, the client no longer touched), and `done` may
-  // destroy the client itself.
+  // The same without blocking: `done` runs once (keep it short) on a gRPC
+  // or batching thread, or on this thread for a request refused at once.
+  // `args.hidden` is copied before this returns. The client may be destroyed
+  // with calls in flight: ~Client waits until each has its result (its
+  // `done` then runs on, the client no longer touched). Do not destroy the
+  // client inside a `done`: other calls' `done`s may be queued behind it on
+  // that thread, and ~Client would wait for them forever.
   void ForwardAsync(const ForwardArgs& args, std::function<void(absl::StatusOr<ForwardResult>)> done);
   // A ForwardStream for a decoding loop. The stream has no deadline of its
-  // own; a broken stream fails its next Forward.
+  // own; a broken stream fails its next Forward. The client must outlive
+  // the session's Forward calls (destroying a session after its client is
+  // fine).
   absl::StatusOr<std::unique_ptr<Session>> OpenSession();
 
   // The model at Connect. LoadModel keeps its shape; model_id is Connect's.

@@ -212,7 +212,7 @@ TEST_CASE("a proxyless client calls the nodes itself and answers byte for byte l
   CHECK(Client::Connect(bad_mode).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("a client destroyed with ForwardAsync calls in flight waits for their results, and a callback may destroy it") {
+TEST_CASE("a client destroyed with ForwardAsync calls in flight waits for their results") {
   Cluster cluster;
   const std::vector<float> x = Hidden(3, 21);
   ForwardArgs args;
@@ -238,18 +238,6 @@ TEST_CASE("a client destroyed with ForwardAsync calls in flight waits for their 
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     CHECK(answered.load() == kCalls);
     CHECK(ok.load() == kCalls);
-    // The last reference dropped inside a done.
-    std::promise<bool> destroyed;
-    auto* held = (proxyless ? ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b)})
-                            : cluster.Connect())
-                     .release();
-    held->ForwardAsync(args, [&, held](absl::StatusOr<ForwardResult> r) {
-      delete held;
-      destroyed.set_value(r.ok());
-    });
-    auto future = destroyed.get_future();
-    REQUIRE(future.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
-    CHECK(future.get());
   }
 }
 
