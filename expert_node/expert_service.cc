@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "expert_node/compute_call.h"
 #include "expert_node/compute_request.h"
 #include "expert_node/reload_request.h"
 #include "kernels/dispatch.h"
@@ -87,6 +88,16 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
   reactor->Finish(status);
 }
 
+void ExpertService::Answer(ComputeCall& call, const grpc::Status& status) {
+  if (options_.metrics != nullptr) {
+    options_.metrics
+        ->GetCounter("colibri_expert_calls_total", "Calls by method and status code.",
+                     {{"method", "Compute"}, {"code", std::to_string(static_cast<int>(status.error_code()))}})
+        ->Increment();
+  }
+  call.answer(status);
+}
+
 absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
                                       bool keep_previous) {
   const absl::Status s = store_->Reload(model_dir, shard, keep_previous);
@@ -143,26 +154,6 @@ void ExpertService::ObservePaging(const ProcessIo& before) {
       ->Set(static_cast<double>(stats.evictions));
 }
 
-// One Compute call, from its arrival until it is answered. The request and
-// response stay alive until the reactor finishes.
-struct ExpertService::ComputeCall {
-  grpc::CallbackServerContext* context = nullptr;
-  grpc::ServerUnaryReactor* reactor = nullptr;
-  const v1::ComputeRequest* request = nullptr;
-  v1::ComputeResponse* response = nullptr;
-  v1::DataType output_dtype = v1::DATA_TYPE_UNSPECIFIED;
-  common::MemoryBudget::Reservation reservation;  // released when the call is dropped
-  PagedWeights::Pin pin;                          // paged residency: the call's experts, read in and kept
-  ProcessIo io;                                   // paged residency: faults and reads before the first step
-  std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();
-  int64_t queue_nanos = 0;
-  int64_t entries = 0;     // (expert, row index) pairs
-  int64_t rows = 0;        // rows the request says it carries
-  bool mergeable = false;  // one slice, one output row per entry: may share a pass (RunTogether)
-  ComputeInput input;
-  std::unique_ptr<PreparedCall> prepared;
-};
-
 void ExpertService::ComputeLoop() {
   for (;;) {
     std::vector<Job> jobs;
@@ -216,12 +207,12 @@ void ExpertService::QueueChanged() {
 }
 
 bool ExpertService::Start(ComputeCall& call) {
-  if (call.context->IsCancelled()) {
-    Finish(call.reactor, "Compute", grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
+  if (call.cancelled()) {
+    Answer(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
     return false;
   }
-  if (call.context->deadline() < std::chrono::system_clock::now()) {
-    Finish(call.reactor, "Compute", grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
+  if (call.deadline < std::chrono::system_clock::now()) {
+    Answer(call, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
     return false;
   }
   if (options_.inject_delay_ms > 0 && ++computes_ % std::max(1, options_.inject_delay_every) == 0) {
@@ -232,21 +223,23 @@ bool ExpertService::Start(ComputeCall& call) {
   if (options_.paged != nullptr) call.io = SampleProcessIo();
   ComputeInput& input = call.input;
   input.check_finite = options_.check_finite;
-  const common::Manifest& manifest = store_->Current()->model().manifest();
+  // The set held while its manifest is read: a reload may release it meanwhile.
+  const std::shared_ptr<const WeightSet> set = store_->Current();
+  const common::Manifest& manifest = set->model().manifest();
   if (absl::Status s =
           ParseComputeRequest(*call.request, manifest.d_model, manifest.total_experts(), engine_->limits(), &input);
       !s.ok()) {
-    Finish(call.reactor, "Compute", runtime::ToGrpcStatus(s));
+    Answer(call, runtime::ToGrpcStatus(s));
     return false;
   }
   // Checked between blocks while computing: a cancelled call or one past its
   // deadline frees the pool within one block, not at the end of the call.
-  input.should_stop = [context = call.context] {
-    return context->IsCancelled() || context->deadline() < std::chrono::system_clock::now();
+  input.should_stop = [cancelled = call.cancelled, deadline = call.deadline] {
+    return cancelled() || deadline < std::chrono::system_clock::now();
   };
   absl::StatusOr<std::unique_ptr<PreparedCall>> prepared = engine_->Prepare(input);
   if (!prepared.ok()) {
-    Finish(call.reactor, "Compute", runtime::ToGrpcStatus(prepared.status()));
+    Answer(call, runtime::ToGrpcStatus(prepared.status()));
     return false;
   }
   call.prepared = *std::move(prepared);
@@ -255,13 +248,13 @@ bool ExpertService::Start(ComputeCall& call) {
 
 bool ExpertService::Step(ComputeCall& call, bool run) {
   if (!run) {
-    Finish(call.reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+    Answer(call, grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
     return true;
   }
   if (call.prepared == nullptr && !Start(call)) return true;
   absl::StatusOr<bool> done = engine_->RunSlice(*call.prepared, kSliceRows);
   if (!done.ok()) {
-    Finish(call.reactor, "Compute", runtime::ToGrpcStatus(done.status()));
+    Answer(call, runtime::ToGrpcStatus(done.status()));
     return true;
   }
   if (!*done) return false;  // the next slice after the other calls' turns
@@ -294,7 +287,7 @@ void ExpertService::RunTogether(std::vector<Job>& jobs) {
     if (status[i].ok()) {
       Complete(*started[i], false);
     } else {
-      Finish(started[i]->reactor, "Compute", runtime::ToGrpcStatus(status[i]));
+      Answer(*started[i], runtime::ToGrpcStatus(status[i]));
     }
   }
   if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
@@ -365,12 +358,24 @@ void ExpertService::Complete(ComputeCall& call, bool own_pass) {
   v1::StageTiming* c = response->add_timings();
   c->set_stage("compute");
   c->set_nanos(out.compute_nanos);
-  Finish(call.reactor, "Compute", grpc::Status::OK);
+  Answer(call, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* context,
                                                  const v1::ComputeRequest* request, v1::ComputeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto call = std::make_shared<ComputeCall>();
+  call->request = request;
+  call->response = response;
+  call->deadline = context->deadline();
+  call->cancelled = [context] { return context->IsCancelled(); };
+  call->answer = [reactor](const grpc::Status& status) { reactor->Finish(status); };
+  Admit(std::move(call));
+  return reactor;
+}
+
+void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
+  const v1::ComputeRequest* request = call->request;
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_expert_bytes_in_total", "Bytes of row tensors received.")
         ->Increment(static_cast<double>(request->rows().data().size()));
@@ -378,32 +383,27 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   const v1::DataType output_dtype = request->output_dtype();
   if (output_dtype != v1::DATA_TYPE_UNSPECIFIED && output_dtype != v1::DATA_TYPE_F32 &&
       output_dtype != v1::DATA_TYPE_BF16) {
-    Finish(reactor, "Compute",
-           grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("output_dtype ", static_cast<int>(output_dtype), " (",
-                                     v1::DataType_Name(output_dtype), ") is not f32 or bf16")));
-    return reactor;
+    Answer(*call, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               absl::StrCat("output_dtype ", static_cast<int>(output_dtype), " (",
+                                            v1::DataType_Name(output_dtype), ") is not f32 or bf16")));
+    return;
   }
   // The sizes here, so that a refused request takes no room in the budget
   // or the queue and is never merged; parsing (and bf16 conversion) happens
   // on the compute thread, not on gRPC's.
-  const common::Manifest& manifest = store_->Current()->model().manifest();
+  const std::shared_ptr<const WeightSet> set = store_->Current();  // held: a reload may release it
+  const common::Manifest& manifest = set->model().manifest();
   if (absl::Status s = CheckComputeSizes(*request, manifest.d_model, manifest.total_experts(), engine_->limits());
       !s.ok()) {
-    Finish(reactor, "Compute", runtime::ToGrpcStatus(s));
-    return reactor;
+    Answer(*call, runtime::ToGrpcStatus(s));
+    return;
   }
   absl::StatusOr<common::MemoryBudget::Reservation> reservation =
       budget_.Reserve(ComputeFootprint(*request, manifest.d_model), "this Compute call");
   if (!reservation.ok()) {
-    Finish(reactor, "Compute", runtime::ToGrpcStatus(reservation.status()));
-    return reactor;
+    Answer(*call, runtime::ToGrpcStatus(reservation.status()));
+    return;
   }
-  auto call = std::make_shared<ComputeCall>();
-  call->context = context;
-  call->reactor = reactor;
-  call->request = request;
-  call->response = response;
   call->output_dtype = output_dtype;
   call->reservation = *std::move(reservation);
   for (const v1::ExpertWork& w : request->experts()) call->entries += w.row_indices_size();
@@ -411,35 +411,38 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   call->mergeable = (request->per_expert_output() || request->num_output_rows() > 0) && call->entries <= kSliceRows;
   if (options_.paged != nullptr) {
     // The routes are known now: start reading the call's experts while the calls ahead of it run.
+    // Only experts with rows, of the model the call names: nothing else is read for it.
     std::vector<int64_t> experts;
-    for (const v1::ExpertWork& w : request->experts()) experts.push_back(w.expert());
-    call->pin = options_.paged->Acquire(store_->Current(), request->layer(), experts);
+    for (const v1::ExpertWork& w : request->experts()) {
+      if (w.row_indices_size() > 0) experts.push_back(w.expert());
+    }
+    std::shared_ptr<const WeightSet> target = store_->ForModel(request->model_id());
+    if (target != nullptr && !experts.empty()) call->pin = options_.paged->Acquire(target, request->layer(), experts);
   }
   {
     common::MutexLock lock(&mu_);
     if (stopping_) {
-      Finish(reactor, "Compute", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
-      return reactor;
+      Answer(*call, grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
+      return;
     }
     // Calls whose callers gave up wait only to be answered CANCELLED (at once,
     // when their turn comes): they do not take the room of live calls.
     if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_calls) {
       const auto now = std::chrono::system_clock::now();
       const int64_t live = std::count_if(queue_.begin(), queue_.end(), [now](const Job& j) {
-        return !j.context->IsCancelled() && j.context->deadline() >= now;
+        return !j.call->cancelled() && j.call->deadline >= now;
       });
       if (live >= options_.max_queued_calls) {
-        Finish(reactor, "Compute",
-               grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
-        return reactor;
+        Answer(*call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
+        return;
       }
     }
     if (!queue_.empty() || busy_ || call->entries > kSliceRows) {
-      queue_.push_back({context, std::move(call)});
+      queue_.push_back({std::move(call)});
       QueueChanged();
       cv_.Signal();
-      return reactor;
+      return;
     }
     busy_ = true;
   }
@@ -448,11 +451,10 @@ grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* co
   common::MutexLock lock(&mu_);
   busy_ = false;
   if (!finished) {
-    queue_.push_back({context, std::move(call)});
+    queue_.push_back({std::move(call)});
     QueueChanged();
   }
   if (!queue_.empty()) cv_.Signal();
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext* context,

@@ -2,7 +2,8 @@
 #define COLIBRI_EXPERT_NODE_EXPERT_SERVICE_H_
 
 // Transport for the ExpertNode service (proto/colibri/v1/expert_node.proto):
-// a Compute call is queued for the one compute thread, which parses,
+// a Compute call — unary, or one message of a ComputeStream
+// (expert_node/compute_stream.cc) — is queued for the one compute thread, which parses,
 // validates and computes it in slices of about kSliceRows (expert, row)
 // pairs, taking the queued calls in turn (round robin): a small call waits
 // for at most one slice of each call ahead of it, however long those are.
@@ -86,6 +87,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
   grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const colibri::v1::ComputeRequest* request,
                                     colibri::v1::ComputeResponse* response) override;
+  grpc::ServerBidiReactor<colibri::v1::ComputeStreamRequest, colibri::v1::ComputeStreamResponse>* ComputeStream(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetNodeInfo(grpc::CallbackServerContext* context,
                                         const colibri::v1::GetNodeInfoRequest* request,
                                         colibri::v1::GetNodeInfoResponse* response) override;
@@ -105,6 +108,10 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
                                      colibri::v1::ReloadResponse* response, bool admin);
   struct ComputeCall;  // one Compute call in flight
   struct Job;
+  class StreamReactor;  // one ComputeStream (compute_stream.cc)
+  // Checks the call's sizes and budget, then runs it at once (an idle node,
+  // one slice) or queues it; answers it on failure.
+  void Admit(std::shared_ptr<ComputeCall> call);
   void ComputeLoop();
   // Parses and prepares the call; false when it was answered instead (an
   // error, cancelled, past its deadline).
@@ -121,6 +128,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   void AddWeightBytes(const WeightSet& set, const std::set<std::pair<int64_t, int64_t>>& experts);
   // Counts the call by method and status code, then finishes it.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);
+  // The same for a Compute call, however it came.
+  void Answer(ComputeCall& call, const grpc::Status& status);
   void UpdateWeightGauges();
   // Paged residency metrics after a call that started with `before` sampled.
   void ObservePaging(const ProcessIo& before);
@@ -136,7 +145,6 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
   // A queued call.
   struct Job {
-    grpc::CallbackServerContext* context = nullptr;  // valid until the call is finished
     std::shared_ptr<ComputeCall> call;
   };
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);

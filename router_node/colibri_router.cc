@@ -53,6 +53,9 @@ ABSL_FLAG(int, node_timeout_ms, 5000,
 ABSL_FLAG(int, hedge_after_ms, 0,
           "Hedged calls: when a node has not answered a layer call within this, send its "
           "work to another replica too and take the first answer (0: off; set near the nodes' p95 latency).");
+ABSL_FLAG(int64_t, node_stream_max_bytes, 0,
+          "> 0: node calls of at most this many request bytes travel as messages on one open stream per node, "
+          "larger ones as calls of their own. 0: every node call on its own (docs/PERFORMANCE.md compares them).");
 ABSL_FLAG(std::string, node_replies, "exact",
           "What nodes send back: exact (a token's route prefix on one node as one summed row, other entries one "
           "row each: the local engine's bits for any shard map), partial (one row per token and node: fewest "
@@ -168,6 +171,7 @@ int main(int argc, char** argv) {
   o.remote.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
   o.remote.health_interval = absl::Milliseconds(absl::GetFlag(FLAGS_health_interval_ms));
   o.remote.hedge_after = absl::Milliseconds(absl::GetFlag(FLAGS_hedge_after_ms));
+  o.remote.node_stream_max_bytes = std::max<int64_t>(0, absl::GetFlag(FLAGS_node_stream_max_bytes));
   if (const auto replies = colibri::router_node::ParseNodeReplies(absl::GetFlag(FLAGS_node_replies))) {
     o.remote.replies = *replies;
   } else {

@@ -31,8 +31,8 @@ class NodeChannel {
   virtual void GetNodeInfo(grpc::ClientContext* context, const colibri::v1::GetNodeInfoRequest* request,
                            colibri::v1::GetNodeInfoResponse* response, Done done) = 0;
   // Ends a call started with `context` early (its `done` gets CANCELLED, or
-  // its own result if it had one already). Harmless for an ended call, and
-  // for one not started yet: it is cancelled as it starts.
+  // its own result if it had one already). Harmless for an ended call and
+  // for an unknown context (the caller does not cancel calls not started).
   virtual void Cancel(grpc::ClientContext* context) = 0;
 };
 

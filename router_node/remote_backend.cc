@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "router_node/node_stream.h"
 #include "router_node/remote_backend_internal.h"
 #include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
@@ -146,8 +147,12 @@ std::unique_ptr<NodeChannel> RemoteBackend::Connect(const std::string& address) 
   if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
   // The node calls' callbacks may drop a channel's last owner (a client destroyed meanwhile).
   runtime::KeepCallbackQueue();
-  return std::make_unique<GrpcNodeChannel>(
-      grpc::CreateCustomChannel(address, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args));
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args);
+  if (options_.node_stream_max_bytes > 0) {
+    return std::make_unique<StreamNodeChannel>(std::move(channel), options_.node_stream_max_bytes);
+  }
+  return std::make_unique<GrpcNodeChannel>(std::move(channel));
 }
 
 void RemoteBackend::Rebuild() {

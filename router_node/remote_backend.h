@@ -86,6 +86,12 @@ struct RemoteOptions {
   // replica as well and take whichever answers first (the other is
   // cancelled). Off by default; set it near the nodes' p95 call latency.
   absl::Duration hedge_after = absl::ZeroDuration();
+  // > 0: calls whose request is at most this many bytes travel as messages
+  // on one open ComputeStream per node (router_node/node_stream.h), larger
+  // ones as unary calls. 0 (the default): every call unary — on the machines
+  // measured, streams made node calls no faster and cost the router more CPU
+  // (docs/PERFORMANCE.md).
+  int64_t node_stream_max_bytes = 0;
   NodeReplies replies = NodeReplies::kExact;
   // When a replicated expert's rows are split among its replicas (shard_map.h).
   RowSplitOptions row_split;

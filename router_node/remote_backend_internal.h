@@ -55,6 +55,11 @@ struct RemoteBackend::Call {
   // Written once by the call's callback under its Dispatch's lock (a comment,
   // not ABSL_GUARDED_BY: the analysis cannot name that lock from here).
   bool done = false;
+  // Send and Cancel meet here: a call cancelled before Send reaches it is
+  // never sent, one cancelled while Send hands it to the channel is
+  // cancelled by Send after, and one sent is cancelled by Cancel.
+  enum SendState { kUnsent, kSending, kSent, kCancelWanted };
+  std::atomic<int> send_state{kUnsent};
   std::string address;
   std::string name;  // "node-<index>": how replies and errors name the node (addresses are for admins)
   NodeCall plan;

@@ -303,19 +303,30 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     return calls_.back().get();
   }
 
-  // Sends calls made under the lock. Their callbacks keep this alive.
+  // Sends calls made under the lock. Their callbacks keep this alive. A call
+  // cancelled before it is sent ends CANCELLED unsent; one cancelled while
+  // it is being sent is cancelled once sent (Call::send_state).
   void Send(const std::vector<Call*>& calls) {
     for (Call* c : calls) {
       Node& node = *c->node_ref;
       node.in_flight.fetch_add(1, std::memory_order_relaxed);
       node.calls.fetch_add(1, std::memory_order_relaxed);
+      int state = Call::kUnsent;
+      if (!c->send_state.compare_exchange_strong(state, Call::kSending)) {
+        OnReply(c, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it was sent"));
+        continue;
+      }
       node.channel->Compute(&c->context, &c->request, &c->response,
                             [self = shared_from_this(), c](grpc::Status s) { self->OnReply(c, std::move(s)); });
+      state = Call::kSending;
+      if (!c->send_state.compare_exchange_strong(state, Call::kSent)) node.channel->Cancel(&c->context);
     }
   }
 
   void Cancel(const std::vector<Call*>& calls) {
-    for (Call* c : calls) c->node_ref->channel->Cancel(&c->context);
+    for (Call* c : calls) {
+      if (c->send_state.exchange(Call::kCancelWanted) == Call::kSent) c->node_ref->channel->Cancel(&c->context);
+    }
   }
 
   void OnReply(Call* call, grpc::Status status) {

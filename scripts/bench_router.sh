@@ -13,6 +13,7 @@
 #                                     [--node_threads 1] [--layout split|replicated] [--small|--tiny]
 #                                     [--bf16] [--gap_us 2000] [--node_replies exact|partial|per_expert]
 #                                     [--batch_window_us N] [--stream] [--type bf16|int8|int4] [--q8_records]
+#                                     [--node_stream_max_bytes N]
 # --node_threads 2 runs each node with two threads instead (both nodes share both CPUs).
 # --layout replicated: both nodes own all 8 experts (one answers each layer call, with
 # --node_threads 2 the same compute as the engine: what is left is the cost of distribution).
@@ -22,6 +23,7 @@
 # --node_replies, --batch_window_us: the router's flags of those names; --stream: the client
 # sends its router calls over one ForwardStream (a decoding loop's session) instead of unary calls.
 # --type: the weight type of the layer; --q8_records (int8/int4): nodes and engine build int8 tile records.
+# --node_stream_max_bytes: the router's and the proxyless client's (0: every node call unary).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tokens=1,8,128
@@ -51,7 +53,8 @@ while [ $# -gt 0 ]; do
     --gap_us) bench_args+=(--gap_us "$2"); shift 2 ;;
     --node_replies) router_args+=(--node_replies "$2"); shift 2 ;;
     --batch_window_us) router_args+=(--batch_window_us "$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --node_stream_max_bytes) router_args+=(--node_stream_max_bytes "$2"); bench_args+=(--node_stream_max_bytes "$2"); shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "bench_router: unknown argument $1" >&2; exit 2 ;;
   esac
 done

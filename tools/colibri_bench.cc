@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, router, "", "router, run: host:port of the router to time
 ABSL_FLAG(int, router_pid, 0, "router: the router's pid, to report its CPU time per call (0: not reported).");
 ABSL_FLAG(std::string, direct_nodes, "",
           "router: also time the calls through a proxyless client calling these nodes (host:port,...) directly.");
+ABSL_FLAG(int64_t, node_stream_max_bytes, 0,
+          "router: the proxyless client's --node_stream_max_bytes (> 0: node calls up to this size on one open "
+          "stream per node; 0: every call on its own).");
 ABSL_FLAG(bool, bf16, false, "router: send hidden states and ask for the output in bf16 (else f32).");
 ABSL_FLAG(bool, stream, false,
           "router: send the router's calls over one ForwardStream (as a decoding loop's session does) instead of "
@@ -169,6 +172,7 @@ int main(int argc, char** argv) {
     r.gap_us = std::max<int64_t>(0, absl::GetFlag(FLAGS_gap_us));
     r.stream = absl::GetFlag(FLAGS_stream);
     r.q8_records = absl::GetFlag(FLAGS_q8_records);
+    r.node_stream_max_bytes = absl::GetFlag(FLAGS_node_stream_max_bytes);
     const std::optional<colibri::common::RoutingMode> routing = BenchRouting();
     if (r.router.empty() || !routing.has_value()) {
       std::cerr << "colibri-bench: router needs --router HOST:PORT and --routing lut|gate\n";

@@ -163,6 +163,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, std::ostream& out) {
     client::ClientOptions options;
     options.direct.model_dir = o.model_dir;
     options.direct.nodes = o.direct_nodes;
+    options.direct.node_stream_max_bytes = o.node_stream_max_bytes;
     COLIBRI_ASSIGN_OR_RETURN(direct, client::Client::Connect(options));
     for (int i = 0; i < 200; ++i) {  // its first health round may not have reached every node yet
       absl::StatusOr<v1::GetClusterStatusResponse> status = direct->ClusterStatus();

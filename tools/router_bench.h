@@ -46,6 +46,7 @@ struct RouterBenchOptions {
   // weights locked for them, as the nodes' are), to compare with nodes
   // started with --q8_records.
   bool q8_records = false;
+  int64_t node_stream_max_bytes = 0;  // the proxyless client's (ClientOptions::Direct)
   uint64_t seed = 1;
 };
 

@@ -84,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOption
   remote.cluster_file = d.cluster_file;
   remote.node_timeout = d.node_timeout;
   remote.hedge_after = d.hedge_after;
+  remote.node_stream_max_bytes = std::max<int64_t>(0, d.node_stream_max_bytes);
   const std::optional<router_node::NodeReplies> replies = router_node::ParseNodeReplies(d.node_replies);
   if (!replies.has_value()) {
     return absl::InvalidArgumentError(

@@ -62,6 +62,7 @@ struct ClientOptions {
     std::string cluster_file;        // or: one host:port per line, re-read on change
     absl::Duration node_timeout = absl::Seconds(5);
     absl::Duration hedge_after = absl::ZeroDuration();  // 0: no hedging
+    int64_t node_stream_max_bytes = 0;                  // as --node_stream_max_bytes (0: unary calls only)
     std::string node_replies = "exact";                 // exact, partial or per_expert
     int64_t max_tokens = 65536;
     // Concurrent Forward calls of one layer from this client's threads are

@@ -136,10 +136,12 @@ TEST_CASE("unary, async and client-routed calls agree, with routes and timings")
 
 std::string Loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
 
-std::unique_ptr<Client> ConnectDirect(const std::string& model_dir, const std::vector<std::string>& nodes) {
+std::unique_ptr<Client> ConnectDirect(const std::string& model_dir, const std::vector<std::string>& nodes,
+                                      int64_t node_stream_max_bytes = 0) {
   ClientOptions options;
   options.direct.model_dir = model_dir;
   options.direct.nodes = nodes;
+  options.direct.node_stream_max_bytes = node_stream_max_bytes;
   options.direct.node_timeout = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options);
   INFO(c.status().message());
@@ -242,13 +244,15 @@ TEST_CASE("a client destroyed with ForwardAsync calls in flight waits for their 
 }
 
 TEST_CASE("kill -9 of a replica under load from proxyless clients fails no request") {
+  // Node calls unary, and as messages on one stream per node.
+  const int64_t stream_max = GENERATE(int64_t{0}, int64_t{64 << 10});
   Cluster cluster;
   // A third node with every expert: each expert has a replica beside node a or b.
   ProcessGuard c({Binary("expert_node/colibri-expert"), "--model=" + (cluster.dir / "model"), "--experts=all",
                   "--listen=127.0.0.1:0", "--residency=paged", "--threads=1"});
   const int port_c = c.ReadPort();
-  auto direct =
-      ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b), Loopback(port_c)});
+  auto direct = ConnectDirect(cluster.dir / "model",
+                              {Loopback(cluster.port_a), Loopback(cluster.port_b), Loopback(port_c)}, stream_max);
   std::atomic<bool> stop{false};
   std::atomic<int> ok{0}, failed{0};
   std::mutex mu;
@@ -286,7 +290,8 @@ TEST_CASE("kill -9 of a replica under load from proxyless clients fails no reque
   INFO(first_error);
   CHECK(failed.load() == 0);
   CHECK(ok.load() >= 200);
-  std::printf("proxyless clients, kill -9 of a replica under load: %d ok, %d failed\n", ok.load(), failed.load());
+  std::printf("proxyless clients (node streams up to %lld bytes), kill -9 of a replica under load: %d ok, %d failed\n",
+              static_cast<long long>(stream_max), ok.load(), failed.load());
   absl::StatusOr<v1::GetClusterStatusResponse> status = direct->ClusterStatus();
   REQUIRE(status.ok());
   CHECK(!status->nodes(0).live());

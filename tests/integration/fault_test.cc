@@ -90,11 +90,13 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
 
 TEST_CASE(
     "a hung node (SIGSTOP) is failed over by the node timeout, and without a replica the client's deadline holds") {
+  // Node calls unary, and as messages on one stream per node (whose deadlines the router keeps itself).
+  const std::string streams = GENERATE(std::string("0"), std::string("65536"));
   Model model(common::DType::kBF16);
   Proc a = StartNode(model.path, "all");
   Proc b = StartNode(model.path, "all");
-  Proc router = StartRouter(
-      {"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port), "--node_timeout_ms=300"});
+  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port),
+                             "--node_timeout_ms=300", "--node_stream_max_bytes=" + streams});
   auto stub = Connect(router.port);
   const v1::ForwardRequest request = Request(0, {1, 2, 3, 4, 5, 6, 7, 8}, 5, v1::ROUTING_MODE_GATE);
   v1::ForwardResponse response;

@@ -44,6 +44,16 @@ type ExpertNodeClient interface {
 	//	                     it from the page cache (--nomlock): the call is
 	//	                     refused until the node is reloaded.
 	Compute(ctx context.Context, in *ComputeRequest, opts ...grpc.CallOption) (*ComputeResponse, error)
+	// Compute calls over one long-lived stream: each request message is one
+	// call, answered by one response message with the same call_id, in the
+	// order the calls finish (not the order they came). A call's error is its
+	// response's code and message, with Compute's codes and meanings; it ends
+	// neither the stream nor the other calls. A router started with
+	// --node_stream_max_bytes keeps one such stream open per node for its
+	// small calls (docs/ROUTER.md). The stream ends OK after the
+	// caller half-closes and every call is answered; when it breaks, calls
+	// without a response have none (the caller retries them).
+	ComputeStream(ctx context.Context, opts ...grpc.CallOption) (ExpertNode_ComputeStreamClient, error)
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.
 	//
@@ -100,6 +110,37 @@ func (c *expertNodeClient) Compute(ctx context.Context, in *ComputeRequest, opts
 	return out, nil
 }
 
+func (c *expertNodeClient) ComputeStream(ctx context.Context, opts ...grpc.CallOption) (ExpertNode_ComputeStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_ExpertNode_serviceDesc.Streams[0], "/colibri.v1.ExpertNode/ComputeStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &expertNodeComputeStreamClient{stream}
+	return x, nil
+}
+
+type ExpertNode_ComputeStreamClient interface {
+	Send(*ComputeStreamRequest) error
+	Recv() (*ComputeStreamResponse, error)
+	grpc.ClientStream
+}
+
+type expertNodeComputeStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *expertNodeComputeStreamClient) Send(m *ComputeStreamRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *expertNodeComputeStreamClient) Recv() (*ComputeStreamResponse, error) {
+	m := new(ComputeStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 func (c *expertNodeClient) GetNodeInfo(ctx context.Context, in *GetNodeInfoRequest, opts ...grpc.CallOption) (*GetNodeInfoResponse, error) {
 	out := new(GetNodeInfoResponse)
 	err := c.cc.Invoke(ctx, "/colibri.v1.ExpertNode/GetNodeInfo", in, out, opts...)
@@ -149,6 +190,16 @@ type ExpertNodeServer interface {
 	//	                     it from the page cache (--nomlock): the call is
 	//	                     refused until the node is reloaded.
 	Compute(context.Context, *ComputeRequest) (*ComputeResponse, error)
+	// Compute calls over one long-lived stream: each request message is one
+	// call, answered by one response message with the same call_id, in the
+	// order the calls finish (not the order they came). A call's error is its
+	// response's code and message, with Compute's codes and meanings; it ends
+	// neither the stream nor the other calls. A router started with
+	// --node_stream_max_bytes keeps one such stream open per node for its
+	// small calls (docs/ROUTER.md). The stream ends OK after the
+	// caller half-closes and every call is answered; when it breaks, calls
+	// without a response have none (the caller retries them).
+	ComputeStream(ExpertNode_ComputeStreamServer) error
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.
 	//
@@ -196,6 +247,9 @@ type UnimplementedExpertNodeServer struct {
 func (UnimplementedExpertNodeServer) Compute(context.Context, *ComputeRequest) (*ComputeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Compute not implemented")
 }
+func (UnimplementedExpertNodeServer) ComputeStream(ExpertNode_ComputeStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method ComputeStream not implemented")
+}
 func (UnimplementedExpertNodeServer) GetNodeInfo(context.Context, *GetNodeInfoRequest) (*GetNodeInfoResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetNodeInfo not implemented")
 }
@@ -231,6 +285,32 @@ func _ExpertNode_Compute_Handler(srv interface{}, ctx context.Context, dec func(
 		return srv.(ExpertNodeServer).Compute(ctx, req.(*ComputeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
+}
+
+func _ExpertNode_ComputeStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ExpertNodeServer).ComputeStream(&expertNodeComputeStreamServer{stream})
+}
+
+type ExpertNode_ComputeStreamServer interface {
+	Send(*ComputeStreamResponse) error
+	Recv() (*ComputeStreamRequest, error)
+	grpc.ServerStream
+}
+
+type expertNodeComputeStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *expertNodeComputeStreamServer) Send(m *ComputeStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *expertNodeComputeStreamServer) Recv() (*ComputeStreamRequest, error) {
+	m := new(ComputeStreamRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 func _ExpertNode_GetNodeInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -286,6 +366,13 @@ var _ExpertNode_serviceDesc = grpc.ServiceDesc{
 			Handler:    _ExpertNode_Reload_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ComputeStream",
+			Handler:       _ExpertNode_ComputeStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "colibri/v1/expert_node.proto",
 }

@@ -1,0 +1,366 @@
+#include "router_node/node_stream.h"
+
+#include <grpcpp/alarm.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "common/mutex.h"
+
+namespace colibri {
+namespace router_node {
+
+namespace v1 = colibri::v1;
+
+struct StreamNodeChannel::State {
+  State(const std::shared_ptr<grpc::Channel>& channel, int64_t max_bytes)
+      : unary(channel), stub(v1::ExpertNode::NewStub(channel)), max_stream_bytes(max_bytes) {}
+
+  // A call sent on a stream and not ended yet.
+  struct Pending {
+    grpc::ClientContext* context = nullptr;
+    const v1::ComputeRequest* request = nullptr;
+    v1::ComputeResponse* response = nullptr;
+    Done done;
+    Stream* stream = nullptr;  // the stream it was sent on (alive while the call is pending)
+    std::chrono::system_clock::time_point deadline;
+  };
+
+  // Takes a call out of `pending`: the one who does ends it.
+  std::optional<Pending> Take(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = pending.find(id);
+    if (it == pending.end()) return std::nullopt;
+    std::optional<Pending> p(std::move(it->second));
+    pending.erase(it);
+    return p;
+  }
+
+  GrpcNodeChannel unary;
+  const std::unique_ptr<v1::ExpertNode::Stub> stub;
+  const int64_t max_stream_bytes;
+
+  common::Mutex mu;
+  std::map<uint64_t, Pending> pending ABSL_GUARDED_BY(mu);
+  Stream* stream ABSL_GUARDED_BY(mu) = nullptr;  // the open stream, if any; holds a reference to it
+  bool refused ABSL_GUARDED_BY(mu) = false;      // the node has no ComputeStream: unary calls only
+  uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
+  // One alarm, for the soonest deadline of the pending calls: a gRPC alarm
+  // per call would cost a hand-over to gRPC's executor thread per call when
+  // cancelled. `armed` is the deadline it is set for (max: none), and
+  // `generation` names the latest one set; an older one that fires does nothing.
+  std::unique_ptr<grpc::Alarm> alarm ABSL_GUARDED_BY(mu);
+  std::chrono::system_clock::time_point armed ABSL_GUARDED_BY(mu) = std::chrono::system_clock::time_point::max();
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+};
+
+// One ComputeStream. Writes come from any thread, one at a time (a queue
+// behind the one in progress). A hold keeps the stream open for them until
+// it has ended (a read or write failed) with no write in progress. Deleted
+// when both gRPC (OnDone) and the State (its `stream` pointer) let go.
+class StreamNodeChannel::Stream final
+    : public grpc::ClientBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse> {
+ public:
+  // Binds the call; Start() starts it. REQUIRES: the State's lock held.
+  explicit Stream(std::shared_ptr<State> state) : state_(std::move(state)) {
+    state_->stub->async()->ComputeStream(&context_, this);
+  }
+
+  void Start() {
+    StartRead(&incoming_);
+    AddHold();
+    StartCall();
+  }
+
+  // Queues a message; returns it when the caller is to write it now (outside
+  // the lock, with Write). A stream that has ended drops it. REQUIRES: the
+  // State's lock held (a comment: the analysis cannot see that the caller's
+  // State is this stream's).
+  v1::ComputeStreamRequest* Enqueue(std::unique_ptr<v1::ComputeStreamRequest> message) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (ended_) return nullptr;
+    if (writing_ != nullptr) {
+      queued_.push_back(std::move(message));
+      return nullptr;
+    }
+    writing_ = std::move(message);
+    return writing_.get();
+  }
+  void Write(v1::ComputeStreamRequest* message) { StartWrite(message); }
+
+  void Cancel() { context_.TryCancel(); }
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  void OnWriteDone(bool ok) override {
+    v1::ComputeStreamRequest* next = nullptr;
+    bool release = false;
+    bool unref = false;
+    {
+      common::MutexLock lock(&state_->mu);
+      writing_.reset();
+      if (!ok) unref = EndLocked();
+      if (!ended_ && !queued_.empty()) {
+        writing_ = std::move(queued_.front());
+        queued_.pop_front();
+        next = writing_.get();
+      } else {
+        release = ReleaseLocked();
+      }
+    }
+    if (next != nullptr) StartWrite(next);
+    if (release) RemoveHold();
+    if (unref) Unref();  // not the last: gRPC's reference stays until OnDone
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool release = false;
+      bool unref = false;
+      {
+        common::MutexLock lock(&state_->mu);
+        unref = EndLocked();
+        if (writing_ == nullptr) release = ReleaseLocked();
+      }
+      if (release) RemoveHold();
+      if (unref) Unref();
+      return;
+    }
+    v1::ComputeStreamResponse reply;
+    reply.Swap(&incoming_);
+    StartRead(&incoming_);
+    std::optional<State::Pending> call;
+    {
+      common::MutexLock lock(&state_->mu);
+      call = state_->Take(reply.call_id());
+    }
+    if (!call.has_value()) return;  // ended already: its deadline passed, or it was cancelled
+    if (reply.code() != 0) {
+      call->done(grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.message()));
+      return;
+    }
+    call->response->Swap(reply.mutable_response());
+    call->done(grpc::Status::OK);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::vector<State::Pending> orphans;
+    bool refused = false;
+    bool unref = false;
+    {
+      common::MutexLock lock(&state_->mu);
+      unref = EndLocked();
+      if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) state_->refused = true;
+      refused = state_->refused;
+      for (auto it = state_->pending.begin(); it != state_->pending.end();) {
+        if (it->second.stream == this) {
+          orphans.push_back(std::move(it->second));
+          it = state_->pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (State::Pending& call : orphans) {
+      if (refused) {
+        state_->unary.Compute(call.context, call.request, call.response, std::move(call.done));
+      } else {
+        call.done(grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("the stream to the expert node ended before the answer (", status.error_message(), ")")));
+      }
+    }
+    if (unref) Unref();
+    Unref();  // gRPC's
+  }
+
+ private:
+  // Marks the stream ended (no more writes) and detaches it from the State;
+  // true when the caller is to drop the State's reference.
+  bool EndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    ended_ = true;
+    queued_.clear();
+    if (state_->stream != this) return false;
+    state_->stream = nullptr;
+    return true;
+  }
+  // True the first time it is called after the stream ended with no write in progress.
+  bool ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (!ended_ || writing_ != nullptr || released_) return false;
+    released_ = true;
+    return true;
+  }
+
+  const std::shared_ptr<State> state_;
+  grpc::ClientContext context_;
+  v1::ComputeStreamResponse incoming_;  // touched only by the read reactions, one at a time
+  std::atomic<int> refs_{2};            // gRPC's and the State's
+  std::unique_ptr<v1::ComputeStreamRequest> writing_ ABSL_GUARDED_BY(state_->mu);
+  std::deque<std::unique_ptr<v1::ComputeStreamRequest>> queued_ ABSL_GUARDED_BY(state_->mu);
+  bool ended_ ABSL_GUARDED_BY(state_->mu) = false;
+  bool released_ ABSL_GUARDED_BY(state_->mu) = false;
+};
+
+namespace {
+
+// Ends a pending call with `status` and tells the node to drop it.
+void EndCall(const std::shared_ptr<StreamNodeChannel::State>& state, std::optional<uint64_t> id,
+             grpc::ClientContext* context, const grpc::Status& status) {
+  std::optional<StreamNodeChannel::State::Pending> call;
+  StreamNodeChannel::Stream* stream = nullptr;
+  v1::ComputeStreamRequest* to_write = nullptr;
+  {
+    common::MutexLock lock(&state->mu);
+    if (!id.has_value()) {
+      for (const auto& [pending_id, p] : state->pending) {
+        if (p.context == context) id = pending_id;
+      }
+    }
+    if (id.has_value()) call = state->Take(*id);
+    if (call.has_value()) {
+      auto cancel = std::make_unique<v1::ComputeStreamRequest>();
+      cancel->set_call_id(*id);
+      cancel->set_cancel(true);
+      stream = call->stream;  // alive: the call was pending on it
+      to_write = stream->Enqueue(std::move(cancel));
+    }
+  }
+  if (!call.has_value()) {
+    if (context != nullptr) state->unary.Cancel(context);  // a unary call, or one that has ended
+    return;
+  }
+  if (to_write != nullptr) stream->Write(to_write);  // the write's hold keeps the stream
+  call->done(status);
+}
+
+void OnAlarm(const std::shared_ptr<StreamNodeChannel::State>& state, uint64_t generation);
+
+// Sets the alarm for `deadline` as generation `generation`, unless a later
+// generation has been set meanwhile. Outside the lock: setting and
+// destroying an alarm may run gRPC code that ends in its callback.
+void Arm(const std::shared_ptr<StreamNodeChannel::State>& state, std::chrono::system_clock::time_point deadline,
+         uint64_t generation) {
+  auto alarm = std::make_unique<grpc::Alarm>();
+  alarm->Set(deadline, [weak = std::weak_ptr<StreamNodeChannel::State>(state), generation](bool fired) {
+    if (!fired) return;  // replaced by a sooner one, or the channel is gone
+    if (std::shared_ptr<StreamNodeChannel::State> s = weak.lock()) OnAlarm(s, generation);
+  });
+  {
+    common::MutexLock lock(&state->mu);
+    if (state->generation == generation) std::swap(alarm, state->alarm);
+  }
+  // `alarm` (a replaced or outdated one) is destroyed here, cancelled if it had not fired.
+}
+
+// The soonest deadline has come: ends the calls past theirs
+// DEADLINE_EXCEEDED and sets the alarm for the next.
+void OnAlarm(const std::shared_ptr<StreamNodeChannel::State>& state, uint64_t generation) {
+  const auto now = std::chrono::system_clock::now();
+  // gRPC's timers run on another clock than the deadlines': a call due within
+  // the next millisecond is taken as due, so the alarm never fires in a loop.
+  const auto due = now + std::chrono::milliseconds(1);
+  std::vector<uint64_t> expired;
+  std::optional<uint64_t> next_generation;
+  auto next = std::chrono::system_clock::time_point::max();
+  {
+    common::MutexLock lock(&state->mu);
+    if (generation != state->generation) return;  // a sooner alarm is set
+    for (const auto& [id, p] : state->pending) {
+      if (p.deadline <= due) {
+        expired.push_back(id);
+      } else {
+        next = std::min(next, p.deadline);
+      }
+    }
+    state->armed = next;
+    if (next != std::chrono::system_clock::time_point::max()) next_generation = ++state->generation;
+  }
+  if (next_generation.has_value()) Arm(state, next, *next_generation);
+  for (uint64_t id : expired) {
+    EndCall(state, id, nullptr, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded"));
+  }
+}
+
+}  // namespace
+
+StreamNodeChannel::StreamNodeChannel(std::shared_ptr<grpc::Channel> channel, int64_t max_stream_bytes)
+    : state_(std::make_shared<State>(channel, max_stream_bytes)) {}
+
+StreamNodeChannel::~StreamNodeChannel() {
+  Stream* stream = nullptr;
+  {
+    common::MutexLock lock(&state_->mu);
+    std::swap(stream, state_->stream);
+  }
+  if (stream != nullptr) {
+    stream->Cancel();
+    stream->Unref();
+  }
+}
+
+void StreamNodeChannel::Compute(grpc::ClientContext* context, const v1::ComputeRequest* request,
+                                v1::ComputeResponse* response, Done done) {
+  State& st = *state_;
+  if (static_cast<int64_t>(request->ByteSizeLong()) > st.max_stream_bytes) {
+    st.unary.Compute(context, request, response, std::move(done));
+    return;
+  }
+  const auto deadline = context->deadline();
+  const auto now = std::chrono::system_clock::now();
+  const bool has_deadline = deadline != std::chrono::system_clock::time_point::max();
+  if (has_deadline && deadline <= now) {
+    done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the call was sent"));
+    return;
+  }
+  auto message = std::make_unique<v1::ComputeStreamRequest>();
+  *message->mutable_request() = *request;
+  if (has_deadline) {
+    message->set_timeout_micros(
+        std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now).count()));
+  }
+  Stream* stream = nullptr;
+  Stream* started = nullptr;
+  v1::ComputeStreamRequest* to_write = nullptr;
+  uint64_t id = 0;
+  std::optional<uint64_t> arm;
+  {
+    common::MutexLock lock(&st.mu);
+    if (!st.refused) {
+      if (st.stream == nullptr) st.stream = started = new Stream(state_);
+      stream = st.stream;
+      id = st.next_id++;
+      message->set_call_id(id);
+      st.pending.emplace(id, State::Pending{context, request, response, std::move(done), stream, deadline});
+      to_write = stream->Enqueue(std::move(message));
+      if (deadline < st.armed) {
+        st.armed = deadline;
+        arm = ++st.generation;
+      }
+    }
+  }
+  if (stream == nullptr) {  // the node refused streams
+    st.unary.Compute(context, request, response, std::move(done));
+    return;
+  }
+  if (started != nullptr) started->Start();
+  if (to_write != nullptr) stream->Write(to_write);
+  if (arm.has_value()) Arm(state_, deadline, *arm);
+}
+
+void StreamNodeChannel::GetNodeInfo(grpc::ClientContext* context, const v1::GetNodeInfoRequest* request,
+                                    v1::GetNodeInfoResponse* response, Done done) {
+  state_->unary.GetNodeInfo(context, request, response, std::move(done));
+}
+
+void StreamNodeChannel::Cancel(grpc::ClientContext* context) {
+  EndCall(state_, std::nullopt, context, grpc::Status(grpc::StatusCode::CANCELLED, "Cancelled"));
+}
+
+}  // namespace router_node
+}  // namespace colibri

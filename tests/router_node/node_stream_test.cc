@@ -1,0 +1,306 @@
+// ExpertNode.ComputeStream end to end: the node answers each message like a
+// unary Compute, by call_id; StreamNodeChannel (the router's) against a real
+// node gives the unary bytes, and against scripted servers keeps each call's
+// deadline, cancels on the node, fails the calls of a broken stream
+// UNAVAILABLE, falls back to unary calls where the node has no stream, and
+// sends large requests unary. Everything on 127.0.0.1, port 0; no sleeps
+// decide an outcome (the deadlines are on servers that never answer).
+
+#include "router_node/node_stream.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "colibri/v1/expert_node.grpc.pb.h"
+#include "expert_node/expert_server.h"
+#include "tests/test_util.h"
+
+namespace colibri {
+namespace router_node {
+namespace {
+
+using colibri::testing::TempDir;
+namespace v1 = colibri::v1;
+
+constexpr int64_t kDModel = 48;
+
+v1::ComputeRequest Request(int seed, int expert = 0) {
+  std::vector<float> rows(2 * kDModel);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = std::cos(0.1 * i + seed);
+  v1::ComputeRequest r;
+  r.set_layer(0);
+  v1::Tensor* t = r.mutable_rows();
+  t->set_dtype(v1::DATA_TYPE_F32);
+  t->add_shape(2);
+  t->add_shape(kDModel);
+  t->set_data(reinterpret_cast<const char*>(rows.data()), rows.size() * 4);
+  v1::ExpertWork* w = r.add_experts();
+  w->set_expert(expert);
+  w->add_row_indices(0);
+  w->add_row_indices(1);
+  w->add_weights(0.75f);
+  w->add_weights(0.25f);
+  return r;
+}
+
+// One call through a NodeChannel, waited for.
+struct Result {
+  grpc::Status status;
+  v1::ComputeResponse response;
+};
+Result CallThrough(NodeChannel& channel, const v1::ComputeRequest& request,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  Result result;
+  std::promise<grpc::Status> done;
+  channel.Compute(&context, &request, &result.response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  result.status = done.get_future().get();
+  return result;
+}
+
+std::shared_ptr<grpc::Channel> Loopback(int port) {
+  return grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+}
+
+TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary Compute") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  expert_node::ServerOptions options;
+  options.model_dir = dir / "model";
+  options.store.shard = *expert_node::ShardSpec::Parse("all");
+  options.threads = 2;
+  std::ostringstream log;
+  auto server = expert_node::ExpertServer::Create(options, &log);
+  REQUIRE(server.ok());
+  auto stub = v1::ExpertNode::NewStub(Loopback((*server)->port()));
+
+  // Raw messages: three calls written back to back, one of them malformed.
+  grpc::ClientContext context;
+  auto stream = stub->ComputeStream(&context);
+  for (uint64_t id : {7, 8, 9}) {
+    v1::ComputeStreamRequest m;
+    m.set_call_id(id);
+    *m.mutable_request() = Request(static_cast<int>(id), id == 8 ? 99 : 0);  // expert 99 does not exist
+    REQUIRE(stream->Write(m));
+  }
+  std::map<uint64_t, v1::ComputeStreamResponse> replies;
+  for (int i = 0; i < 3; ++i) {
+    v1::ComputeStreamResponse r;
+    REQUIRE(stream->Read(&r));
+    replies[r.call_id()] = r;
+  }
+  stream->WritesDone();
+  CHECK(stream->Finish().ok());
+  REQUIRE(replies.size() == 3);
+  CHECK(replies[8].code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  CHECK_THAT(replies[8].message(), Catch::Contains("99"));
+  for (uint64_t id : {7, 9}) {
+    INFO("call " << id << ": " << replies[id].message());
+    REQUIRE(replies[id].code() == 0);
+    v1::ComputeResponse unary;
+    grpc::ClientContext c;
+    REQUIRE(stub->Compute(&c, Request(static_cast<int>(id)), &unary).ok());
+    CHECK(replies[id].response().output().data() == unary.output().data());  // bit for bit
+    CHECK(!unary.output().data().empty());
+  }
+
+  // The router's channel: concurrent calls, each the unary bytes.
+  StreamNodeChannel channel(Loopback((*server)->port()), 64 << 10);
+  std::vector<std::future<Result>> results;
+  for (int i = 0; i < 12; ++i) {
+    results.push_back(std::async(std::launch::async, [&channel, i] { return CallThrough(channel, Request(i)); }));
+  }
+  for (int i = 0; i < 12; ++i) {
+    Result r = results[i].get();
+    INFO(r.status.error_message());
+    REQUIRE(r.status.ok());
+    v1::ComputeResponse unary;
+    grpc::ClientContext c;
+    REQUIRE(stub->Compute(&c, Request(i), &unary).ok());
+    CHECK(r.response.output().data() == unary.output().data());
+  }
+  const Result bad = CallThrough(channel, Request(1, 99));
+  CHECK(bad.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(CallThrough(channel, Request(2)).status.ok());  // the stream goes on after a failed call
+}
+
+// A node whose ComputeStream is scripted: answers (weights_version 2), holds
+// every call unanswered, breaks after the first message, or is absent
+// (UNIMPLEMENTED). Unary Compute answers with weights_version 1.
+class ScriptedNode final : public v1::ExpertNode::CallbackService {
+ public:
+  enum class Mode { kAnswer, kHold, kBreak, kAbsent };
+  explicit ScriptedNode(Mode mode) : mode_(mode) {}
+
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const v1::ComputeRequest*,
+                                    v1::ComputeResponse* response) override {
+    ++unary_calls;
+    response->set_weights_version(1);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse>* ComputeStream(
+      grpc::CallbackServerContext* context) override {
+    if (mode_ == Mode::kAbsent) return v1::ExpertNode::CallbackService::ComputeStream(context);
+    return new Reactor(this);
+  }
+
+  // Waits until `n` cancel messages have arrived; their call ids.
+  std::set<uint64_t> WaitForCancels(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return cancels_.size() >= n; });
+    return cancels_;
+  }
+  // Waits until `n` calls have arrived on streams.
+  void WaitForCalls(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return calls_ >= n; });
+  }
+
+  std::atomic<int> unary_calls{0};
+
+ private:
+  class Reactor final : public grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse> {
+   public:
+    explicit Reactor(ScriptedNode* node) : node_(node) { StartRead(&in_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) return Finish(grpc::Status::OK);
+      {
+        std::lock_guard<std::mutex> lock(node_->mu_);
+        if (in_.cancel()) {
+          node_->cancels_.insert(in_.call_id());
+        } else {
+          ++node_->calls_;
+        }
+      }
+      node_->cv_.notify_all();
+      if (node_->mode_ == Mode::kBreak) return Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "node going away"));
+      if (node_->mode_ == Mode::kAnswer && !in_.cancel()) {
+        out_.set_call_id(in_.call_id());
+        out_.mutable_response()->set_weights_version(2);
+        return StartWrite(&out_);
+      }
+      StartRead(&in_);
+    }
+    void OnWriteDone(bool) override { StartRead(&in_); }
+    void OnDone() override { delete this; }
+
+   private:
+    ScriptedNode* const node_;
+    v1::ComputeStreamRequest in_;
+    v1::ComputeStreamResponse out_;
+  };
+
+  const Mode mode_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<uint64_t> cancels_;
+  int calls_ = 0;
+};
+
+struct ScriptedServer {
+  explicit ScriptedServer(ScriptedNode::Mode mode) : node(mode) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&node);
+    server = builder.BuildAndStart();
+  }
+  ~ScriptedServer() { server->Shutdown(std::chrono::system_clock::now()); }
+  ScriptedNode node;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+TEST_CASE("the stream channel sends small calls on the stream and large ones unary") {
+  ScriptedServer s(ScriptedNode::Mode::kAnswer);
+  StreamNodeChannel channel(Loopback(s.port), 1024);
+  const Result small = CallThrough(channel, Request(0));
+  REQUIRE(small.status.ok());
+  CHECK(small.response.weights_version() == 2);
+  v1::ComputeRequest large = Request(0);
+  large.mutable_rows()->mutable_data()->append(2048, '\0');
+  const Result big = CallThrough(channel, large);
+  REQUIRE(big.status.ok());
+  CHECK(big.response.weights_version() == 1);
+  CHECK(s.node.unary_calls == 1);
+}
+
+TEST_CASE("a stream call keeps its deadline and is cancelled on the node when it passes") {
+  ScriptedServer s(ScriptedNode::Mode::kHold);
+  StreamNodeChannel channel(Loopback(s.port), 64 << 10);
+  const Result r = CallThrough(channel, Request(0), std::chrono::milliseconds(200));
+  CHECK(r.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  CHECK(s.node.WaitForCancels(1).count(1) == 1);  // the node was told to drop call 1
+}
+
+TEST_CASE("cancelling a stream call ends it CANCELLED at once and tells the node") {
+  ScriptedServer s(ScriptedNode::Mode::kHold);
+  StreamNodeChannel channel(Loopback(s.port), 64 << 10);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  const v1::ComputeRequest request = Request(0);
+  v1::ComputeResponse response;
+  std::promise<grpc::Status> done;
+  channel.Compute(&context, &request, &response, [&done](grpc::Status st) { done.set_value(std::move(st)); });
+  s.node.WaitForCalls(1);
+  channel.Cancel(&context);
+  CHECK(done.get_future().get().error_code() == grpc::StatusCode::CANCELLED);
+  CHECK(s.node.WaitForCancels(1).count(1) == 1);
+  channel.Cancel(&context);  // an ended call: harmless
+}
+
+TEST_CASE("calls on a stream that breaks end UNAVAILABLE, and the next call opens a new stream") {
+  ScriptedServer s(ScriptedNode::Mode::kBreak);
+  StreamNodeChannel channel(Loopback(s.port), 64 << 10);
+  const Result r = CallThrough(channel, Request(0));
+  CHECK(r.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK_THAT(r.status.error_message(), Catch::Contains("node going away"));
+  const Result again = CallThrough(channel, Request(1));
+  CHECK(again.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  s.node.WaitForCalls(2);  // both reached the node, each on a stream of its own
+}
+
+TEST_CASE("a node without ComputeStream gets the same calls as unary calls") {
+  ScriptedServer s(ScriptedNode::Mode::kAbsent);
+  StreamNodeChannel channel(Loopback(s.port), 64 << 10);
+  for (int i = 0; i < 3; ++i) {
+    const Result r = CallThrough(channel, Request(i));
+    INFO(r.status.error_message());
+    REQUIRE(r.status.ok());
+    CHECK(r.response.weights_version() == 1);
+  }
+  CHECK(s.node.unary_calls == 3);
+}
+
+TEST_CASE("destroying the stream channel with a call in flight ends the call") {
+  ScriptedServer s(ScriptedNode::Mode::kHold);
+  auto channel = std::make_unique<StreamNodeChannel>(Loopback(s.port), 64 << 10);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  const v1::ComputeRequest request = Request(0);
+  v1::ComputeResponse response;
+  std::promise<grpc::Status> done;
+  channel->Compute(&context, &request, &response, [&done](grpc::Status st) { done.set_value(std::move(st)); });
+  s.node.WaitForCalls(1);
+  channel.reset();
+  CHECK(done.get_future().get().error_code() == grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace router_node
+}  // namespace colibri
