@@ -234,9 +234,16 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
                                                      " routes to expert ", routing->lut_ids[i], ", outside [0, ",
                                                      m.n_experts, ")"));
     }
-    if (!std::isfinite(routing->lut_weights[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k, " has a non-finite route weight"));
+    if (!std::isfinite(routing->lut_weights[i]) || routing->lut_weights[i] < 0.f) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
+                                                     " has route weight ", routing->lut_weights[i],
+                                                     " (must be finite and >= 0)"));
+    }
+    for (uint64_t j = i - i % m.top_k; j < i; ++j) {
+      if (routing->lut_ids[j] == routing->lut_ids[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
+                                                       " routes to expert ", routing->lut_ids[i], " twice"));
+      }
     }
   }
   return routing;

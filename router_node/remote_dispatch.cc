@@ -174,8 +174,12 @@ absl::Status ScatterReply(const LayerWork& work, int64_t d_model, const Call& ca
   const v1::Tensor& t = call.response.output();
   if (t.dtype() != dtype || t.shape_size() != 2 || t.shape(0) != expected || t.shape(1) != d_model ||
       static_cast<int64_t>(t.data().size()) != expected * d_model * element) {
+    std::string shape;
+    for (int i = 0; i < t.shape_size(); ++i) absl::StrAppend(&shape, i > 0 ? ", " : "", t.shape(i));
     return absl::InternalError(absl::StrCat(call.name, ": reply for layer ", work.layer, " is not [", expected, ", ",
-                                            d_model, "] ", dtype == v1::DATA_TYPE_BF16 ? "bf16" : "f32"));
+                                            d_model, "] ", dtype == v1::DATA_TYPE_BF16 ? "bf16" : "f32", " but [",
+                                            shape, "] ", v1::DataType_Name(t.dtype()), " in ", t.data().size(),
+                                            " bytes"));
   }
   const char* src = t.data().data();
   for (int64_t o = 0; o < expected; ++o) {

@@ -224,15 +224,17 @@ absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
     return absl::InvalidArgumentError(
         absl::StrCat("hidden.shape [", in.num_tokens, ", ", in.cols, "] must be [T, ", m.d_model, "] (d_model)"));
   }
+  // Before the token limit: a shape its data does not fill is malformed, not too large.
+  // Divided, not multiplied: num_tokens is not bounded yet.
+  const int64_t row_bytes = m.d_model * element;
+  if (in.hidden_bytes % row_bytes != 0 || in.hidden_bytes / row_bytes != in.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden.data has ", in.hidden_bytes, " bytes, not the ", row_bytes,
+                                                   " per row × ", in.num_tokens, " rows of [", in.num_tokens, ", ",
+                                                   m.d_model, "] ", common::DTypeName(in.hidden_dtype)));
+  }
   if (in.num_tokens > options_.max_tokens) {
     return absl::ResourceExhaustedError(absl::StrCat("hidden.shape: ", in.num_tokens, " tokens exceed the limit of ",
                                                      options_.max_tokens, " (RouterOptions::max_tokens)"));
-  }
-  // num_tokens <= 2^24 and d_model <= 2^20: no overflow.
-  if (in.hidden_bytes != in.num_tokens * m.d_model * element) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden.data has ", in.hidden_bytes, " bytes; [", in.num_tokens,
-                                                   ", ", m.d_model, "] of ", common::DTypeName(in.hidden_dtype), " is ",
-                                                   in.num_tokens * m.d_model * element));
   }
   if (in.request_id.size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(

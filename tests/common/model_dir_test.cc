@@ -124,6 +124,40 @@ TEST_CASE("a LUT routing to a nonexistent expert is refused at load") {
   CHECK(Contains(bad.status(), "token 0 routes to expert"));
 }
 
+TEST_CASE("a LUT routing a token to one expert twice, or with a negative weight, is refused at load") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
+  const std::string lut = dir / "model/layer_000/lut.bin";
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  auto good = (*model)->LoadRouting(0, false);
+  REQUIRE(good.ok());
+  const int64_t top_k = (*model)->manifest().top_k;
+  REQUIRE(top_k >= 2);
+  const std::string bytes = colibri::testing::ReadFile(lut);
+  auto layout = ParseHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), lut);
+  REQUIRE(layout.ok());
+  const Section* weights = layout->Find("weights");
+  REQUIRE(weights != nullptr);
+  SECTION("the same expert twice") {
+    // Token 0's second id := its first.
+    const int32_t first = (*good)->lut_ids[0];
+    colibri::testing::WriteBytesAt(lut, kWeightFileHeaderBytes + 4,
+                                   std::string(reinterpret_cast<const char*>(&first), 4));
+    auto bad = (*model)->LoadRouting(0, false);
+    REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(bad.status(), "token 0 routes to expert " + std::to_string(first) + " twice"));
+  }
+  SECTION("a negative weight") {
+    const float negative = -0.5f;
+    colibri::testing::WriteBytesAt(lut, weights->offset + 4 * top_k,
+                                   std::string(reinterpret_cast<const char*>(&negative), 4));
+    auto bad = (*model)->LoadRouting(0, false);
+    REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(bad.status(), "token 1 has route weight -0.5"));
+  }
+}
+
 TEST_CASE("a weight file that is a symlink to outside the model directory is refused without its size") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);

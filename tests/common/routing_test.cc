@@ -94,6 +94,19 @@ TEST_CASE("sigmoid routing chooses by the biased scores and weighs by the unbias
   CHECK(weights[1] == static_cast<float>(s2 / (s3 + s2) * 2.5));
 }
 
+TEST_CASE("sigmoid scores that are all 0 give zero weights, not NaN, when renormalized") {
+  const double logits[4] = {-1000.0, -2000.0, -3000.0, -4000.0};  // sigmoid underflows to exactly 0
+  RoutingSpec spec;
+  spec.scoring = RoutingSpec::Scoring::kSigmoid;
+  int32_t ids[2];
+  float weights[2];
+  RouteBySpec(spec, logits, nullptr, 4, 2, /*normalize=*/true, ids, weights);
+  CHECK(ids[0] == 0);
+  CHECK(ids[1] == 1);
+  CHECK(weights[0] == 0.0f);
+  CHECK(weights[1] == 0.0f);
+}
+
 TEST_CASE("group-limited routing keeps the best groups by their top-two sum or their maximum") {
   // Softmax scores ~ proportional to exp(l). Groups of 2: {0,1} {2,3} {4,5}.
   // By maximum, group {4,5} (expert 4 alone is the largest) and {0,1} win;
