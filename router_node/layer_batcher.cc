@@ -267,10 +267,12 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       absl::Time wake_at = absl::InfiniteFuture();
       for (const std::shared_ptr<Entry>& e : live_entries) {
         if (e->call.control->cancelled()) {
-          drops.push_back({e, absl::CancelledError("cancelled")});
+          drops.push_back({e, absl::CancelledError(
+                                  absl::StrCat("layer ", e->call.work->layer, ": request cancelled by the client"))});
         } else if (now >= e->deadline) {
           drops.push_back({e, absl::DeadlineExceededError(absl::StrCat(
-                                  "deadline passed while ", e->taken ? "merged with" : "queued to be merged with",
+                                  "layer ", e->call.work->layer, ": deadline exceeded while ",
+                                  e->taken ? "its call to the nodes ran, merged with" : "queued to be merged with",
                                   " other calls of the layer"))});
         } else {
           wake_at = std::min(wake_at, e->deadline);

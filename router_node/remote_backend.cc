@@ -1,13 +1,12 @@
 #include "router_node/remote_backend.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
@@ -37,10 +36,10 @@ absl::StatusOr<std::vector<std::string>> ReadClusterFile(const std::string& path
   return out;
 }
 
-int64_t MtimeNanos(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return -1;
-  return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+// What a read of the cluster file found, to tell a change: its address list,
+// or its error.
+std::string ClusterFileSeen(const absl::StatusOr<std::vector<std::string>>& addresses) {
+  return addresses.ok() ? absl::StrJoin(*addresses, "\n") : std::string(addresses.status().message());
 }
 
 }  // namespace
@@ -64,7 +63,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   }
   {
     common::MutexLock lock(&b->mu_);
-    b->cluster_file_mtime_ = options.cluster_file.empty() ? -1 : MtimeNanos(options.cluster_file);
+    b->cluster_file_seen_ = ClusterFileSeen(addresses);
     COLIBRI_RETURN_IF_ERROR(b->SetAddresses(addresses));
   }
   b->HealthRound();
@@ -192,10 +191,14 @@ bool RemoteBackend::Mergeable(const LayerWork& work) const {
 bool RemoteBackend::serving() const { return !map()->FirstUncovered().has_value(); }
 
 void RemoteBackend::SetServingListener(std::function<void(bool)> listener) {
-  common::MutexLock lock(&mu_);
-  listener_ = std::move(listener);
-  last_serving_ = !topology_->map->FirstUncovered().has_value();
-  if (listener_) listener_(last_serving_);
+  common::MutexLock round(&health_mu_);  // no round's notice between this one's state and its call
+  bool serving = false;
+  {
+    common::MutexLock lock(&mu_);
+    listener_ = listener;
+    last_serving_ = serving = !topology_->map->FirstUncovered().has_value();
+  }
+  if (listener) listener(serving);  // outside mu_: it may ask the backend
 }
 
 void RemoteBackend::CheckNow() { HealthRound(); }
@@ -203,11 +206,14 @@ void RemoteBackend::CheckNow() { HealthRound(); }
 void RemoteBackend::HealthRound() {
   common::MutexLock round(&health_mu_);
   if (!options_.cluster_file.empty()) {
+    // Read every round, outside mu_ (which every layer call takes), and
+    // applied when what it says changed: a file rewritten in place, seen
+    // half written, is applied again once whole, whatever its mtime says.
+    absl::StatusOr<std::vector<std::string>> addresses = ReadClusterFile(options_.cluster_file);
+    std::string seen = ClusterFileSeen(addresses);
     common::MutexLock lock(&mu_);
-    const int64_t mtime = MtimeNanos(options_.cluster_file);
-    if (mtime != cluster_file_mtime_) {
-      cluster_file_mtime_ = mtime;
-      absl::StatusOr<std::vector<std::string>> addresses = ReadClusterFile(options_.cluster_file);
+    if (seen != cluster_file_seen_) {
+      cluster_file_seen_ = std::move(seen);
       absl::Status s = addresses.ok() ? SetAddresses(*addresses) : addresses.status();
       if (!s.ok() && options_.log != nullptr) {
         *options_.log << "WARNING: cluster file not applied, keeping the nodes: " << s.message() << std::endl;
@@ -221,6 +227,11 @@ void RemoteBackend::HealthRound() {
     grpc::Status status;
   };
   std::vector<Probe> probes(topo->nodes.size());
+  std::vector<uint64_t> downs(topo->nodes.size());  // each node's MarkDown count as its probe left
+  for (size_t i = 0; i < downs.size(); ++i) {
+    common::MutexLock lock(&topo->nodes[i]->mu);
+    downs[i] = topo->nodes[i]->downs;
+  }
   // Answered probes, counted under a std::mutex (visible to ThreadSanitizer, unlike Abseil's).
   common::Mutex done_mu;
   common::CondVar done_cv;
@@ -258,6 +269,9 @@ void RemoteBackend::HealthRound() {
       error = "model shape differs from the router's";
     }
     common::MutexLock lock(&node.mu);
+    // A call found the node down after its probe left: the probe's "live" is
+    // older news, so it waits for the next round.
+    if (error.empty() && node.downs != downs[i]) continue;
     const bool was_live = node.live;
     node.live = error.empty();
     node.last_error = error;
@@ -295,6 +309,7 @@ void RemoteBackend::HealthRound() {
 void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::string& error) {
   {
     common::MutexLock lock(&node->mu);
+    ++node->downs;
     if (!node->live) return;
     node->live = false;
     node->last_error = error;

@@ -196,7 +196,7 @@ class RemoteBackend final : public ExpertBackend {
   mutable common::Mutex mu_;
   common::CondVar stop_cv_;  // wakes the watcher on Stop()
   std::shared_ptr<const Topology> topology_ ABSL_GUARDED_BY(mu_);
-  int64_t cluster_file_mtime_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string cluster_file_seen_ ABSL_GUARDED_BY(mu_);  // ClusterFileSeen of its last read
   std::function<void(bool)> listener_ ABSL_GUARDED_BY(mu_);
   bool last_serving_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -257,8 +257,18 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   // calls (returned in `to_start`; sent by the caller after unlocking).
   absl::Status PlanAttempt(std::vector<Call*>* to_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
+    // A retry plans on the map the layer started with; nodes taken out since
+    // (another call's failure) are a last resort, like avoided ones: a dead
+    // node answers at once, so by load alone it would look the least busy.
+    std::set<int> avoided = avoided_;
+    if (attempt_ > 0) {
+      for (size_t n = 0; n < topo_->nodes.size(); ++n) {
+        common::MutexLock lock(&topo_->nodes[n]->mu);
+        if (!topo_->nodes[n]->live) avoided.insert(static_cast<int>(n));
+      }
+    }
     absl::StatusOr<std::vector<NodeCall>> plan =
-        PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(), excluded_, avoided_, rotation_);
+        PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(), excluded_, avoided, rotation_);
     if (!plan.ok()) {
       return first_failure_.empty()
                  ? plan.status()
@@ -348,6 +358,19 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         }
         result = Settle(&to_start);
         if (result.has_value()) Decide();
+      } else if (!decided_) {
+        // The call's race may be settled before the others: its losers
+        // (a slow primary, or the hedges it beat) are cancelled now, not
+        // when the slowest race of the attempt ends.
+        for (const Race& r : races_) {
+          if (r.primary != call && std::find(r.hedges.begin(), r.hedges.end(), call) == r.hedges.end()) continue;
+          if (!Settled(r)) break;
+          if (!r.primary->done) to_cancel.push_back(r.primary);
+          for (Call* h : r.hedges) {
+            if (!h->done) to_cancel.push_back(h);
+          }
+          break;
+        }
       }
     }
     backend_->CallEnded(*call);

@@ -136,6 +136,29 @@ class FakeNode {
     }
   }
 
+  // Holds the GetNodeInfo calls that come from now on, until ReleaseInfo
+  // answers them (on its thread).
+  void HoldInfo() {
+    common::MutexLock lock(&mu_);
+    hold_info_ = true;
+  }
+  int held_info() {
+    common::MutexLock lock(&mu_);
+    return static_cast<int>(held_info_.size());
+  }
+  void ReleaseInfo() {
+    std::vector<std::pair<colibri::v1::GetNodeInfoResponse*, router_node::NodeChannel::Done>> held;
+    {
+      common::MutexLock lock(&mu_);
+      hold_info_ = false;
+      held.swap(held_info_);
+    }
+    for (auto& [response, done] : held) {
+      Info(response);
+      done(grpc::Status::OK);
+    }
+  }
+
   // A NodeChannel onto this node (the backend owns it; the node outlives it).
   std::unique_ptr<router_node::NodeChannel> Channel() { return std::make_unique<ChannelImpl>(this); }
 
@@ -156,6 +179,13 @@ class FakeNode {
     }
     void GetNodeInfo(grpc::ClientContext*, const colibri::v1::GetNodeInfoRequest*,
                      colibri::v1::GetNodeInfoResponse* response, Done done) override {
+      {
+        common::MutexLock lock(&node_->mu_);
+        if (node_->hold_info_) {
+          node_->held_info_.emplace_back(response, std::move(done));
+          return;
+        }
+      }
       node_->Info(response);
       done(grpc::Status::OK);
     }
@@ -282,6 +312,9 @@ class FakeNode {
   std::set<grpc::ClientContext*> cancel_early_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_info_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::pair<colibri::v1::GetNodeInfoResponse*, router_node::NodeChannel::Done>> held_info_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace testing

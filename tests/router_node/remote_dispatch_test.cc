@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <optional>
+#include <thread>
 
 #include "router_node/remote_backend.h"
 #include "tests/router_node/fake_node.h"
@@ -240,6 +241,43 @@ TEST_CASE("hedging: a slow call's work also goes to another replica and the firs
     CHECK(p.result->ok());
     CHECK(c1.backend->hedges() == 0);
   }
+}
+
+TEST_CASE("a race won by its hedge cancels its slow call at once, not when the other races end", "[remote_dispatch]") {
+  // n0 and n2 hold experts 0-1, n1 and n3 experts 2-3.
+  Cluster c({{0, 1}, {2, 3}, {0, 1}, {2, 3}}, absl::Milliseconds(10));
+  c.nodes[0]->Script({{FakeNode::kHang}});
+  c.nodes[1]->Script({{FakeNode::kHang}});
+  c.nodes[3]->Script({{FakeNode::kHang}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  c.clock.Advance(absl::Milliseconds(10));  // hedges: n2 answers for n0, n3 hangs like n1
+  CHECK(!p.result.has_value());
+  CHECK(c.nodes[0]->cancelled() == 1);  // its race is won
+  CHECK(c.nodes[1]->cancelled() == 0);  // its race is still open
+  c.nodes[1]->ReleaseAll();
+  REQUIRE(p.result.has_value());
+  REQUIRE(p.result->ok());
+  for (int s : {0, 1}) CHECK(l.answered_by(s) == 3);
+  for (int s : {2, 3}) CHECK(l.answered_by(s) == 2);
+  CHECK(c.nodes[3]->cancelled() == 1);
+}
+
+TEST_CASE("a health probe sent before a call took its node out does not bring the node back", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->HoldInfo();
+  std::thread round([&] { c.backend->CheckNow(); });
+  while (c.nodes[0]->held_info() == 0) std::this_thread::yield();
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+  Layer l;
+  REQUIRE(Run(c, l).ok());  // n0 failed and is out; the retry answered
+  CHECK(!c.live(0));
+  c.nodes[0]->ReleaseInfo();  // the probe, sent before the failure, says "live"
+  round.join();
+  CHECK(!c.live(0));
+  c.backend->CheckNow();  // a probe sent after it decides
+  CHECK(c.live(0));
 }
 
 TEST_CASE("the client's deadline ends the layer, while a node timeout is the node's fault", "[remote_dispatch]") {
