@@ -81,6 +81,14 @@ absl::Status CheckComputeSizes(const v1::ComputeRequest& request, int64_t d_mode
   if (indices > limits.max_row_indices) {
     return absl::ResourceExhaustedError(absl::StrCat("experts: more than ", limits.max_row_indices, " row indices"));
   }
+  // The reply is bounded like the request (the message limit is sized for
+  // max_rows rows): checked before any compute, not found when sending.
+  // (Grouped replies have at most one row per row index, and each must be
+  // filled: ComputeEngine::Prepare refuses more as INVALID_ARGUMENT.)
+  if (request.per_expert_output() && indices > limits.max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat("per_expert_output: the reply would have ", indices,
+                                                     " rows (one per row index), over the limit of ", limits.max_rows));
+  }
   return absl::OkStatus();
 }
 

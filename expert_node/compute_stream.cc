@@ -1,10 +1,14 @@
 // ExpertNode.ComputeStream: Compute calls as messages on one stream. Each
 // message read becomes a ComputeCall admitted like a unary call (the same
 // checks, queue, merging and inline run); its answer is queued for writing,
-// one write at a time, in the order the calls finish. The stream finishes
-// when the caller has half-closed (or the stream broke), every call read has
-// been answered, and the last write is done.
+// one write at a time, in the order the calls finish. Reading pauses while
+// kMaxQueuedReplies answers wait to be written (a caller that does not read
+// cannot make the node hold its answers without bound). The stream finishes
+// when reading has ended — the caller half-closed, the stream broke, or the
+// node is shutting down (CloseStreams) —, every call read has been answered,
+// and the last write is done.
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -21,6 +25,12 @@ namespace colibri {
 namespace expert_node {
 namespace v1 = colibri::v1;
 
+namespace {
+constexpr size_t kMaxQueuedReplies = 64;
+// Longer timeouts are the stream's deadline (and never overflow the clock).
+constexpr int64_t kMaxTimeoutMicros = int64_t{24} * 3600 * 1000000;
+}  // namespace
+
 class ExpertService::StreamReactor final
     : public grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse> {
  public:
@@ -31,39 +41,47 @@ class ExpertService::StreamReactor final
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // half-closed by the caller, or broken: no more calls
-      Release();
+      EndReading();
       return;
     }
     std::shared_ptr<Message> message = std::move(incoming_);
     incoming_ = std::make_shared<Message>();
-    if (message->request.cancel()) {
-      CancelCall(message->request.call_id());
-      StartRead(&incoming_->request);
-      return;
+    const uint64_t id = message->request.call_id();
+    bool read_on = true;
+    {
+      common::MutexLock lock(&mu_);
+      if (reading_ended_) return;  // closing: the caller retries calls left unanswered
+      if (message->request.cancel()) {
+        if (auto it = in_flight_.find(id); it != in_flight_.end()) {
+          it->second->cancelled.store(true, std::memory_order_relaxed);
+        }
+      } else {
+        ++holds_;
+        in_flight_[id] = message;
+      }
+      read_paused_ = pending_writes_.size() >= kMaxQueuedReplies;
+      read_on = !read_paused_;
     }
+    // The next message may arrive while this one computes on this thread.
+    if (read_on) StartRead(&incoming_->request);
+    if (message->request.cancel()) return;
     auto call = std::make_shared<ComputeCall>();
     call->request = &message->request.request();
     call->response = message->reply.mutable_response();
-    call->deadline =
-        message->request.timeout_micros() > 0
-            ? std::chrono::system_clock::now() + std::chrono::microseconds(message->request.timeout_micros())
-            : context_->deadline();
+    const int64_t timeout = message->request.timeout_micros();
+    call->deadline = timeout > 0 && timeout <= kMaxTimeoutMicros
+                         ? std::chrono::system_clock::now() + std::chrono::microseconds(timeout)
+                         : context_->deadline();
     call->cancelled = [message, context = context_] {
       return message->cancelled.load(std::memory_order_relaxed) || context->IsCancelled();
     };
     call->answer = [this, message](const grpc::Status& status) { Answered(*message, status); };
-    {
-      common::MutexLock lock(&mu_);
-      ++holds_;
-      in_flight_[message->request.call_id()] = message;
-    }
-    // The next message may arrive while this one computes on this thread.
-    StartRead(&incoming_->request);
     service_->Admit(std::move(call));
   }
 
   void OnWriteDone(bool ok) override {
     v1::ComputeStreamResponse* next = nullptr;
+    bool resume = false;
     {
       common::MutexLock lock(&mu_);
       writing_.reset();
@@ -76,7 +94,12 @@ class ExpertService::StreamReactor final
         pending_writes_.pop_front();
         next = writing_.get();
       }
+      if (read_paused_ && !reading_ended_ && pending_writes_.size() < kMaxQueuedReplies) {
+        read_paused_ = false;
+        resume = true;
+      }
     }
+    if (resume) StartRead(&incoming_->request);
     if (next != nullptr) {
       StartWrite(next);
       return;
@@ -84,7 +107,14 @@ class ExpertService::StreamReactor final
     Release();  // the writes' hold
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->StreamEnded(this);
+    delete this;
+  }
+
+  // Reads no more calls: those in flight are answered, then the stream
+  // finishes. For the node's shutdown (ExpertService::CloseStreams).
+  void Close() { EndReading(); }
 
  private:
   // A call as read, and its answer.
@@ -94,11 +124,14 @@ class ExpertService::StreamReactor final
     std::atomic<bool> cancelled{false};
   };
 
-  void CancelCall(uint64_t call_id) {
-    common::MutexLock lock(&mu_);
-    if (auto it = in_flight_.find(call_id); it != in_flight_.end()) {
-      it->second->cancelled.store(true, std::memory_order_relaxed);
+  // Drops the read loop's hold, once.
+  void EndReading() {
+    {
+      common::MutexLock lock(&mu_);
+      if (reading_ended_) return;
+      reading_ended_ = true;
     }
+    Release();
   }
 
   // A call's answer: queued for writing (or written now when no write is in
@@ -115,7 +148,10 @@ class ExpertService::StreamReactor final
     v1::ComputeStreamResponse* start = nullptr;
     {
       common::MutexLock lock(&mu_);
-      in_flight_.erase(message.request.call_id());
+      if (auto it = in_flight_.find(message.request.call_id());
+          it != in_flight_.end() && it->second.get() == &message) {
+        in_flight_.erase(it);
+      }
       if (!broken_) {
         if (writing_ == nullptr) {
           writing_ = std::move(reply);
@@ -144,6 +180,8 @@ class ExpertService::StreamReactor final
   std::shared_ptr<Message> incoming_;  // touched only by the read reactions, one at a time
   common::Mutex mu_;
   int holds_ ABSL_GUARDED_BY(mu_) = 1;  // the read loop, + each call in flight, + the writes
+  bool reading_ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // no read outstanding: too many answers queued
   std::map<uint64_t, std::shared_ptr<Message>> in_flight_ ABSL_GUARDED_BY(mu_);
   // The reply being written (set until OnWriteDone), and those waiting for it.
   std::unique_ptr<v1::ComputeStreamResponse> writing_ ABSL_GUARDED_BY(mu_);
@@ -153,7 +191,28 @@ class ExpertService::StreamReactor final
 
 grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse>* ExpertService::ComputeStream(
     grpc::CallbackServerContext* context) {
-  return new StreamReactor(this, context);
+  auto* reactor = new StreamReactor(this, context);
+  bool closing = false;
+  {
+    common::MutexLock lock(&streams_mu_);
+    streams_.insert(reactor);
+    closing = streams_closed_;
+  }
+  if (closing) reactor->Close();
+  return reactor;
+}
+
+void ExpertService::StreamEnded(StreamReactor* reactor) {
+  common::MutexLock lock(&streams_mu_);
+  streams_.erase(reactor);
+}
+
+void ExpertService::CloseStreams() {
+  common::MutexLock lock(&streams_mu_);
+  streams_closed_ = true;
+  // Under the lock: a reactor is deleted only after leaving the set. Close
+  // may finish a stream; gRPC then schedules its OnDone, never runs it inline.
+  for (StreamReactor* reactor : streams_) reactor->Close();
 }
 
 }  // namespace expert_node

@@ -109,6 +109,7 @@ void ExpertServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
     metrics_server_.reset();  // first: its slowest client must not delay the drain
     server_->GetHealthCheckService()->SetServingStatus(false);
+    service_->CloseStreams();  // else an open stream keeps the drain waiting to its deadline
     if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls (the compute thread still runs)
     server_->Wait();

@@ -95,6 +95,12 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* context, const colibri::v1::ReloadRequest* request,
                                    colibri::v1::ReloadResponse* response) override;
 
+  // For the node's shutdown, before the server's: open ComputeStreams read no
+  // more calls and finish once those in flight are answered (a stream would
+  // otherwise stay open, and the server's drain wait for it to the end). Streams
+  // opened after it are finished at once.
+  void CloseStreams();
+
   // The reload both the RPC and SIGHUP use: reloads the store and records the
   // outcome (GetNodeInfo.last_reload_error, metrics). Blocks for the load.
   absl::Status ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
@@ -109,6 +115,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   struct ComputeCall;  // one Compute call in flight
   struct Job;
   class StreamReactor;  // one ComputeStream (compute_stream.cc)
+  void StreamEnded(StreamReactor* reactor);
   // Checks the call's sizes and budget, then runs it at once (an idle node,
   // one slice) or queues it; answers it on failure.
   void Admit(std::shared_ptr<ComputeCall> call);
@@ -154,6 +161,9 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   bool reload_running_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reload_thread_ ABSL_GUARDED_BY(mu_);  // the last reload's worker, joined before the next
   std::thread compute_thread_;
+  common::Mutex streams_mu_;
+  std::set<StreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);  // the open ComputeStreams
+  bool streams_closed_ ABSL_GUARDED_BY(streams_mu_) = false;
   int64_t computes_ = 0;  // whoever holds busy_: calls run, for inject_delay_every
 };
 

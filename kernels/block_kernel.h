@@ -99,6 +99,14 @@ using TileKernelFn = void (*)(const common::MatrixView& w, int64_t block, const 
 // kTileQ8ChunkGroups groups at a time.
 inline constexpr int64_t kTileQ8ChunkGroups = 32;
 inline constexpr int64_t kTileQ8RecordBytes = 16 * 64 * 4 + 2 * 64 * sizeof(float);
+// Records built once for an int4 matrix keep the nibbles packed: per group 8
+// step pairs of [64 rows][4 bytes], step s in the low nibbles and step s + 8
+// in the high ones, then the same scales: 2.5 KiB per 64 × 64 weights, not 4.5.
+inline constexpr int64_t kTileQ4PackedRecordBytes = 8 * 64 * 4 + 2 * 64 * sizeof(float);
+// The bytes of one group's record in a matrix's built records (MatrixView::q8_records).
+inline constexpr int64_t BuiltQ8RecordBytes(common::DType type) {
+  return type == common::DType::kInt4 ? kTileQ4PackedRecordBytes : kTileQ8RecordBytes;
+}
 inline constexpr size_t TileQ8ScratchBytes(int64_t cols) {
   return static_cast<size_t>((cols / 64 < kTileQ8ChunkGroups ? cols / 64 : kTileQ8ChunkGroups) * kTileQ8RecordBytes);
 }
@@ -116,15 +124,19 @@ void TileInt4Vnni(const common::MatrixView& w, int64_t block, const Activations&
 // int8's last step, out = row scale · (out − 128 · Σ_g x.q8_sums), which
 // takes off the 128 the repacking added to every weight.
 void RepackQ8Records(const common::MatrixView& w, int64_t block, int64_t g0, int64_t g1, uint8_t* records);
-// Bytes of a whole int8/int4 matrix in that layout: every block's groups'
-// records, block after block (groups = padded_cols / 64).
+// Bytes of a whole int8/int4 matrix's built records: every block's groups'
+// records, block after block (groups = padded_cols / 64), int4's packed.
 inline size_t Q8RecordsBytes(const common::MatrixLayout& l) {
-  return static_cast<size_t>(l.num_blocks() * (l.padded_cols / 64) * kTileQ8RecordBytes);
+  return static_cast<size_t>(l.num_blocks() * (l.padded_cols / 64) * BuiltQ8RecordBytes(l.dtype));
 }
 // Fills `records` (Q8RecordsBytes(w.layout) bytes, 64-byte aligned) with the
-// whole matrix in that layout: what MatrixView::q8_records points to. The
-// tile kernels give the same bits with it as without. REQUIRES AVX-512.
+// whole matrix in that layout (int4: packed): what MatrixView::q8_records
+// points to. The tile kernels give the same bits with it as without.
+// REQUIRES AVX-512.
 void BuildQ8Records(const common::MatrixView& w, uint8_t* records);
+// `groups` packed int4 records → the per-call layout (kTileQ8RecordBytes
+// each), for the AMX tiles, whose operands are bytes in memory.
+void UnpackQ4Records(const uint8_t* packed, int64_t groups, uint8_t* records);
 void FinishTileInt8(const common::MatrixView& w, int64_t block, const Activations& x, float* out);
 
 // int8 / int4 weights on AMX tiles (tdpbsud; kernels/tile_q8_amx.h): the

@@ -35,7 +35,7 @@ using common::DType;
 
 // Bumped whenever the candidates or the way they are timed change, so a
 // cache written by another version is not read.
-constexpr int kProfileVersion = 7;
+constexpr int kProfileVersion = 8;
 // d_model and d_ff of the synthetic experts: small ones (in cache: compute
 // decides) for the row thresholds, large ones (100 MB at bf16: streamed from
 // memory, as decode does) for the choice of block kernel and the int8-tile

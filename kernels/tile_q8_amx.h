@@ -40,12 +40,18 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
   alignas(64) int32_t dots[32][32];  // C of two token groups × 32 outputs
   std::fill(out, out + T * kBlockRows, 0.f);
   int configured0 = -1, configured1 = -1;
-  // Records built ahead (BuildQ8Records) are read in place, front to back.
-  const uint8_t* records = w.q8_records != nullptr ? w.q8_records + block * groups * kTileQ8RecordBytes : nullptr;
+  // Records built ahead (BuildQ8Records) are read in place, front to back;
+  // int4's, packed, are unpacked a chunk at a time into `scratch` (in cache).
+  const int64_t record_bytes = BuiltQ8RecordBytes(w.layout.dtype);
+  const uint8_t* records = w.q8_records != nullptr ? w.q8_records + block * groups * record_bytes : nullptr;
   for (int64_t g0 = 0; g0 < groups; g0 += kTileQ8ChunkGroups) {
     const int64_t g1 = std::min(groups, g0 + kTileQ8ChunkGroups);
-    const uint8_t* chunk = records != nullptr ? records + g0 * kTileQ8RecordBytes : scratch;
-    if (records == nullptr) RepackQ8Records(w, block, g0, g1, scratch);
+    const uint8_t* chunk = records != nullptr && !kInt4 ? records + g0 * kTileQ8RecordBytes : scratch;
+    if (records == nullptr) {
+      RepackQ8Records(w, block, g0, g1, scratch);
+    } else if (kInt4) {
+      UnpackQ4Records(records + g0 * record_bytes, g1 - g0, scratch);
+    }
     // The next chunk of the stored rows (this block's, or the next block's
     // first), prefetched to L2 during the last token groups' pass: 64 rows
     // read across are streams no hardware prefetcher follows.

@@ -22,7 +22,9 @@
 #include "kernels/x86_simd.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "kernels/block_kernel.h"
 
@@ -32,11 +34,14 @@ namespace {
 
 using common::kBlockRows;
 
-constexpr int64_t kStepBytes = kBlockRows * 4;        // one step: 64 rows x 4 inputs
-constexpr int64_t kGroupBytes = 16 * kStepBytes;      // one 64-input group of the block
-constexpr int64_t kRecordBytes = kTileQ8RecordBytes;  // + int4's s_g and s_g·z_g per row
+constexpr int64_t kStepBytes = kBlockRows * 4;                    // one step: 64 rows x 4 inputs
+constexpr int64_t kGroupBytes = 16 * kStepBytes;                  // one 64-input group of the block
+constexpr int64_t kRecordBytes = kTileQ8RecordBytes;              // + int4's s_g and s_g·z_g per row
+constexpr int64_t kPackedRecordBytes = kTileQ4PackedRecordBytes;  // int4 records built once: nibbles packed
+constexpr int64_t kPackedGroupBytes = 8 * kStepBytes;
 constexpr int64_t kChunkGroups = kTileQ8ChunkGroups;  // groups repacked at a time (~144 KiB: stays in L2)
 static_assert(kRecordBytes == kGroupBytes + 2 * 64 * sizeof(float) && kRecordBytes % 64 == 0);
+static_assert(kPackedRecordBytes == kPackedGroupBytes + 2 * 64 * sizeof(float) && kPackedRecordBytes % 64 == 0);
 // Tokens per tile: up to 3 over all 64 rows (4 zmm a step: 12 int32 + 12 f32
 // accumulators), 4 to 6 over 32 rows at a time (2 zmm: up to 12 + 12), which
 // loads half the weights per product from L2.
@@ -146,9 +151,15 @@ constexpr int64_t kFetchTiles = 4;  // the last this many token tiles share the 
 // out[t * 64 + row]) += the groups' sums. int8: Σ_g xs_g·dot_g (the row scale
 // and the 128s come off at the end); int4: Σ_g s_g·xs_g·dot_g −
 // s_g·z_g·q8_sums_g. The same operations per (row, token) whatever TT and NV.
-template <bool kInt4, int TT, int NV>
+// kPacked (int4 records built once): a step pair's bytes hold step s in the
+// low nibbles and s + 8 in the high ones, split in registers; the int32 sums
+// are exact, so the bits are those of the unpacked records.
+template <bool kInt4, bool kPacked, int TT, int NV>
 void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0, int64_t g1, const Ahead& ahead, int v0,
               float* out) {
+  static_assert(kInt4 || !kPacked);
+  constexpr int64_t kRecord = kPacked ? kPackedRecordBytes : kRecordBytes;
+  constexpr int64_t kSteps = kPacked ? kPackedGroupBytes : kGroupBytes;  // where the scales start
   const int64_t K = x.cols, groups = K / 64;
   float* o = out + t0 * kBlockRows;
   __m512 acc[TT][NV];
@@ -165,24 +176,51 @@ void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0,
       const uint8_t* p = ahead.row0 + (line / ahead.per_row) * ahead.row_bytes + (line % ahead.per_row) * 64;
       _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
     }
-    const uint8_t* record = tile + (g - g0) * kRecordBytes;
+    const uint8_t* record = tile + (g - g0) * kRecord;
     const int8_t* xq = x.q8 + t0 * K + g * 64;
     __m512i dot[TT][NV];
-#pragma GCC unroll 16
-    for (int s = 0; s < 16; ++s) {
-      __m512i xv[TT];
+    if constexpr (kPacked) {
+      const __m512i low = _mm512_set1_epi8(0x0f);
 #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        int32_t four;
-        std::memcpy(&four, xq + t * K + 4 * s, 4);
-        xv[t] = _mm512_set1_epi32(four);
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < NV; ++i) {
-        const __m512i wv = _mm512_load_si512(record + s * kStepBytes + 64 * (v0 + i));
+      for (int s = 0; s < 8; ++s) {
+        __m512i xlo[TT], xhi[TT];
 #pragma GCC unroll 8
         for (int t = 0; t < TT; ++t) {
-          dot[t][i] = _mm512_dpbusd_epi32(s == 0 ? _mm512_setzero_si512() : dot[t][i], wv, xv[t]);
+          int32_t four;
+          std::memcpy(&four, xq + t * K + 4 * s, 4);
+          xlo[t] = _mm512_set1_epi32(four);
+          std::memcpy(&four, xq + t * K + 4 * (s + 8), 4);
+          xhi[t] = _mm512_set1_epi32(four);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; ++i) {
+          const __m512i both = _mm512_load_si512(record + s * kStepBytes + 64 * (v0 + i));
+          const __m512i lo = _mm512_and_si512(both, low);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(both, 4), low);
+#pragma GCC unroll 8
+          for (int t = 0; t < TT; ++t) {
+            dot[t][i] = _mm512_dpbusd_epi32(s == 0 ? _mm512_setzero_si512() : dot[t][i], lo, xlo[t]);
+            dot[t][i] = _mm512_dpbusd_epi32(dot[t][i], hi, xhi[t]);
+          }
+        }
+      }
+    } else {
+#pragma GCC unroll 16
+      for (int s = 0; s < 16; ++s) {
+        __m512i xv[TT];
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) {
+          int32_t four;
+          std::memcpy(&four, xq + t * K + 4 * s, 4);
+          xv[t] = _mm512_set1_epi32(four);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; ++i) {
+          const __m512i wv = _mm512_load_si512(record + s * kStepBytes + 64 * (v0 + i));
+#pragma GCC unroll 8
+          for (int t = 0; t < TT; ++t) {
+            dot[t][i] = _mm512_dpbusd_epi32(s == 0 ? _mm512_setzero_si512() : dot[t][i], wv, xv[t]);
+          }
         }
       }
     }
@@ -194,7 +232,7 @@ void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0,
       for (int i = 0; i < NV; ++i) {
         const __m512 d = _mm512_cvtepi32_ps(dot[t][i]);
         if (kInt4) {
-          const float* m = reinterpret_cast<const float*>(record + kGroupBytes) + 16 * (v0 + i);
+          const float* m = reinterpret_cast<const float*>(record + kSteps) + 16 * (v0 + i);
           const __m512 scale = _mm512_mul_ps(_mm512_load_ps(m), xs);
           acc[t][i] = _mm512_fnmadd_ps(_mm512_load_ps(m + 64), sums, _mm512_fmadd_ps(d, scale, acc[t][i]));
         } else {
@@ -210,25 +248,30 @@ void Multiply(const uint8_t* tile, const Activations& x, int64_t t0, int64_t g0,
   }
 }
 
+using MultiplyFn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, int64_t, const Ahead&, int, float*);
+// n tokens: Tiles<...>[n - 1], over all rows (n <= 3) or over each half.
+template <bool kInt4, bool kPacked>
+constexpr MultiplyFn kTiles[kMaxTokens] = {Multiply<kInt4, kPacked, 1, 4>, Multiply<kInt4, kPacked, 2, 4>,
+                                           Multiply<kInt4, kPacked, 3, 4>, Multiply<kInt4, kPacked, 4, 2>,
+                                           Multiply<kInt4, kPacked, 5, 2>, Multiply<kInt4, kPacked, 6, 2>};
+
 template <bool kInt4>
 void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
-  using Fn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, int64_t, const Ahead&, int, float*);
-  // n tokens: kTiles[n - 1], over all rows (n <= 3) or over each half.
-  static constexpr Fn kTiles[kMaxTokens] = {Multiply<kInt4, 1, 4>, Multiply<kInt4, 2, 4>, Multiply<kInt4, 3, 4>,
-                                            Multiply<kInt4, 4, 2>, Multiply<kInt4, 5, 2>, Multiply<kInt4, 6, 2>};
   const int64_t K = x.cols, T = x.num_tokens, groups = K / 64;
   constexpr int64_t kGroupRowBytes = kInt4 ? 32 : 64;  // a group of one row, stored
   const uint8_t* base = w.data + block * w.layout.block_bytes;
-  // Records built ahead (BuildQ8Records): this block's, read in place.
-  const uint8_t* records = w.q8_records != nullptr ? w.q8_records + block * groups * kRecordBytes : nullptr;
+  // Records built ahead (BuildQ8Records): this block's, read in place (int4's packed).
+  const int64_t record_bytes = BuiltQ8RecordBytes(w.layout.dtype);
+  const uint8_t* records = w.q8_records != nullptr ? w.q8_records + block * groups * record_bytes : nullptr;
+  const MultiplyFn* tiles_of = records != nullptr && kInt4 ? kTiles<kInt4, kInt4> : kTiles<kInt4, false>;
   for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
     const int64_t g1 = std::min(groups, g0 + kChunkGroups);
     // The next chunk: this block's, or after the last one the next block's first.
     const int64_t next_groups = g1 < groups ? std::min(kChunkGroups, groups - g1) : std::min(kChunkGroups, groups);
     Ahead ahead;
     if (records != nullptr) {  // the next chunk's records follow this one's
-      ahead.row0 = records + g1 * kRecordBytes;
-      ahead.per_row = next_groups * kRecordBytes / 64;
+      ahead.row0 = records + g1 * record_bytes;
+      ahead.per_row = next_groups * record_bytes / 64;
     } else {
       ahead.row_bytes = K / 64 * kGroupRowBytes;
       ahead.row0 = g1 < groups ? base + g1 * kGroupRowBytes : base + w.layout.block_bytes;
@@ -238,7 +281,7 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
     const int64_t rows_ahead = records != nullptr ? 1 : kBlockRows;
     const int64_t lines = last ? 0 : rows_ahead * ahead.per_row, tiles = (T + kMaxTokens - 1) / kMaxTokens;
     const int64_t fetching = std::min(tiles, kFetchTiles);
-    const uint8_t* chunk = records != nullptr ? records + g0 * kRecordBytes : scratch;
+    const uint8_t* chunk = records != nullptr ? records + g0 * record_bytes : scratch;
     if (records == nullptr) Repack<kInt4>(w, block, K, g0, g1, scratch);
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t t0 = tile * kMaxTokens, j = tile - (tiles - fetching);  // j-th of the prefetching tiles
@@ -247,12 +290,12 @@ void Run(const common::MatrixView& w, int64_t block, const Activations& x, uint8
       part.end = j < 0 ? 0 : lines * (j + 1) / fetching;
       const int64_t n = std::min<int64_t>(kMaxTokens, T - t0);
       if (n <= 3) {
-        kTiles[n - 1](chunk, x, t0, g0, g1, part, 0, out);
+        tiles_of[n - 1](chunk, x, t0, g0, g1, part, 0, out);
       } else {  // rows 0-31, then 32-63, each with half the lines to prefetch
         Ahead second = part;
         part.end = second.first = (part.first + part.end) / 2;
-        kTiles[n - 1](chunk, x, t0, g0, g1, part, 0, out);
-        kTiles[n - 1](chunk, x, t0, g0, g1, second, 2, out);
+        tiles_of[n - 1](chunk, x, t0, g0, g1, part, 0, out);
+        tiles_of[n - 1](chunk, x, t0, g0, g1, second, 2, out);
       }
     }
   }
@@ -271,8 +314,43 @@ void RepackQ8Records(const common::MatrixView& w, int64_t block, int64_t g0, int
 
 void BuildQ8Records(const common::MatrixView& w, uint8_t* records) {
   const int64_t groups = w.layout.padded_cols / 64;
-  for (int64_t b = 0; b < w.layout.num_blocks(); ++b)
-    RepackQ8Records(w, b, 0, groups, records + b * groups * kRecordBytes);
+  if (w.layout.dtype != common::DType::kInt4) {
+    for (int64_t b = 0; b < w.layout.num_blocks(); ++b)
+      RepackQ8Records(w, b, 0, groups, records + b * groups * kRecordBytes);
+    return;
+  }
+  // int4: a chunk repacked as per call, then each record's step s and s + 8 packed into one step's bytes.
+  const std::unique_ptr<uint8_t, decltype(&std::free)> buffer(
+      static_cast<uint8_t*>(std::aligned_alloc(64, kChunkGroups * kRecordBytes)), &std::free);
+  uint8_t* const chunk = buffer.get();
+  uint8_t* packed = records;
+  for (int64_t b = 0; b < w.layout.num_blocks(); ++b) {
+    for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
+      const int64_t g1 = std::min(groups, g0 + kChunkGroups);
+      RepackQ8Records(w, b, g0, g1, chunk);
+      for (int64_t g = 0; g < g1 - g0; ++g, packed += kPackedRecordBytes) {
+        const uint8_t* record = chunk + g * kRecordBytes;
+        for (int64_t at = 0; at < kPackedGroupBytes; at += 64) {
+          const __m512i lo = _mm512_load_si512(record + at);
+          const __m512i hi = _mm512_load_si512(record + kPackedGroupBytes + at);  // bytes 0..15: no carry
+          _mm512_store_si512(packed + at, _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)));
+        }
+        std::memcpy(packed + kPackedGroupBytes, record + kGroupBytes, kRecordBytes - kGroupBytes);
+      }
+    }
+  }
+}
+
+void UnpackQ4Records(const uint8_t* packed, int64_t groups, uint8_t* records) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t g = 0; g < groups; ++g, packed += kPackedRecordBytes, records += kRecordBytes) {
+    for (int64_t at = 0; at < kPackedGroupBytes; at += 64) {
+      const __m512i both = _mm512_load_si512(packed + at);
+      _mm512_store_si512(records + at, _mm512_and_si512(both, low));
+      _mm512_store_si512(records + kPackedGroupBytes + at, _mm512_and_si512(_mm512_srli_epi16(both, 4), low));
+    }
+    std::memcpy(records + kGroupBytes, packed + kPackedGroupBytes, kRecordBytes - kGroupBytes);
+  }
 }
 
 void FinishTileInt8(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {

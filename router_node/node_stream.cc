@@ -2,6 +2,7 @@
 
 #include <grpcpp/alarm.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -78,18 +79,29 @@ class StreamNodeChannel::Stream final
     StartCall();
   }
 
-  // Queues a message; returns it when the caller is to write it now (outside
-  // the lock, with Write). A stream that has ended drops it. REQUIRES: the
-  // State's lock held (a comment: the analysis cannot see that the caller's
-  // State is this stream's).
-  v1::ComputeStreamRequest* Enqueue(std::unique_ptr<v1::ComputeStreamRequest> message) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Queues a message (a call's, with its deadline, or a cancel); returns it
+  // when the caller is to write it now (outside the lock, with Write). A
+  // stream that has ended drops it. REQUIRES, here and in Drop: the State's
+  // lock held (a comment: the analysis cannot see that the caller's State is
+  // this stream's).
+  v1::ComputeStreamRequest* Enqueue(std::unique_ptr<v1::ComputeStreamRequest> message,
+                                    std::chrono::system_clock::time_point deadline) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (ended_) return nullptr;
     if (writing_ != nullptr) {
-      queued_.push_back(std::move(message));
+      queued_.push_back({std::move(message), deadline});
       return nullptr;
     }
-    writing_ = std::move(message);
-    return writing_.get();
+    return StartWriting({std::move(message), deadline});
+  }
+  // Takes a call's message out of the queue if it has not been written: true
+  // when it was there (the node never hears of the call).
+  bool Drop(uint64_t call_id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto it = std::find_if(queued_.begin(), queued_.end(), [call_id](const Outgoing& o) {
+      return o.message->call_id() == call_id && !o.message->cancel();
+    });
+    if (it == queued_.end()) return false;
+    queued_.erase(it);
+    return true;
   }
   void Write(v1::ComputeStreamRequest* message) { StartWrite(message); }
 
@@ -107,9 +119,8 @@ class StreamNodeChannel::Stream final
       writing_.reset();
       if (!ok) unref = EndLocked();
       if (!ended_ && !queued_.empty()) {
-        writing_ = std::move(queued_.front());
+        next = StartWriting(std::move(queued_.front()));
         queued_.pop_front();
-        next = writing_.get();
       } else {
         release = ReleaseLocked();
       }
@@ -181,6 +192,24 @@ class StreamNodeChannel::Stream final
   }
 
  private:
+  // A message waiting to be written, and the deadline of its call (max: none).
+  struct Outgoing {
+    std::unique_ptr<v1::ComputeStreamRequest> message;
+    std::chrono::system_clock::time_point deadline;
+  };
+
+  // The message to write now, its timeout counted from now: the node counts
+  // it from when it reads the message, so time spent queued here is not added.
+  v1::ComputeStreamRequest* StartWriting(Outgoing o) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (o.deadline != std::chrono::system_clock::time_point::max()) {
+      const int64_t left =
+          std::chrono::duration_cast<std::chrono::microseconds>(o.deadline - std::chrono::system_clock::now()).count();
+      o.message->set_timeout_micros(std::max<int64_t>(1, left));
+    }
+    writing_ = std::move(o.message);
+    return writing_.get();
+  }
+
   // Marks the stream ended (no more writes) and detaches it from the State;
   // true when the caller is to drop the State's reference.
   bool EndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
@@ -202,7 +231,7 @@ class StreamNodeChannel::Stream final
   v1::ComputeStreamResponse incoming_;  // touched only by the read reactions, one at a time
   std::atomic<int> refs_{2};            // gRPC's and the State's
   std::unique_ptr<v1::ComputeStreamRequest> writing_ ABSL_GUARDED_BY(state_->mu);
-  std::deque<std::unique_ptr<v1::ComputeStreamRequest>> queued_ ABSL_GUARDED_BY(state_->mu);
+  std::deque<Outgoing> queued_ ABSL_GUARDED_BY(state_->mu);
   bool ended_ ABSL_GUARDED_BY(state_->mu) = false;
   bool released_ ABSL_GUARDED_BY(state_->mu) = false;
 };
@@ -223,12 +252,12 @@ void EndCall(const std::shared_ptr<StreamNodeChannel::State>& state, std::option
       }
     }
     if (id.has_value()) call = state->Take(*id);
-    if (call.has_value()) {
+    if (call.has_value() && !call->stream->Drop(*id)) {  // sent (or being sent): the node is told
       auto cancel = std::make_unique<v1::ComputeStreamRequest>();
       cancel->set_call_id(*id);
       cancel->set_cancel(true);
       stream = call->stream;  // alive: the call was pending on it
-      to_write = stream->Enqueue(std::move(cancel));
+      to_write = stream->Enqueue(std::move(cancel), std::chrono::system_clock::time_point::max());
     }
   }
   if (!call.has_value()) {
@@ -320,10 +349,6 @@ void StreamNodeChannel::Compute(grpc::ClientContext* context, const v1::ComputeR
   }
   auto message = std::make_unique<v1::ComputeStreamRequest>();
   *message->mutable_request() = *request;
-  if (has_deadline) {
-    message->set_timeout_micros(
-        std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now).count()));
-  }
   Stream* stream = nullptr;
   Stream* started = nullptr;
   v1::ComputeStreamRequest* to_write = nullptr;
@@ -337,7 +362,7 @@ void StreamNodeChannel::Compute(grpc::ClientContext* context, const v1::ComputeR
       id = st.next_id++;
       message->set_call_id(id);
       st.pending.emplace(id, State::Pending{context, request, response, std::move(done), stream, deadline});
-      to_write = stream->Enqueue(std::move(message));
+      to_write = stream->Enqueue(std::move(message), deadline);
       if (deadline < st.armed) {
         st.armed = deadline;
         arm = ++st.generation;

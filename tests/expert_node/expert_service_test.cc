@@ -226,18 +226,29 @@ TEST_CASE("a request over the row limits is refused before its rows are widened 
   CHECK(input.rows.capacity() == 0);
   limits.max_row_indices = 3;
   CHECK(ParseComputeRequest(Request(rows), kDModel, 4, limits, &input).ok());
+  // A reply of more rows than the limit is refused too, before any compute.
+  limits.max_rows = 3;
+  v1::ComputeRequest per_entry = Request(rows);
+  per_entry.mutable_experts(1)->add_row_indices(0);
+  per_entry.mutable_experts(1)->add_weights(0.25f);  // 4 row indices: a 4-row reply
+  per_entry.set_per_expert_output(true);
+  limits.max_row_indices = 4;
+  const absl::Status reply = ParseComputeRequest(per_entry, kDModel, 4, limits, &input);
+  CHECK(reply.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(reply.message().find("the reply would have 4 rows") != absl::string_view::npos);
 }
 
 TEST_CASE("a call past its deadline is abandoned during compute, not computed to the end") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  // Every Compute sleeps 300 ms before computing: a 150 ms deadline (room for
-  // a slow sanitizer build to get the call going first) has passed by the
-  // time the kernels start, so the first poll between blocks stops it.
-  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/300);
+  // Every Compute sleeps 1 s before computing: a 500 ms deadline (room for a
+  // slow sanitizer build to deliver the call to the node: one that ends
+  // before the node reads it is never seen there) has passed by the time the
+  // kernels start, so the first poll between blocks stops it.
+  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/1000);
   const std::vector<float> rows(3 * kDModel, 0.5f);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   v1::ComputeResponse response;
   CHECK(node.stub->Compute(&context, Request(rows), &response).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   // The node's own record of the call: not OK.

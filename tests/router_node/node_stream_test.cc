@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <sstream>
 #include <vector>
 
@@ -135,6 +136,35 @@ TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary C
   const Result bad = CallThrough(channel, Request(1, 99));
   CHECK(bad.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(CallThrough(channel, Request(2)).status.ok());  // the stream goes on after a failed call
+}
+
+TEST_CASE("a node shutting down finishes its open streams once their calls are answered") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  expert_node::ServerOptions options;
+  options.model_dir = dir / "model";
+  options.store.shard = *expert_node::ShardSpec::Parse("all");
+  options.threads = 1;
+  std::ostringstream log;
+  auto server = expert_node::ExpertServer::Create(options, &log);
+  REQUIRE(server.ok());
+  auto stub = v1::ExpertNode::NewStub(Loopback((*server)->port()));
+  grpc::ClientContext context;
+  auto stream = stub->ComputeStream(&context);
+  v1::ComputeStreamRequest m;
+  m.set_call_id(1);
+  *m.mutable_request() = Request(1);
+  REQUIRE(stream->Write(m));
+  v1::ComputeStreamResponse r;
+  REQUIRE(stream->Read(&r));
+  CHECK(r.code() == 0);
+  // A drain of a minute: the stream must not hold it (the caller never half-closes).
+  std::thread shutdown([&] { (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::minutes(1)); });
+  CHECK_FALSE(stream->Read(&r));  // the node ended the stream itself
+  const grpc::Status end = stream->Finish();
+  INFO(end.error_message());
+  CHECK(end.ok());  // finished, not cancelled by the drain's deadline
+  shutdown.join();
 }
 
 // A node whose ComputeStream is scripted: answers (weights_version 2), holds
