@@ -176,14 +176,16 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocke
   }
   // The old version's requests finish on it; release it once they have
   // (or, if some take longer, at the next load or at shutdown).
+  // A shutdown does not wait for this: it releases what is left itself.
   const absl::Time drain_until = absl::Now() + timeout;
-  while (!ReleaseRetired() && absl::Now() < drain_until) absl::SleepFor(absl::Milliseconds(20));
+  while (!ReleaseRetired() && absl::Now() < drain_until && !stopping_.load()) absl::SleepFor(absl::Milliseconds(20));
   return std::make_pair(version->router->model_id(), previous_id);
 }
 
 void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
     metrics_server_.reset();  // first: its slowest client must not delay the drain
+    stopping_.store(true);    // a LoadModel waiting for old requests stops waiting
     {
       common::MutexLock lock(&load_mu_);                 // waits for a LoadModel running
       if (remote_ != nullptr) remote_->backend->Stop();  // no health callback into the server from here on

@@ -8,6 +8,7 @@
 // Create() returns a started server. Thread-safe; Shutdown() is idempotent
 // and also run by the destructor.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -104,7 +105,8 @@ class RouterServer {
   std::unique_ptr<runtime::MetricsServer> metrics_server_;
   std::unique_ptr<Engine> engine_;  // local mode
   // Distributed mode: the serving version (the service holds its router).
-  common::Mutex load_mu_;  // one LoadModel at a time
+  common::Mutex load_mu_;              // one LoadModel at a time
+  std::atomic<bool> stopping_{false};  // Shutdown has begun
   std::shared_ptr<RemoteRouter> remote_ ABSL_GUARDED_BY(load_mu_);
   // Replaced versions whose requests may still run; destroyed on the loading
   // thread (never a node's callback thread: a backend waits for its calls).
