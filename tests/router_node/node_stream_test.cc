@@ -20,8 +20,8 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
@@ -76,21 +76,31 @@ std::shared_ptr<grpc::Channel> Loopback(int port) {
   return grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
 }
 
-TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary Compute") {
+// A real expert node with every expert of a small bf16 model, and a stub onto it.
+struct RealNode {
+  RealNode() {
+    colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+    expert_node::ServerOptions options;
+    options.model_dir = dir / "model";
+    options.store.shard = *expert_node::ShardSpec::Parse("all");
+    options.threads = 2;
+    auto created = expert_node::ExpertServer::Create(options, &log);
+    REQUIRE(created.ok());
+    server = std::move(created).value();
+    stub = v1::ExpertNode::NewStub(Loopback(server->port()));
+  }
   TempDir dir;
-  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  expert_node::ServerOptions options;
-  options.model_dir = dir / "model";
-  options.store.shard = *expert_node::ShardSpec::Parse("all");
-  options.threads = 2;
-  std::ostringstream log;
-  auto server = expert_node::ExpertServer::Create(options, &log);
-  REQUIRE(server.ok());
-  auto stub = v1::ExpertNode::NewStub(Loopback((*server)->port()));
+  std::ostringstream log;  // outlives the server
+  std::unique_ptr<expert_node::ExpertServer> server;
+  std::unique_ptr<v1::ExpertNode::Stub> stub;
+};
+
+TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary Compute") {
+  RealNode node;
 
   // Raw messages: three calls written back to back, one of them malformed.
   grpc::ClientContext context;
-  auto stream = stub->ComputeStream(&context);
+  auto stream = node.stub->ComputeStream(&context);
   for (uint64_t id : {7, 8, 9}) {
     v1::ComputeStreamRequest m;
     m.set_call_id(id);
@@ -113,13 +123,13 @@ TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary C
     REQUIRE(replies[id].code() == 0);
     v1::ComputeResponse unary;
     grpc::ClientContext c;
-    REQUIRE(stub->Compute(&c, Request(static_cast<int>(id)), &unary).ok());
+    REQUIRE(node.stub->Compute(&c, Request(static_cast<int>(id)), &unary).ok());
     CHECK(replies[id].response().output().data() == unary.output().data());  // bit for bit
     CHECK(!unary.output().data().empty());
   }
 
   // The router's channel: concurrent calls, each the unary bytes.
-  StreamNodeChannel channel(Loopback((*server)->port()), 64 << 10);
+  StreamNodeChannel channel(Loopback(node.server->port()), 64 << 10);
   std::vector<std::future<Result>> results;
   for (int i = 0; i < 12; ++i) {
     results.push_back(std::async(std::launch::async, [&channel, i] { return CallThrough(channel, Request(i)); }));
@@ -130,7 +140,7 @@ TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary C
     REQUIRE(r.status.ok());
     v1::ComputeResponse unary;
     grpc::ClientContext c;
-    REQUIRE(stub->Compute(&c, Request(i), &unary).ok());
+    REQUIRE(node.stub->Compute(&c, Request(i), &unary).ok());
     CHECK(r.response.output().data() == unary.output().data());
   }
   const Result bad = CallThrough(channel, Request(1, 99));
@@ -139,18 +149,9 @@ TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary C
 }
 
 TEST_CASE("a node shutting down finishes its open streams once their calls are answered") {
-  TempDir dir;
-  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  expert_node::ServerOptions options;
-  options.model_dir = dir / "model";
-  options.store.shard = *expert_node::ShardSpec::Parse("all");
-  options.threads = 1;
-  std::ostringstream log;
-  auto server = expert_node::ExpertServer::Create(options, &log);
-  REQUIRE(server.ok());
-  auto stub = v1::ExpertNode::NewStub(Loopback((*server)->port()));
+  RealNode node;
   grpc::ClientContext context;
-  auto stream = stub->ComputeStream(&context);
+  auto stream = node.stub->ComputeStream(&context);
   v1::ComputeStreamRequest m;
   m.set_call_id(1);
   *m.mutable_request() = Request(1);
@@ -159,7 +160,7 @@ TEST_CASE("a node shutting down finishes its open streams once their calls are a
   REQUIRE(stream->Read(&r));
   CHECK(r.code() == 0);
   // A drain of a minute: the stream must not hold it (the caller never half-closes).
-  std::thread shutdown([&] { (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::minutes(1)); });
+  std::thread shutdown([&] { node.server->Shutdown(std::chrono::system_clock::now() + std::chrono::minutes(1)); });
   CHECK_FALSE(stream->Read(&r));  // the node ended the stream itself
   const grpc::Status end = stream->Finish();
   INFO(end.error_message());
