@@ -76,9 +76,10 @@ type ExpertNodeClient interface {
 	//	                     outside the new model; a model file is malformed
 	//	                     (bad manifest, wrong size — a truncated file
 	//	                     included —, bad header, unknown version).
-	//	PERMISSION_DENIED    `model_dir` resolves outside the node's
-	//	                     --model-root.
-	//	NOT_FOUND            `model_dir` or a file it lists does not exist;
+	//	PERMISSION_DENIED    `model_dir` is not an existing directory inside
+	//	                     the node's --model-root (one answer for outside
+	//	                     and missing: the root's contents are not probed).
+	//	NOT_FOUND            a file the model directory lists does not exist;
 	//	                     drop_model_id not served by the node.
 	//	DATA_LOSS            a file's checksum does not match the manifest.
 	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked;
@@ -222,9 +223,10 @@ type ExpertNodeServer interface {
 	//	                     outside the new model; a model file is malformed
 	//	                     (bad manifest, wrong size — a truncated file
 	//	                     included —, bad header, unknown version).
-	//	PERMISSION_DENIED    `model_dir` resolves outside the node's
-	//	                     --model-root.
-	//	NOT_FOUND            `model_dir` or a file it lists does not exist;
+	//	PERMISSION_DENIED    `model_dir` is not an existing directory inside
+	//	                     the node's --model-root (one answer for outside
+	//	                     and missing: the root's contents are not probed).
+	//	NOT_FOUND            a file the model directory lists does not exist;
 	//	                     drop_model_id not served by the node.
 	//	DATA_LOSS            a file's checksum does not match the manifest.
 	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked;
