@@ -171,13 +171,13 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
   double sum = 0.0;
   for (int64_t j = 0; j < top_k; ++j) sum += score[order[j]];
-  // Sigmoid scores can all be 0 (logits below about -745): as DeepSeek-V3's
-  // reference, 1e-20 in the denominator makes those weights 0, not NaN.
+  // Sigmoid scores can all be 0 (logits below about -745): their weights are
+  // then 0, not NaN, as DeepSeek-V3's 1e-20 in the denominator makes them.
   // (Softmax scores never sum to 0: the top one is at least 1/n.)
-  if (spec.scoring == RoutingSpec::Scoring::kSigmoid) sum += 1e-20;
   for (int64_t j = 0; j < top_k; ++j) {
     ids[j] = order[j];
-    weights[j] = static_cast<float>((normalize ? score[order[j]] / sum : score[order[j]]) * spec.scaling);
+    const double w = !normalize ? score[order[j]] : sum > 0.0 ? score[order[j]] / sum : 0.0;
+    weights[j] = static_cast<float>(w * spec.scaling);
   }
 }
 

@@ -47,7 +47,8 @@ ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be lo
 ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page memory.");
 ABSL_FLAG(bool, q8_records, false,
           "int8/int4 models: build the int8 tile kernels' records of every matrix at load (a second copy, ~1.1 bytes "
-          "a weight, locked with the weights), so calls on tiles do not repack the weights, and take tiles from the "
+          "a weight for int8, ~0.63 for int4, locked with the weights), so calls on tiles do not repack the weights, "
+          "and take tiles from the "
           "kernel profile's thresholds for records (other row counts than without: the last bits of those rows "
           "differ). Needs AVX512_VNNI and --residency locked or copy (or paged with --hugepages / --numa_node).");
 ABSL_FLAG(bool, check_finite, false, "Refuse requests whose rows hold NaN or Inf.");

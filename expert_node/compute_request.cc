@@ -83,11 +83,16 @@ absl::Status CheckComputeSizes(const v1::ComputeRequest& request, int64_t d_mode
   }
   // The reply is bounded like the request (the message limit is sized for
   // max_rows rows): checked before any compute, not found when sending.
-  // (Grouped replies have at most one row per row index, and each must be
-  // filled: ComputeEngine::Prepare refuses more as INVALID_ARGUMENT.)
+  // (More grouped rows than row indices cannot all be filled: Prepare
+  // refuses them as INVALID_ARGUMENT.)
   if (request.per_expert_output() && indices > limits.max_rows) {
     return absl::ResourceExhaustedError(absl::StrCat("per_expert_output: the reply would have ", indices,
                                                      " rows (one per row index), over the limit of ", limits.max_rows));
+  }
+  if (request.num_output_rows() > limits.max_rows && request.num_output_rows() <= indices) {
+    return absl::ResourceExhaustedError(absl::StrCat("num_output_rows: the reply would have ",
+                                                     request.num_output_rows(), " rows, over the limit of ",
+                                                     limits.max_rows));
   }
   return absl::OkStatus();
 }

@@ -67,7 +67,7 @@ struct StoreOptions {
   int numa_node = -1;          // >= 0: copy weights to memory bound to this node (implies a copy)
   // int8/int4 models on a CPU with int8 tiles (AVX512_VNNI, AMX): build
   // every matrix's int8 tile records at load (kernels::BuildQ8Records; a
-  // second copy of ~1.1 bytes a weight, on the same pages and node as the
+  // second copy of ~1.1 bytes a weight for int8, ~0.63 for int4, on the same pages and node as the
   // weights, locked with them), so calls on tiles read them instead of
   // repacking each block per call (the same bits for a call on tiles), and
   // take tiles from the kernel profile's *_records_tile_min_tokens rows.

@@ -22,9 +22,7 @@
 #include "kernels/x86_simd.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 
 #include "kernels/block_kernel.h"
 
@@ -319,24 +317,18 @@ void BuildQ8Records(const common::MatrixView& w, uint8_t* records) {
       RepackQ8Records(w, b, 0, groups, records + b * groups * kRecordBytes);
     return;
   }
-  // int4: a chunk repacked as per call, then each record's step s and s + 8 packed into one step's bytes.
-  const std::unique_ptr<uint8_t, decltype(&std::free)> buffer(
-      static_cast<uint8_t*>(std::aligned_alloc(64, kChunkGroups * kRecordBytes)), &std::free);
-  uint8_t* const chunk = buffer.get();
+  // int4: each group repacked as per call, then its steps s and s + 8 packed into one step's bytes.
+  alignas(64) uint8_t record[kRecordBytes];
   uint8_t* packed = records;
   for (int64_t b = 0; b < w.layout.num_blocks(); ++b) {
-    for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
-      const int64_t g1 = std::min(groups, g0 + kChunkGroups);
-      RepackQ8Records(w, b, g0, g1, chunk);
-      for (int64_t g = 0; g < g1 - g0; ++g, packed += kPackedRecordBytes) {
-        const uint8_t* record = chunk + g * kRecordBytes;
-        for (int64_t at = 0; at < kPackedGroupBytes; at += 64) {
-          const __m512i lo = _mm512_load_si512(record + at);
-          const __m512i hi = _mm512_load_si512(record + kPackedGroupBytes + at);  // bytes 0..15: no carry
-          _mm512_store_si512(packed + at, _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)));
-        }
-        std::memcpy(packed + kPackedGroupBytes, record + kGroupBytes, kRecordBytes - kGroupBytes);
+    for (int64_t g0 = 0; g0 < groups; ++g0, packed += kPackedRecordBytes) {
+      RepackQ8Records(w, b, g0, g0 + 1, record);
+      for (int64_t at = 0; at < kPackedGroupBytes; at += 64) {
+        const __m512i lo = _mm512_load_si512(record + at);
+        const __m512i hi = _mm512_load_si512(record + kPackedGroupBytes + at);  // bytes 0..15: no carry
+        _mm512_store_si512(packed + at, _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)));
       }
+      std::memcpy(packed + kPackedGroupBytes, record + kGroupBytes, kRecordBytes - kGroupBytes);
     }
   }
 }

@@ -143,6 +143,10 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(cons
     return absl::FailedPreconditionError("a local-mode router cannot switch models: restart it with the new model");
   }
   if (!load_mu_.TryLock()) return absl::AbortedError("another LoadModel is in progress");
+  if (stopping_.load()) {  // a version installed now would outlive Shutdown's stop of the backend
+    load_mu_.Unlock();
+    return absl::UnavailableError("the router is shutting down");
+  }
   absl::StatusOr<std::pair<std::string, std::string>> result = LoadModelLocked(model_dir, timeout);
   metrics_
       .GetCounter("colibri_router_model_loads_total", "LoadModel calls by result.",

@@ -236,6 +236,12 @@ TEST_CASE("a request over the row limits is refused before its rows are widened 
   const absl::Status reply = ParseComputeRequest(per_entry, kDModel, 4, limits, &input);
   CHECK(reply.code() == absl::StatusCode::kResourceExhausted);
   CHECK(reply.message().find("the reply would have 4 rows") != absl::string_view::npos);
+  v1::ComputeRequest grouped = per_entry;  // 4 grouped rows: as many as row indices, over the limit
+  grouped.set_per_expert_output(false);
+  grouped.set_num_output_rows(4);
+  const absl::Status grouped_reply = ParseComputeRequest(grouped, kDModel, 4, limits, &input);
+  CHECK(grouped_reply.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(grouped_reply.message().find("num_output_rows: the reply would have 4 rows") != absl::string_view::npos);
 }
 
 TEST_CASE("a call past its deadline is abandoned during compute, not computed to the end") {

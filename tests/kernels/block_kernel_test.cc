@@ -397,7 +397,7 @@ TEST_CASE("int8 tile records built once (int4's packed) give the bits of the per
     uint8_t* scratch = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
     const TileKernelFn vnni = KernelsFor(Isa::kAvx512Bf16).TileFor(type);
     const TileKernelFn amx = type == DType::kInt8 ? TileInt8AmxEmulated : TileInt4AmxEmulated;
-    for (int64_t tokens : {1, 7, 17, 64, 129}) {
+    for (int64_t tokens : {1, 2, 3, 5, 7, 17, 64, 129}) {  // every token tile of the VNNI kernel
       const Inputs in = MakeInputs(tokens, 2200, K, rng);
       for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
         for (auto [name, kernel] : {std::pair<const char*, TileKernelFn>{"VNNI", vnni}, {"emulated AMX", amx}}) {

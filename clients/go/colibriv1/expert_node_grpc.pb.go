@@ -50,7 +50,10 @@ type ExpertNodeClient interface {
 	// response's code and message, with Compute's codes and meanings; it ends
 	// neither the stream nor the other calls. A router started with
 	// --node_stream_max_bytes keeps one such stream open per node for its
-	// small calls (docs/ROUTER.md). The stream ends OK after the
+	// small calls (docs/ROUTER.md). A node shutting down reads no more calls
+	// on its streams and ends each OK once the calls read are answered (the
+	// caller retries any it sent after). timeout_micros over 24 hours is the
+	// stream's deadline. Otherwise the stream ends OK after the
 	// caller half-closes and every call is answered; when it breaks, calls
 	// without a response have none (the caller retries them).
 	ComputeStream(ctx context.Context, opts ...grpc.CallOption) (ExpertNode_ComputeStreamClient, error)
@@ -197,7 +200,10 @@ type ExpertNodeServer interface {
 	// response's code and message, with Compute's codes and meanings; it ends
 	// neither the stream nor the other calls. A router started with
 	// --node_stream_max_bytes keeps one such stream open per node for its
-	// small calls (docs/ROUTER.md). The stream ends OK after the
+	// small calls (docs/ROUTER.md). A node shutting down reads no more calls
+	// on its streams and ends each OK once the calls read are answered (the
+	// caller retries any it sent after). timeout_micros over 24 hours is the
+	// stream's deadline. Otherwise the stream ends OK after the
 	// caller half-closes and every call is answered; when it breaks, calls
 	// without a response have none (the caller retries them).
 	ComputeStream(ExpertNode_ComputeStreamServer) error
