@@ -78,23 +78,21 @@ ExpertService::~ExpertService() {
   if (reload_thread_.joinable()) reload_thread_.join();
 }
 
+void ExpertService::CountCall(const char* method, const grpc::Status& status) {
+  if (options_.metrics == nullptr) return;
+  options_.metrics
+      ->GetCounter("colibri_expert_calls_total", "Calls by method and status code.",
+                   {{"method", method}, {"code", std::to_string(static_cast<int>(status.error_code()))}})
+      ->Increment();
+}
+
 void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status) {
-  if (options_.metrics != nullptr) {
-    options_.metrics
-        ->GetCounter("colibri_expert_calls_total", "Calls by method and status code.",
-                     {{"method", method}, {"code", std::to_string(static_cast<int>(status.error_code()))}})
-        ->Increment();
-  }
+  CountCall(method, status);
   reactor->Finish(status);
 }
 
 void ExpertService::Answer(ComputeCall& call, const grpc::Status& status) {
-  if (options_.metrics != nullptr) {
-    options_.metrics
-        ->GetCounter("colibri_expert_calls_total", "Calls by method and status code.",
-                     {{"method", "Compute"}, {"code", std::to_string(static_cast<int>(status.error_code()))}})
-        ->Increment();
-  }
+  CountCall("Compute", status);  // stream messages too: they are Compute calls
   call.answer(status);
 }
 
@@ -156,7 +154,7 @@ void ExpertService::ObservePaging(const ProcessIo& before) {
 
 void ExpertService::ComputeLoop() {
   for (;;) {
-    std::vector<Job> jobs;
+    std::vector<std::shared_ptr<ComputeCall>> jobs;
     bool run = false;
     {
       common::MutexLock lock(&mu_);
@@ -167,11 +165,11 @@ void ExpertService::ComputeLoop() {
       run = !stopping_;
       busy_ = true;
       // Queued calls of the same layer and model that have not started join it, up to kMergeRows entries.
-      const ComputeCall& first = *jobs[0].call;
+      const ComputeCall& first = *jobs[0];
       if (run && options_.merge_calls && first.mergeable && first.prepared == nullptr) {
         int64_t entries = first.entries, rows = first.rows;
         for (auto it = queue_.begin(); it != queue_.end() && jobs.size() < kMergeCalls;) {
-          const ComputeCall& c = *it->call;
+          const ComputeCall& c = **it;
           if (c.mergeable && c.prepared == nullptr && c.request->layer() == first.request->layer() &&
               c.request->model_id() == first.request->model_id() && entries + c.entries <= kMergeRows &&
               rows + c.rows <= kMergeRows) {
@@ -186,16 +184,16 @@ void ExpertService::ComputeLoop() {
       }
       QueueChanged();
     }
-    std::vector<Job> unfinished;
+    std::vector<std::shared_ptr<ComputeCall>> unfinished;
     if (jobs.size() > 1) {
       RunTogether(jobs);
-    } else if (!Step(*jobs[0].call, run)) {
+    } else if (!Step(*jobs[0], run)) {
       unfinished.push_back(std::move(jobs[0]));
     }
     common::MutexLock lock(&mu_);
     busy_ = false;
     // Round robin: an unfinished call's next slice after every other call's.
-    for (Job& job : unfinished) queue_.push_back(std::move(job));
+    for (auto& call : unfinished) queue_.push_back(std::move(call));
     QueueChanged();
   }
 }
@@ -262,11 +260,11 @@ bool ExpertService::Step(ComputeCall& call, bool run) {
   return true;
 }
 
-void ExpertService::RunTogether(std::vector<Job>& jobs) {
+void ExpertService::RunTogether(std::vector<std::shared_ptr<ComputeCall>>& jobs) {
   std::vector<ComputeCall*> started;
   std::vector<PreparedCall*> prepared;
-  for (Job& job : jobs) {
-    ComputeCall& c = *job.call;
+  for (const std::shared_ptr<ComputeCall>& job : jobs) {
+    ComputeCall& c = *job;
     if (!Start(c)) continue;
     if (!prepared.empty() && c.prepared->set != prepared[0]->set) {  // a reload between the two: on its own
       while (!Step(c, true)) {
@@ -429,8 +427,8 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
     // when their turn comes): they do not take the room of live calls.
     if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_calls) {
       const auto now = std::chrono::system_clock::now();
-      const int64_t live = std::count_if(queue_.begin(), queue_.end(), [now](const Job& j) {
-        return !j.call->cancelled() && j.call->deadline >= now;
+      const int64_t live = std::count_if(queue_.begin(), queue_.end(), [now](const std::shared_ptr<ComputeCall>& c) {
+        return !c->cancelled() && c->deadline >= now;
       });
       if (live >= options_.max_queued_calls) {
         Answer(*call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -439,7 +437,7 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
       }
     }
     if (!queue_.empty() || busy_ || call->entries > kSliceRows) {
-      queue_.push_back({std::move(call)});
+      queue_.push_back(std::move(call));
       QueueChanged();
       cv_.Signal();
       return;
@@ -451,7 +449,7 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
   common::MutexLock lock(&mu_);
   busy_ = false;
   if (!finished) {
-    queue_.push_back({std::move(call)});
+    queue_.push_back(std::move(call));
     QueueChanged();
   }
   if (!queue_.empty()) cv_.Signal();

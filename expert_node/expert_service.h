@@ -112,8 +112,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
                                      bool admin);
   grpc::ServerUnaryReactor* ReloadAs(grpc::CallbackServerContext* context, const colibri::v1::ReloadRequest* request,
                                      colibri::v1::ReloadResponse* response, bool admin);
-  struct ComputeCall;  // one Compute call in flight
-  struct Job;
+  struct ComputeCall;   // one Compute call in flight
   class StreamReactor;  // one ComputeStream (compute_stream.cc)
   void StreamEnded(StreamReactor* reactor);
   // Checks the call's sizes and budget, then runs it at once (an idle node,
@@ -128,7 +127,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   bool Step(ComputeCall& call, bool run);
   // Starts the calls and runs them as one pass, answering each.
   // REQUIRES: each is mergeable and not started.
-  void RunTogether(std::vector<Job>& jobs);
+  void RunTogether(std::vector<std::shared_ptr<ComputeCall>>& calls);
   // Answers a computed call: output and metrics (its weight bytes and paging
   // only if it had its pass to itself: a merged pass counts them once).
   void Complete(ComputeCall& call, bool own_pass);
@@ -137,6 +136,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);
   // The same for a Compute call, however it came.
   void Answer(ComputeCall& call, const grpc::Status& status);
+  void CountCall(const char* method, const grpc::Status& status);
   void UpdateWeightGauges();
   // Paged residency metrics after a call that started with `before` sampled.
   void ObservePaging(const ProcessIo& before);
@@ -150,11 +150,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
   common::Mutex mu_;
   common::CondVar cv_;  // signalled when queue_ grows or stopping_ is set
-  // A queued call.
-  struct Job {
-    std::shared_ptr<ComputeCall> call;
-  };
-  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<ComputeCall>> queue_ ABSL_GUARDED_BY(mu_);  // the queued calls
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a step is running (compute thread, or a small call inline)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_reload_error_ ABSL_GUARDED_BY(mu_);
