@@ -2,7 +2,9 @@
 #define COLIBRI_ROUTER_NODE_COLIBRI_H_
 
 /* The Colibri C API: colibri::Engine (router_node/engine.h) behind a stable
- * C ABI, for C programs and for other languages' foreign-function layers.
+ * C ABI, for C programs and for other languages' foreign-function layers —
+ * or, opened with colibri_connect, the router's core calling expert nodes
+ * itself (proxyless).
  * Plain C89/C99 and C++; no C++ types cross it and no exception escapes it.
  *
  *   colibri_engine* engine = NULL;
@@ -65,7 +67,8 @@ typedef enum colibri_status {
   COLIBRI_UNAUTHENTICATED = 16
 } colibri_status;
 
-/* An open model. Opaque; created by colibri_init, destroyed by colibri_free. */
+/* An open model. Opaque; created by colibri_init or colibri_connect,
+ * destroyed by colibri_free. */
 typedef struct colibri_engine colibri_engine;
 
 /* Engine options. Always start from colibri_options_init, then change
@@ -97,6 +100,59 @@ COLIBRI_EXPORT void colibri_options_init(colibri_options* options);
 COLIBRI_EXPORT colibri_status colibri_init(const char* model_path, const colibri_options* options,
                                            colibri_engine** out);
 
+/* Proxyless: the router's core in this process, calling expert nodes
+ * (colibri-expert) directly — routes from the model's gates and LUTs in
+ * model_path (the directory the nodes serve), the plan, one gRPC call per
+ * node, health checks every 500 ms, failover to replicas, hedging; the same
+ * code as colibri-router, with one network hop per layer instead of two. An
+ * engine from colibri_connect takes every call below exactly as one from
+ * colibri_init, and answers with the router's bytes. */
+
+/* What nodes return (colibri-router's --node_replies). */
+typedef enum colibri_node_replies {
+  COLIBRI_NODE_REPLIES_EXACT = 1,     /* one row per token where that keeps the bits (default) */
+  COLIBRI_NODE_REPLIES_PARTIAL = 2,   /* per-token partial sums (f32 for split tokens) */
+  COLIBRI_NODE_REPLIES_PER_EXPERT = 3 /* one row per (token, expert) */
+} colibri_node_replies;
+
+/* Options of colibri_connect; struct_size as in colibri_options. Strings
+ * are read during colibri_connect only; NULL and "" mean unset. */
+typedef struct colibri_direct_options {
+  uint32_t struct_size;        /* sizeof(colibri_direct_options); 0 is INVALID_ARGUMENT */
+  const char* nodes;           /* "host:port,host:port,...": the expert nodes; or: */
+  const char* cluster_file;    /* a file of host:port lines ('#' comments), re-read on change */
+  int64_t node_timeout_ms;     /* per node call attempt; > 0 */
+  int64_t hedge_after_ms;      /* > 0: a node silent this long gets its work sent to a replica too; 0: off */
+  int32_t node_replies;        /* a colibri_node_replies value */
+  int64_t max_tokens;          /* tokens per forward call; more: RESOURCE_EXHAUSTED */
+  int64_t call_timeout_ms;     /* > 0: a forward call fails DEADLINE_EXCEEDED after this; 0: none */
+  int64_t batch_window_us;     /* > 0: concurrent calls of one layer are merged into one per node; 0: off */
+  int64_t batch_max_tokens;    /* tokens of one merged call */
+  const char* tls_ca_file;     /* TLS to the nodes: a CA (PEM) turns it on; */
+  const char* tls_cert_file;   /* cert + key add a client certificate (mutual TLS); */
+  const char* tls_key_file;
+  const char* tls_server_name; /* overrides the name checked in the node's certificate */
+} colibri_direct_options;
+
+/* Fills the defaults: struct_size, nodes and cluster_file NULL,
+ * node_timeout_ms 5000, hedge_after_ms 0, node_replies EXACT, max_tokens
+ * 65536, call_timeout_ms 0, batch_window_us 5000, batch_max_tokens 256, no
+ * TLS. NULL is a no-op. */
+COLIBRI_EXPORT void colibri_direct_options_init(colibri_direct_options* options);
+
+/* Opens a proxyless engine on the nodes named by exactly one of `nodes` and
+ * `cluster_file`, for the model in `model_path` (its manifest, gates and
+ * LUTs are read here; the experts' weights live on the nodes). Checks the
+ * nodes once before returning; nodes that are down then are retried in the
+ * background, and a call whose experts have no live node fails UNAVAILABLE
+ * naming the expert. On failure *out is NULL and the status is
+ * INVALID_ARGUMENT for bad options (naming the field) or a malformed model
+ * file, NOT_FOUND for a missing file. Not hot-swappable: a new model version
+ * is a new engine (colibri_connect again, then colibri_free the old one once
+ * its calls have returned). Thread-safe. */
+COLIBRI_EXPORT colibri_status colibri_connect(const char* model_path, const colibri_direct_options* options,
+                                              colibri_engine** out);
+
 /* The common call: one MoE layer for a batch, routed by the model's
  * token -> experts table (LUT). `token_ids` holds n_tokens ids in
  * [0, vocab_size); `hidden_in` and `hidden_out` hold n_tokens * d_model f32
@@ -105,7 +161,10 @@ COLIBRI_EXPORT colibri_status colibri_init(const char* model_path, const colibri
  * NULL). Errors: INVALID_ARGUMENT naming the argument (a NULL pointer, a
  * negative n_tokens, a layer outside [0, n_layers), a token id outside the
  * vocabulary), RESOURCE_EXHAUSTED over max_tokens; hidden_out is then left
- * as it was. Thread-safe; the output bits depend only on the inputs. */
+ * as it was. A proxyless engine may also fail with a node's code
+ * (UNAVAILABLE when an expert has no live node, DEADLINE_EXCEEDED past
+ * call_timeout_ms). Thread-safe; the output bits depend only on the
+ * inputs. */
 COLIBRI_EXPORT colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, const int32_t* token_ids,
                                                     int64_t n_tokens, const float* hidden_in, float* hidden_out);
 
@@ -167,7 +226,8 @@ COLIBRI_EXPORT colibri_status colibri_get_shared_experts(const colibri_engine* e
  * the thread's next status-returning call; at most 1023 bytes (longer is cut). */
 COLIBRI_EXPORT const char* colibri_last_error(const colibri_engine* engine);
 
-/* Releases the engine and its weights. NULL is a no-op. REQUIRES: no other
+/* Releases the engine and its weights (a proxyless one: its channels and
+ * health checks). NULL is a no-op. REQUIRES: no other
  * call on this engine is running or will start. */
 COLIBRI_EXPORT void colibri_free(colibri_engine* engine);
 

@@ -1,4 +1,6 @@
-// The C API (router_node/colibri.h) over colibri::Engine.
+// The C API (router_node/colibri.h) over colibri::Engine, or over the
+// router's core with a RemoteBackend (proxyless, colibri_connect): both are a
+// router_node::Router, which every forward call goes through.
 //
 // Each entry point runs its body inside Guarded(), which clears the thread's
 // error, turns a non-OK absl::Status into its colibri_status (same numbers)
@@ -18,15 +20,20 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
 #include "router_node/colibri.h"
 #include "router_node/engine.h"
+#include "router_node/remote_router.h"
 
 struct colibri_engine {
-  std::unique_ptr<colibri::Engine> engine;
+  std::unique_ptr<colibri::Engine> engine;    // colibri_init
+  colibri::router_node::RemoteRouter remote;  // colibri_connect
+  colibri::router_node::Router* router;       // the one of the two
+  absl::Duration call_timeout;                // > 0: each forward call's deadline
 };
 
 namespace colibri {
@@ -126,12 +133,75 @@ absl::StatusOr<Engine::Options> ToEngineOptions(const colibri_options* given) {
   return options;
 }
 
+std::string OrEmpty(const char* text) { return text == nullptr ? std::string() : std::string(text); }
+
+// The router's core over nodes as `given` says (the defaults where its
+// struct_size does not reach), for the model in `model_path`.
+absl::Status ConnectDirect(const char* model_path, const colibri_direct_options* given, colibri_engine* engine) {
+  colibri_direct_options o;
+  colibri_direct_options_init(&o);
+  if (given != nullptr) {
+    if (given->struct_size == 0) {
+      return absl::InvalidArgumentError(
+          "options.struct_size is 0: fill the options with colibri_direct_options_init first");
+    }
+    const size_t n = std::min<size_t>(given->struct_size, sizeof(o));
+    std::memcpy(&o, given, n);  // the fields the caller's struct covers; the rest keep their defaults
+    o.struct_size = sizeof(o);
+  }
+  const bool has_nodes = o.nodes != nullptr && *o.nodes != '\0';
+  const bool has_file = o.cluster_file != nullptr && *o.cluster_file != '\0';
+  if (has_nodes == has_file) {
+    return absl::InvalidArgumentError("give exactly one of options.nodes and options.cluster_file");
+  }
+  if (o.node_timeout_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("options.node_timeout_ms ", o.node_timeout_ms, " is not > 0"));
+  }
+  for (auto [value, name] :
+       {std::pair{o.hedge_after_ms, "hedge_after_ms"}, std::pair{o.call_timeout_ms, "call_timeout_ms"},
+        std::pair{o.batch_window_us, "batch_window_us"}}) {
+    if (value < 0) return absl::InvalidArgumentError(absl::StrCat("options.", name, " ", value, " is negative"));
+  }
+  router_node::RemoteOptions remote;
+  if (has_nodes) remote.addresses = absl::StrSplit(o.nodes, ',');
+  remote.cluster_file = OrEmpty(o.cluster_file);
+  remote.node_timeout = absl::Milliseconds(o.node_timeout_ms);
+  remote.hedge_after = absl::Milliseconds(o.hedge_after_ms);
+  switch (o.node_replies) {
+    case COLIBRI_NODE_REPLIES_EXACT: remote.replies = router_node::NodeReplies::kExact; break;
+    case COLIBRI_NODE_REPLIES_PARTIAL: remote.replies = router_node::NodeReplies::kPartial; break;
+    case COLIBRI_NODE_REPLIES_PER_EXPERT: remote.replies = router_node::NodeReplies::kPerExpert; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.node_replies ", o.node_replies, " is not EXACT (1), PARTIAL (2) or PER_EXPERT (3)"));
+  }
+  remote.tls_ca_file = OrEmpty(o.tls_ca_file);
+  remote.tls_cert_file = OrEmpty(o.tls_cert_file);
+  remote.tls_key_file = OrEmpty(o.tls_key_file);
+  remote.tls_server_name = OrEmpty(o.tls_server_name);
+  router_node::RouterOptions router;
+  router.max_tokens = o.max_tokens;
+  router.batching.window = absl::Microseconds(o.batch_window_us);
+  router.batching.max_tokens = o.batch_max_tokens;
+  COLIBRI_ASSIGN_OR_RETURN(engine->remote, router_node::MakeRemoteRouter(model_path, std::move(remote), router));
+  engine->router = engine->remote.router.get();
+  engine->call_timeout = absl::Milliseconds(o.call_timeout_ms);
+  return absl::OkStatus();
+}
+
+// One forward call on either kind of engine.
+absl::StatusOr<router_node::ForwardOutput> RunForward(colibri_engine* engine, const router_node::ForwardInput& in) {
+  router_node::CallControl control(engine->call_timeout > absl::ZeroDuration() ? absl::Now() + engine->call_timeout
+                                                                               : absl::InfiniteFuture());
+  return engine->router->Forward(in, control);
+}
+
 // Checks shared by both forward calls. After it, n_tokens * d_model and
 // n_tokens * top_k fit easily (max_tokens <= 2^24, d_model <= 2^20).
 absl::Status CheckBatch(const colibri_engine* engine, int64_t n_tokens) {
   COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
   if (n_tokens < 0) return absl::InvalidArgumentError(absl::StrCat("n_tokens ", n_tokens, " is negative"));
-  const int64_t max_tokens = engine->engine->router().max_tokens();
+  const int64_t max_tokens = engine->router->max_tokens();
   if (n_tokens > max_tokens) {
     return absl::ResourceExhaustedError(
         absl::StrCat("n_tokens ", n_tokens, " exceeds the limit of ", max_tokens, " (options.max_tokens)"));
@@ -181,28 +251,40 @@ colibri_status colibri_init(const char* model_path, const colibri_options* optio
     COLIBRI_ASSIGN_OR_RETURN(const colibri::Engine::Options engine_options, colibri::ToEngineOptions(options));
     COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<colibri::Engine> engine,
                              colibri::Engine::Open(model_path, engine_options));
-    *out = new colibri_engine{std::move(engine)};
+    colibri::router_node::Router* router = &engine->router();
+    *out = new colibri_engine{std::move(engine), {}, router, absl::ZeroDuration()};
     return absl::OkStatus();
   });
 }
 
+void colibri_direct_options_init(colibri_direct_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(colibri_direct_options);
+  options->node_timeout_ms = 5000;
+  options->node_replies = COLIBRI_NODE_REPLIES_EXACT;
+  options->max_tokens = 65536;
+  options->batch_window_us = 5000;
+  options->batch_max_tokens = 256;
+}
+
+colibri_status colibri_connect(const char* model_path, const colibri_direct_options* options, colibri_engine** out) {
+  if (out != nullptr) *out = nullptr;
+  return Guarded([&]() -> absl::Status {
+    COLIBRI_RETURN_IF_ERROR(NotNull(out, "out"));
+    COLIBRI_RETURN_IF_ERROR(NotNull(model_path, "model_path"));
+    auto engine = std::make_unique<colibri_engine>();
+    COLIBRI_RETURN_IF_ERROR(colibri::ConnectDirect(model_path, options, engine.get()));
+    *out = engine.release();
+    return absl::OkStatus();
+  });
+}
+
+// The LUT case of colibri_forward.
 colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, const int32_t* token_ids, int64_t n_tokens,
                                      const float* hidden_in, float* hidden_out) {
-  return Guarded([&]() -> absl::Status {
-    COLIBRI_RETURN_IF_ERROR(colibri::CheckBatch(engine, n_tokens));
-    if (n_tokens == 0) {
-      token_ids = colibri::nothing_i32;
-      hidden_in = hidden_out = colibri::nothing_f32;
-    }
-    COLIBRI_RETURN_IF_ERROR(NotNull(token_ids, "token_ids"));
-    COLIBRI_RETURN_IF_ERROR(NotNull(hidden_in, "hidden_in"));
-    COLIBRI_RETURN_IF_ERROR(NotNull(hidden_out, "hidden_out"));
-    colibri::Engine& e = *engine->engine;
-    const size_t tokens = static_cast<size_t>(n_tokens);
-    const size_t values = tokens * static_cast<size_t>(e.manifest().d_model);
-    return e.Forward(layer, absl::MakeConstSpan(token_ids, tokens), absl::MakeConstSpan(hidden_in, values),
-                     absl::MakeSpan(hidden_out, values));
-  });
+  return colibri_forward(engine, layer, COLIBRI_ROUTING_LUT, token_ids, n_tokens, hidden_in, nullptr, nullptr,
+                         hidden_out, nullptr, nullptr);
 }
 
 colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t routing, const int32_t* token_ids,
@@ -225,8 +307,7 @@ colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t ro
       COLIBRI_RETURN_IF_ERROR(NotNull(route_weights, "route_weights"));
     }
 
-    colibri::Engine& e = *engine->engine;
-    const colibri::common::Manifest& m = e.manifest();
+    const colibri::common::Manifest& m = engine->router->manifest();
     const size_t tokens = static_cast<size_t>(n_tokens);
     const size_t values = tokens * static_cast<size_t>(m.d_model);
     const size_t slots = tokens * static_cast<size_t>(m.top_k);
@@ -245,7 +326,7 @@ colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t ro
       in.client_weights = absl::MakeConstSpan(route_weights, slots);
     }
     in.output_dtype = colibri::common::DType::kF32;
-    COLIBRI_ASSIGN_OR_RETURN(const rn::ForwardOutput result, e.Forward(in));
+    COLIBRI_ASSIGN_OR_RETURN(const rn::ForwardOutput result, colibri::RunForward(engine, in));
     if (result.output.size() != values * sizeof(float) || result.routes.expert_ids.size() != slots ||
         result.routes.weights.size() != slots) {
       return absl::InternalError(absl::StrCat("forward returned ", result.output.size(), " output bytes and ",
@@ -268,7 +349,7 @@ colibri_status colibri_get_model_info(const colibri_engine* engine, colibri_mode
   return Guarded([&]() -> absl::Status {
     COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
     COLIBRI_RETURN_IF_ERROR(NotNull(out, "out"));
-    colibri::router_node::Router& router = engine->engine->router();
+    const colibri::router_node::Router& router = *engine->router;
     const colibri::common::Manifest& m = router.manifest();
     colibri_model_info info;
     std::memset(&info, 0, sizeof(info));
@@ -290,7 +371,7 @@ colibri_status colibri_get_shared_experts(const colibri_engine* engine, int64_t*
     COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
     COLIBRI_RETURN_IF_ERROR(NotNull(count, "count"));
     COLIBRI_RETURN_IF_ERROR(NotNull(d_ff, "d_ff"));
-    const colibri::common::Manifest& m = engine->engine->router().manifest();
+    const colibri::common::Manifest& m = engine->router->manifest();
     *count = m.n_shared_experts;
     *d_ff = m.shared_d_ff;
     return absl::OkStatus();

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The C API end to end: the tools make a tiny model, then the C program
 # tests/router_node/c_api_test.c (linked against libcolibri.so) runs on it,
-# and on a model with a shared expert.
-# Usage: c_api.sh BUILD_DIR
+# and on a model with a shared expert; then tests/router_node/c_api_direct_test.c
+# runs proxyless engines against two expert nodes (experts 0-2 and 2-3).
+# Usage: c_api.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$2/scripts/process_lib.sh"
+proc_init
+tmp=$proc_logs
 
 "$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 64 --d_ff 96 --layers 2 --experts 4 --top_k 2 \
   --vocab 100 --dtype bf16 --seed 5 >/dev/null
@@ -19,3 +21,10 @@ trap 'rm -rf "$tmp"' EXIT
 "$build/tools/colibri-convert" --checkpoint "$tmp/shared_ckpt" --out "$tmp/shared_model" --weight_type bf16 \
   --progress=false >/dev/null
 "$build/tests/c_api_test" "$tmp/shared_model" 1
+# Proxyless: two nodes (expert 2 on both), and an address where nothing listens.
+node=$build/expert_node/colibri-expert
+proc_start node_a "$node" --model "$tmp/model" --experts 0-2 --listen 127.0.0.1:0 --threads 1
+port_a=$port
+proc_start node_b "$node" --model "$tmp/model" --experts 2-3 --listen 127.0.0.1:0 --threads 1
+port_b=$port
+"$build/tests/c_api_direct_test" "$tmp/model" "127.0.0.1:$port_a,127.0.0.1:$port_b" 127.0.0.1:1
