@@ -12,11 +12,20 @@
 # /... do not (go does not follow the symlink when walking GOPATH). go.mod is
 # ignored here; it is for module-mode builds elsewhere.
 #
+# The proxyless package (colibri/direct) is cgo over libcolibri.so: its
+# header comes from this repository and the library from $COLIBRI_LIB_DIR
+# (default: build/router_node), which CGO_CFLAGS / CGO_LDFLAGS (with an
+# rpath) point at. Without a libcolibri.so there, `test` leaves it out.
+#
 # Usage: clients/go/build.sh vet                    go vet ./...
-#        clients/go/build.sh test [HOST:PORT] [args] go test ./colibri against
+#        clients/go/build.sh test [HOST:PORT] [args] go test ./colibri and
+#                                                   ./colibri/direct against
 #                                                   the router at HOST:PORT
-#                                                   (COLIBRI_ROUTER); without
-#                                                   it the router tests skip
+#                                                   (COLIBRI_ROUTER; direct's
+#                                                   tests also need
+#                                                   COLIBRI_MODEL and
+#                                                   COLIBRI_NODES); without
+#                                                   them those tests skip
 #        clients/go/build.sh example -o PATH        builds colibri-decode-example
 #        clients/go/build.sh GO_ARGS...             any other go command
 # Builds run under nice -n 19.
@@ -35,6 +44,14 @@ if [ "$(readlink "$link" 2>/dev/null)" != "$here" ]; then
   ln -s "$here" "$link"
 fi
 export GO111MODULE=off GOPATH=$dir:/usr/share/gocode GOFLAGS= GOPROXY=off GOCACHE=$dir/cache
+lib=${COLIBRI_LIB_DIR:-$here/../../build/router_node}
+export CGO_ENABLED=1 CGO_CFLAGS="-I$(cd "$here/../.." && pwd)" CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib"
+packages=(./colibri)
+if [ -f "$lib/libcolibri.so" ]; then
+  packages+=(./colibri/direct)
+else
+  echo "build.sh: no $lib/libcolibri.so: the proxyless package (colibri/direct) is not tested" >&2
+fi
 # -o PATH is relative to the caller's directory, not to the one go runs in.
 args=() prev=
 for a in "$@"; do
@@ -54,7 +71,7 @@ case $cmd in
   vet) exec nice -n 19 go vet "$@" ./... ;;
   test)
     if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then export COLIBRI_ROUTER=$1; shift; fi
-    exec nice -n 19 go test -count=1 "$@" ./colibri ;;
+    exec nice -n 19 go test -count=1 "$@" "${packages[@]}" ;;
   example) exec nice -n 19 go build "$@" ./cmd/colibri-decode-example ;;
   *) exec nice -n 19 go "$cmd" "$@" ;;
 esac
