@@ -145,9 +145,25 @@ absl::Status ConnectDirect(const char* model_path, const colibri_direct_options*
       return absl::InvalidArgumentError(
           "options.struct_size is 0: fill the options with colibri_direct_options_init first");
     }
-    const size_t n = std::min<size_t>(given->struct_size, sizeof(o));
-    std::memcpy(&o, given, n);  // the fields the caller's struct covers; the rest keep their defaults
-    o.struct_size = sizeof(o);
+// True if the caller's struct_size covers all of `field`.
+#define COLIBRI_GIVEN(field) (offsetof(colibri_direct_options, field) + sizeof(given->field) <= given->struct_size)
+#define COLIBRI_TAKE(field) \
+  if (COLIBRI_GIVEN(field)) o.field = given->field
+    COLIBRI_TAKE(nodes);
+    COLIBRI_TAKE(cluster_file);
+    COLIBRI_TAKE(node_timeout_ms);
+    COLIBRI_TAKE(hedge_after_ms);
+    COLIBRI_TAKE(node_replies);
+    COLIBRI_TAKE(max_tokens);
+    COLIBRI_TAKE(call_timeout_ms);
+    COLIBRI_TAKE(batch_window_us);
+    COLIBRI_TAKE(batch_max_tokens);
+    COLIBRI_TAKE(tls_ca_file);
+    COLIBRI_TAKE(tls_cert_file);
+    COLIBRI_TAKE(tls_key_file);
+    COLIBRI_TAKE(tls_server_name);
+#undef COLIBRI_TAKE
+#undef COLIBRI_GIVEN
   }
   const bool has_nodes = o.nodes != nullptr && *o.nodes != '\0';
   const bool has_file = o.cluster_file != nullptr && *o.cluster_file != '\0';

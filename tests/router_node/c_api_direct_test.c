@@ -7,6 +7,7 @@
  * model (tests/cli/c_api.sh starts the nodes). Prints one line per check;
  * exits 0 only if every check passes. */
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +234,19 @@ int main(int argc, char** argv) {
       CheckError(colibri_forward_batch(direct, 0, c.ids, 70000, c.x, y), COLIBRI_RESOURCE_EXHAUSTED, "70000",
                  "more tokens than max_tokens");
     }
+    colibri_free(direct);
+  }
+
+  /* A caller's shorter struct: the fields past struct_size keep their defaults. */
+  colibri_direct_options_init(&options);
+  options.nodes = nodes;
+  options.node_timeout_ms = 0; /* would be refused if read */
+  options.struct_size = (uint32_t)offsetof(colibri_direct_options, cluster_file);
+  direct = NULL;
+  s = colibri_connect(model, &options, &direct);
+  Check(s == COLIBRI_OK, "fields beyond a shorter struct_size take their defaults");
+  if (s == COLIBRI_OK) {
+    Check(SameAsLocal(direct, &c), "an engine opened with a shorter struct answers with the local bytes");
     colibri_free(direct);
   }
 
