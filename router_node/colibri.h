@@ -17,14 +17,15 @@
  * Errors: every call that can fail returns a colibri_status (0 is success)
  * and leaves a message naming the argument or file and the reason in
  * colibri_last_error(). A failed call writes nothing to its outputs, except
- * colibri_init, which sets *out to NULL.
+ * colibri_init and colibri_connect, which set *out to NULL.
  *
  * Thread safety: colibri_forward_batch, colibri_forward and
  * colibri_get_model_info may run concurrently on one engine from any number
  * of threads. colibri_free must not overlap any other call on that engine.
  *
- * ABI: only colibri_* functions are exported. colibri_options carries its
- * size so later versions can append fields; colibri_model_info is fixed for
+ * ABI: only colibri_* functions are exported. colibri_options and
+ * colibri_direct_options carry their size so later versions can append
+ * fields; colibri_model_info is fixed for
  * ABI version 1 (growing it takes a new function). Enum values are never
  * renumbered; a new one is only appended. */
 
@@ -116,29 +117,37 @@ typedef enum colibri_node_replies {
 } colibri_node_replies;
 
 /* Options of colibri_connect; struct_size as in colibri_options. Strings
- * are read during colibri_connect only; NULL and "" mean unset. */
+ * are read during colibri_connect only; NULL and "" mean unset. Each value
+ * outside its range is INVALID_ARGUMENT naming the field. */
 typedef struct colibri_direct_options {
   uint32_t struct_size;        /* sizeof(colibri_direct_options); 0 is INVALID_ARGUMENT */
   const char* nodes;           /* "host:port,host:port,...": the expert nodes; or: */
   const char* cluster_file;    /* a file of host:port lines ('#' comments), re-read on change */
-  int64_t node_timeout_ms;     /* per node call attempt; > 0 */
-  int64_t hedge_after_ms;      /* > 0: a node silent this long gets its work sent to a replica too; 0: off */
+  int64_t node_timeout_ms;     /* per node call attempt; 1 .. 3 600 000 */
+  int64_t hedge_after_ms;      /* > 0: a node silent this long gets its work sent to a replica too; 0: off;
+                                  at most 3 600 000 */
   int32_t node_replies;        /* a colibri_node_replies value */
-  int64_t max_tokens;          /* tokens per forward call; more: RESOURCE_EXHAUSTED */
-  int64_t call_timeout_ms;     /* > 0: a forward call fails DEADLINE_EXCEEDED after this; 0: none */
-  int64_t batch_window_us;     /* > 0: concurrent calls of one layer are merged into one per node; 0: off */
-  int64_t batch_max_tokens;    /* tokens of one merged call */
+  int64_t max_tokens;          /* tokens per forward call (1 .. 2^24); more: RESOURCE_EXHAUSTED */
+  int64_t call_timeout_ms;     /* > 0: a forward call fails DEADLINE_EXCEEDED after this; 0: none;
+                                  at most 86 400 000 */
+  int64_t batch_window_us;     /* > 0: concurrent calls of one layer are merged into one per node; 0: off;
+                                  at most 1 000 000 */
+  int64_t batch_max_tokens;    /* tokens of one merged call; >= 1 */
   const char* tls_ca_file;     /* TLS to the nodes: a CA (PEM) turns it on; */
   const char* tls_cert_file;   /* cert + key add a client certificate (mutual TLS); */
   const char* tls_key_file;
   const char* tls_server_name; /* overrides the name checked in the node's certificate */
 } colibri_direct_options;
 
-/* Fills the defaults: struct_size, nodes and cluster_file NULL,
+/* Fills the defaults into the first `size` bytes of *options — pass
+ * sizeof(colibri_direct_options) as the caller sees it, so a library newer
+ * than the caller's header never writes past the caller's struct: fields
+ * that do not fit whole are left alone, and struct_size becomes
+ * min(size, the library's sizeof). Defaults: nodes and cluster_file NULL,
  * node_timeout_ms 5000, hedge_after_ms 0, node_replies EXACT, max_tokens
  * 65536, call_timeout_ms 0, batch_window_us 5000, batch_max_tokens 256, no
  * TLS. NULL is a no-op. */
-COLIBRI_EXPORT void colibri_direct_options_init(colibri_direct_options* options);
+COLIBRI_EXPORT void colibri_direct_options_init(colibri_direct_options* options, uint32_t size);
 
 /* Opens a proxyless engine on the nodes named by exactly one of `nodes` and
  * `cluster_file`, for the model in `model_path` (its manifest, gates and
@@ -147,7 +156,8 @@ COLIBRI_EXPORT void colibri_direct_options_init(colibri_direct_options* options)
  * background, and a call whose experts have no live node fails UNAVAILABLE
  * naming the expert. On failure *out is NULL and the status is
  * INVALID_ARGUMENT for bad options (naming the field) or a malformed model
- * file, NOT_FOUND for a missing file. Not hot-swappable: a new model version
+ * file, NOT_FOUND for a missing file (or cluster file), DATA_LOSS for a
+ * gate or LUT whose checksum does not match. Not hot-swappable: a new model version
  * is a new engine (colibri_connect again, then colibri_free the old one once
  * its calls have returned). Thread-safe. */
 COLIBRI_EXPORT colibri_status colibri_connect(const char* model_path, const colibri_direct_options* options,
@@ -164,7 +174,8 @@ COLIBRI_EXPORT colibri_status colibri_connect(const char* model_path, const coli
  * as it was. A proxyless engine may also fail with a node's code
  * (UNAVAILABLE when an expert has no live node, DEADLINE_EXCEEDED past
  * call_timeout_ms). Thread-safe; the output bits depend only on the
- * inputs. */
+ * inputs (a proxyless engine with NODE_REPLIES_PARTIAL: also on which node
+ * holds which experts, docs/ROUTER.md). */
 COLIBRI_EXPORT colibri_status colibri_forward_batch(colibri_engine* engine, int32_t layer, const int32_t* token_ids,
                                                     int64_t n_tokens, const float* hidden_in, float* hidden_out);
 

@@ -22,12 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
 #include "router_node/colibri.h"
 #include "router_node/engine.h"
 #include "router_node/remote_router.h"
+#include "runtime/flags.h"
 
 struct colibri_engine {
   std::unique_ptr<colibri::Engine> engine;    // colibri_init
@@ -135,11 +137,27 @@ absl::StatusOr<Engine::Options> ToEngineOptions(const colibri_options* given) {
 
 std::string OrEmpty(const char* text) { return text == nullptr ? std::string() : std::string(text); }
 
+absl::Status InRange(int64_t value, int64_t lo, int64_t hi, absl::string_view field) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("options.", field, " ", value, " is outside [", lo, ", ", hi, "]"));
+}
+
+// The library options named in the core's errors, and the C fields that set them.
+const runtime::OptionFlags kDirectFields = {
+    {"RemoteOptions::addresses", "options.nodes"},
+    {"RemoteOptions::cluster_file", "options.cluster_file"},
+    {"RemoteOptions::tls_ca_file", "options.tls_ca_file"},
+    {"RemoteOptions::tls_cert_file", "options.tls_cert_file"},
+    {"RemoteOptions::tls_key_file", "options.tls_key_file"},
+    {"RouterOptions::max_tokens", "options.max_tokens"},
+    {"BatchOptions::max_tokens", "options.batch_max_tokens"},
+};
+
 // The router's core over nodes as `given` says (the defaults where its
 // struct_size does not reach), for the model in `model_path`.
 absl::Status ConnectDirect(const char* model_path, const colibri_direct_options* given, colibri_engine* engine) {
   colibri_direct_options o;
-  colibri_direct_options_init(&o);
+  colibri_direct_options_init(&o, sizeof(o));
   if (given != nullptr) {
     if (given->struct_size == 0) {
       return absl::InvalidArgumentError(
@@ -165,22 +183,23 @@ absl::Status ConnectDirect(const char* model_path, const colibri_direct_options*
 #undef COLIBRI_TAKE
 #undef COLIBRI_GIVEN
   }
-  const bool has_nodes = o.nodes != nullptr && *o.nodes != '\0';
-  const bool has_file = o.cluster_file != nullptr && *o.cluster_file != '\0';
-  if (has_nodes == has_file) {
-    return absl::InvalidArgumentError("give exactly one of options.nodes and options.cluster_file");
-  }
-  if (o.node_timeout_ms <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("options.node_timeout_ms ", o.node_timeout_ms, " is not > 0"));
-  }
-  for (auto [value, name] :
-       {std::pair{o.hedge_after_ms, "hedge_after_ms"}, std::pair{o.call_timeout_ms, "call_timeout_ms"},
-        std::pair{o.batch_window_us, "batch_window_us"}}) {
-    if (value < 0) return absl::InvalidArgumentError(absl::StrCat("options.", name, " ", value, " is negative"));
-  }
   router_node::RemoteOptions remote;
-  if (has_nodes) remote.addresses = absl::StrSplit(o.nodes, ',');
+  // Addresses trimmed; empty entries ("a,,b", a trailing comma) skipped.
+  for (absl::string_view a : absl::StrSplit(o.nodes == nullptr ? "" : o.nodes, ',')) {
+    a = absl::StripAsciiWhitespace(a);
+    if (!a.empty()) remote.addresses.emplace_back(a);
+  }
   remote.cluster_file = OrEmpty(o.cluster_file);
+  if (remote.addresses.empty() == remote.cluster_file.empty()) {
+    return absl::InvalidArgumentError("give exactly one of options.nodes (host:port,...) and options.cluster_file");
+  }
+  constexpr int64_t kHourMs = 3600 * 1000;
+  COLIBRI_RETURN_IF_ERROR(InRange(o.node_timeout_ms, 1, kHourMs, "node_timeout_ms"));
+  COLIBRI_RETURN_IF_ERROR(InRange(o.hedge_after_ms, 0, kHourMs, "hedge_after_ms"));
+  COLIBRI_RETURN_IF_ERROR(InRange(o.call_timeout_ms, 0, 24 * kHourMs, "call_timeout_ms"));
+  COLIBRI_RETURN_IF_ERROR(InRange(o.max_tokens, 1, int64_t{1} << 24, "max_tokens"));
+  COLIBRI_RETURN_IF_ERROR(InRange(o.batch_window_us, 0, 1000 * 1000, "batch_window_us"));
+  COLIBRI_RETURN_IF_ERROR(InRange(o.batch_max_tokens, 1, int64_t{1} << 24, "batch_max_tokens"));
   remote.node_timeout = absl::Milliseconds(o.node_timeout_ms);
   remote.hedge_after = absl::Milliseconds(o.hedge_after_ms);
   switch (o.node_replies) {
@@ -199,7 +218,9 @@ absl::Status ConnectDirect(const char* model_path, const colibri_direct_options*
   router.max_tokens = o.max_tokens;
   router.batching.window = absl::Microseconds(o.batch_window_us);
   router.batching.max_tokens = o.batch_max_tokens;
-  COLIBRI_ASSIGN_OR_RETURN(engine->remote, router_node::MakeRemoteRouter(model_path, std::move(remote), router));
+  absl::StatusOr<router_node::RemoteRouter> core = router_node::MakeRemoteRouter(model_path, std::move(remote), router);
+  if (!core.ok()) return runtime::NameFlags(core.status(), kDirectFields);
+  engine->remote = std::move(*core);
   engine->router = engine->remote.router.get();
   engine->call_timeout = absl::Milliseconds(o.call_timeout_ms);
   return absl::OkStatus();
@@ -273,15 +294,36 @@ colibri_status colibri_init(const char* model_path, const colibri_options* optio
   });
 }
 
-void colibri_direct_options_init(colibri_direct_options* options) {
+void colibri_direct_options_init(colibri_direct_options* options, uint32_t size) {
   if (options == nullptr) return;
-  std::memset(options, 0, sizeof(*options));
-  options->struct_size = sizeof(colibri_direct_options);
-  options->node_timeout_ms = 5000;
-  options->node_replies = COLIBRI_NODE_REPLIES_EXACT;
-  options->max_tokens = 65536;
-  options->batch_window_us = 5000;
-  options->batch_max_tokens = 256;
+  colibri_direct_options o;
+  std::memset(&o, 0, sizeof(o));
+  o.struct_size = static_cast<uint32_t>(std::min<size_t>(size, sizeof(o)));
+  o.node_timeout_ms = 5000;
+  o.node_replies = COLIBRI_NODE_REPLIES_EXACT;
+  o.max_tokens = 65536;
+  o.batch_window_us = 5000;
+  o.batch_max_tokens = 256;
+  // Whole fields only, up to `size`: the caller's struct may be shorter
+  // than this library's.
+  size_t n = 0;
+  for (const size_t end : {offsetof(colibri_direct_options, struct_size) + sizeof(o.struct_size),
+                           offsetof(colibri_direct_options, nodes) + sizeof(o.nodes),
+                           offsetof(colibri_direct_options, cluster_file) + sizeof(o.cluster_file),
+                           offsetof(colibri_direct_options, node_timeout_ms) + sizeof(o.node_timeout_ms),
+                           offsetof(colibri_direct_options, hedge_after_ms) + sizeof(o.hedge_after_ms),
+                           offsetof(colibri_direct_options, node_replies) + sizeof(o.node_replies),
+                           offsetof(colibri_direct_options, max_tokens) + sizeof(o.max_tokens),
+                           offsetof(colibri_direct_options, call_timeout_ms) + sizeof(o.call_timeout_ms),
+                           offsetof(colibri_direct_options, batch_window_us) + sizeof(o.batch_window_us),
+                           offsetof(colibri_direct_options, batch_max_tokens) + sizeof(o.batch_max_tokens),
+                           offsetof(colibri_direct_options, tls_ca_file) + sizeof(o.tls_ca_file),
+                           offsetof(colibri_direct_options, tls_cert_file) + sizeof(o.tls_cert_file),
+                           offsetof(colibri_direct_options, tls_key_file) + sizeof(o.tls_key_file),
+                           offsetof(colibri_direct_options, tls_server_name) + sizeof(o.tls_server_name)}) {
+    if (end <= size) n = end;
+  }
+  std::memcpy(options, &o, n);
 }
 
 colibri_status colibri_connect(const char* model_path, const colibri_direct_options* options, colibri_engine** out) {

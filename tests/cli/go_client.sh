@@ -21,6 +21,8 @@ lib=$build/router_node
 if grep -q -- '-fsanitize' "$build/CMakeCache.txt" 2>/dev/null; then
   echo "--- a sanitizer build: the proxyless Go package (colibri/direct) is not tested here"
   lib=$build/no-libcolibri-for-go
+else
+  [ -f "$lib/libcolibri.so" ] || fail "no $lib/libcolibri.so: the proxyless Go package cannot be tested"
 fi
 go_build() { COLIBRI_GO_DIR=$build/go COLIBRI_LIB_DIR=$lib "$src/clients/go/build.sh" "$@"; }
 

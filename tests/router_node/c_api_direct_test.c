@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <threads.h>
+#include <time.h>
 
 #include "router_node/colibri.h"
 
@@ -93,13 +94,32 @@ static int RunWorker(void* arg) {
   return 0;
 }
 
-static colibri_status Connect(const char* model, const char* nodes, int32_t replies, colibri_engine** out) {
+/* colibri_connect checks the nodes once (1 s per probe); on a loaded
+ * machine a node may miss that probe and be taken back a health round later,
+ * so this waits up to 10 s for a first call that is not UNAVAILABLE. */
+static void WaitServing(colibri_engine* engine, const Case* c) {
+  float* y = malloc(sizeof(float) * c->values);
+  const struct timespec pause = {0, 100 * 1000 * 1000};
+  int i;
+  for (i = 0; i < 100; ++i) {
+    if (colibri_forward_batch(engine, 1, c->ids, kTokens, c->x, y) != COLIBRI_UNAVAILABLE) break;
+    thrd_sleep(&pause, NULL);
+  }
+  free(y);
+}
+
+/* A proxyless engine on `nodes`, waited for (WaitServing) if `wait`. */
+static colibri_status Connect(const char* model, const char* nodes, int32_t replies, int wait, const Case* c,
+                              colibri_engine** out) {
   colibri_direct_options options;
-  colibri_direct_options_init(&options);
+  colibri_status s;
+  colibri_direct_options_init(&options, sizeof(options));
   options.nodes = nodes;
   options.node_replies = replies;
   options.node_timeout_ms = 10000;
-  return colibri_connect(model, &options, out);
+  s = colibri_connect(model, &options, out);
+  if (s == COLIBRI_OK && wait) WaitServing(*out, c);
+  return s;
 }
 
 int main(int argc, char** argv) {
@@ -128,15 +148,15 @@ int main(int argc, char** argv) {
 
   /* Options refused before anything connects, each naming its field. */
   s = colibri_connect(model, NULL, &direct);
-  CheckError(s, COLIBRI_INVALID_ARGUMENT, "exactly one of options.nodes and options.cluster_file",
+  CheckError(s, COLIBRI_INVALID_ARGUMENT, "exactly one of options.nodes",
              "colibri_connect without nodes");
   Check(direct == NULL, "a failed colibri_connect sets *out to NULL");
-  colibri_direct_options_init(&options);
+  colibri_direct_options_init(&options, sizeof(options));
   options.nodes = nodes;
   options.cluster_file = "/nonexistent";
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "exactly one",
              "colibri_connect with both nodes and a cluster file");
-  colibri_direct_options_init(&options);
+  colibri_direct_options_init(&options, sizeof(options));
   options.nodes = nodes;
   options.node_replies = 7;
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.node_replies 7",
@@ -145,15 +165,38 @@ int main(int argc, char** argv) {
   options.node_timeout_ms = 0;
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.node_timeout_ms 0",
              "node_timeout_ms 0");
+  options.node_timeout_ms = 3600 * 1000 + 1;
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT,
+             "options.node_timeout_ms 3600001 is outside [1, 3600000]", "node_timeout_ms over an hour");
   options.node_timeout_ms = 1000;
+  options.max_tokens = -5;
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.max_tokens -5",
+             "a negative max_tokens");
+  options.max_tokens = 65536;
+  options.batch_window_us = 2000000;
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.batch_window_us 2000000",
+             "batch_window_us over a second");
+  options.batch_window_us = 5000;
+  options.batch_max_tokens = 0;
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.batch_max_tokens 0",
+             "batch_max_tokens 0");
+  options.batch_max_tokens = 256;
+  options.nodes = " , ,";
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "exactly one of options.nodes",
+             "a node list of only commas and blanks");
+  options.nodes = nodes;
+  options.tls_cert_file = "/nonexistent.pem";
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.tls_",
+             "a client certificate without a CA or key, named by its C field");
+  options.tls_cert_file = NULL;
   options.struct_size = 0;
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "struct_size is 0",
              "struct_size 0");
-  colibri_direct_options_init(&options);
+  colibri_direct_options_init(&options, sizeof(options));
   options.nodes = "not-an-address";
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "not-an-address",
              "a node address that is not host:port");
-  colibri_direct_options_init(&options);
+  colibri_direct_options_init(&options, sizeof(options));
   options.nodes = nodes;
   CheckError(colibri_connect(NULL, &options, &direct), COLIBRI_INVALID_ARGUMENT, "model_path",
              "a NULL model_path");
@@ -202,7 +245,7 @@ int main(int argc, char** argv) {
   for (replies = COLIBRI_NODE_REPLIES_EXACT; replies <= COLIBRI_NODE_REPLIES_PER_EXPERT; ++replies) {
     char what[128];
     direct = NULL;
-    s = Connect(model, nodes, replies, &direct);
+    s = Connect(model, nodes, replies, 1, &c, &direct);
     snprintf(what, sizeof(what), "colibri_connect to %s (node_replies %d)", nodes, (int)replies);
     Check(s == COLIBRI_OK && direct != NULL, what);
     if (s != COLIBRI_OK) {
@@ -214,6 +257,7 @@ int main(int argc, char** argv) {
     if (replies == COLIBRI_NODE_REPLIES_EXACT) {
       Worker workers[kThreads];
       thrd_t threads[kThreads];
+      float* scratch = malloc(sizeof(float) * c.values);
       int ok = 1;
       s = colibri_get_model_info(direct, &direct_info);
       Check(s == COLIBRI_OK && memcmp(&direct_info, &local_info, sizeof(local_info)) == 0,
@@ -229,16 +273,39 @@ int main(int argc, char** argv) {
         ok = ok && workers[i].ok;
       }
       Check(ok, "4 threads x 10 rounds of concurrent calls all give the local bytes");
-      CheckError(colibri_forward_batch(direct, 9, c.ids, kTokens, c.x, c.want_lut), COLIBRI_INVALID_ARGUMENT,
+      CheckError(colibri_forward_batch(direct, 9, c.ids, kTokens, c.x, scratch), COLIBRI_INVALID_ARGUMENT,
                  "layer 9", "a layer outside the model, refused with its number");
       CheckError(colibri_forward_batch(direct, 0, c.ids, 70000, c.x, y), COLIBRI_RESOURCE_EXHAUSTED, "70000",
                  "more tokens than max_tokens");
+      free(scratch);
     }
     colibri_free(direct);
   }
 
+  /* colibri_direct_options_init never writes past the size it is given. */
+  memset(&options, 0x5a, sizeof(options));
+  colibri_direct_options_init(&options, (uint32_t)offsetof(colibri_direct_options, hedge_after_ms));
+  Check(options.struct_size == offsetof(colibri_direct_options, hedge_after_ms) && options.nodes == NULL &&
+            options.node_timeout_ms == 5000 && options.hedge_after_ms == (int64_t)0x5a5a5a5a5a5a5a5aLL,
+        "colibri_direct_options_init with a shorter size fills only the fields that fit");
+
+  /* Blanks and empty entries in the node list are skipped. */
+  {
+    char spaced[600];
+    const char* comma = strchr(nodes, ',');
+    if (comma != NULL) {
+      snprintf(spaced, sizeof(spaced), " %.*s , ,%s, ", (int)(comma - nodes), nodes, comma + 1);
+      s = Connect(model, spaced, COLIBRI_NODE_REPLIES_EXACT, 1, &c, &direct);
+      Check(s == COLIBRI_OK, "a node list with blanks and empty entries opens");
+      if (s == COLIBRI_OK) {
+        Check(SameAsLocal(direct, &c), "... and answers with the local bytes");
+        colibri_free(direct);
+      }
+    }
+  }
+
   /* A caller's shorter struct: the fields past struct_size keep their defaults. */
-  colibri_direct_options_init(&options);
+  colibri_direct_options_init(&options, sizeof(options));
   options.nodes = nodes;
   options.node_timeout_ms = 0; /* would be refused if read */
   options.struct_size = (uint32_t)offsetof(colibri_direct_options, cluster_file);
@@ -246,25 +313,26 @@ int main(int argc, char** argv) {
   s = colibri_connect(model, &options, &direct);
   Check(s == COLIBRI_OK, "fields beyond a shorter struct_size take their defaults");
   if (s == COLIBRI_OK) {
+    WaitServing(direct, &c);
     Check(SameAsLocal(direct, &c), "an engine opened with a shorter struct answers with the local bytes");
     colibri_free(direct);
   }
 
   /* A dead node beside the live ones is skipped. */
   snprintf(both, sizeof(both), "%s,%s", dead, nodes);
-  s = Connect(model, both, COLIBRI_NODE_REPLIES_EXACT, &direct);
+  s = Connect(model, both, COLIBRI_NODE_REPLIES_EXACT, 1, &c, &direct);
   Check(s == COLIBRI_OK, "colibri_connect with a dead node in the list opens");
   if (s == COLIBRI_OK) {
     Check(SameAsLocal(direct, &c), "with a dead node in the list, the answers are the local bytes");
     colibri_free(direct);
   }
   /* Only a dead node: the call fails UNAVAILABLE naming an expert, quickly. */
-  s = Connect(model, dead, COLIBRI_NODE_REPLIES_EXACT, &direct);
+  s = Connect(model, dead, COLIBRI_NODE_REPLIES_EXACT, 0, &c, &direct);
   Check(s == COLIBRI_OK, "colibri_connect with only a dead node opens (it is retried in the background)");
   if (s == COLIBRI_OK) {
     float* out = malloc(sizeof(float) * c.values);
-    CheckError(colibri_forward_batch(direct, 1, c.ids, kTokens, c.x, out), COLIBRI_UNAVAILABLE, "expert",
-               "a call with no live node fails UNAVAILABLE naming the expert");
+    CheckError(colibri_forward_batch(direct, 1, c.ids, kTokens, c.x, out), COLIBRI_UNAVAILABLE,
+               "no live expert node serves it", "a call with no live node fails UNAVAILABLE naming the expert");
     free(out);
     colibri_free(direct);
   }

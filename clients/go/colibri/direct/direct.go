@@ -12,10 +12,11 @@
 //	r, err := e.Forward(&colibri.ForwardArgs{Layer: 0, TokenIDs: ids, Hidden: hidden})
 //
 // Forward takes the colibri package's ForwardArgs and returns its
-// ForwardResult, so a program can switch between a router (colibri.Client)
-// and proxyless with one line. What the proxyless engine does not do: f32 is
-// the only dtype in and out (ForwardArgs.Tensor and OutputDType other than
-// F32 are refused), and it returns no timings. Errors are *colibri.Error.
+// ForwardResult, as colibri.Client.Forward does. What the proxyless engine
+// does not do: f32 is the only dtype in and out (ForwardArgs.Tensor and
+// OutputDType other than F32 are refused), it returns no timings, and its
+// calls take no context (Options.CallTimeout bounds each one). Errors are
+// *colibri.Error.
 //
 // Building needs cgo, router_node/colibri.h on the include path and
 // libcolibri.so on the library path (clients/go/build.sh sets both from a
@@ -108,6 +109,15 @@ type Engine struct {
 
 const errSize = 1024
 
+// millis is d in whole milliseconds, rounded up: a positive duration under
+// 1 ms stays on (1 ms) rather than becoming 0 ("off").
+func millis(d time.Duration) int64 {
+	if d <= 0 {
+		return int64(d / time.Millisecond)
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
 func newError(code C.colibri_status, message string) error {
 	return &colibri.Error{Code: codes.Code(code), Message: message}
 }
@@ -118,7 +128,7 @@ func newError(code C.colibri_status, message string) error {
 // experts have no live node fails with codes.Unavailable naming the expert.
 func Open(modelDir string, opts Options) (*Engine, error) {
 	var o C.colibri_direct_options
-	C.colibri_direct_options_init(&o)
+	C.colibri_direct_options_init(&o, C.uint32_t(unsafe.Sizeof(o)))
 	var frees []unsafe.Pointer
 	defer func() {
 		for _, p := range frees {
@@ -136,12 +146,9 @@ func Open(modelDir string, opts Options) (*Engine, error) {
 	o.nodes = cstr(strings.Join(opts.Nodes, ","))
 	o.cluster_file = cstr(opts.ClusterFile)
 	if opts.NodeTimeout != 0 {
-		o.node_timeout_ms = C.int64_t(opts.NodeTimeout.Milliseconds())
-		if o.node_timeout_ms == 0 {
-			o.node_timeout_ms = 1
-		}
+		o.node_timeout_ms = C.int64_t(millis(opts.NodeTimeout))
 	}
-	o.hedge_after_ms = C.int64_t(opts.HedgeAfter.Milliseconds())
+	o.hedge_after_ms = C.int64_t(millis(opts.HedgeAfter))
 	switch opts.NodeReplies {
 	case "", "exact":
 		o.node_replies = C.COLIBRI_NODE_REPLIES_EXACT
@@ -156,12 +163,12 @@ func Open(modelDir string, opts Options) (*Engine, error) {
 	if opts.MaxTokens != 0 {
 		o.max_tokens = C.int64_t(opts.MaxTokens)
 	}
-	o.call_timeout_ms = C.int64_t(opts.CallTimeout.Milliseconds())
+	o.call_timeout_ms = C.int64_t(millis(opts.CallTimeout))
 	switch {
 	case opts.BatchWindow < 0:
 		o.batch_window_us = 0
 	case opts.BatchWindow > 0:
-		o.batch_window_us = C.int64_t(opts.BatchWindow.Microseconds())
+		o.batch_window_us = C.int64_t((opts.BatchWindow + time.Microsecond - 1) / time.Microsecond)
 	}
 	if opts.BatchMaxTokens != 0 {
 		o.batch_max_tokens = C.int64_t(opts.BatchMaxTokens)
@@ -209,6 +216,9 @@ func (e *Engine) Forward(args *colibri.ForwardArgs) (*colibri.ForwardResult, err
 		return nil, invalid("ForwardArgs.OutputDType %d: the proxyless engine answers in f32 only", args.OutputDType)
 	case args.ReturnTimings:
 		return nil, invalid("ForwardArgs.ReturnTimings: the proxyless engine returns no timings")
+	}
+	if args.Layer < 0 || args.Layer >= e.info.Layers {
+		return nil, invalid("layer %d is outside [0, %d)", args.Layer, e.info.Layers)
 	}
 	d, k := e.info.DModel, e.info.TopK
 	if len(args.Hidden)%d != 0 {

@@ -39,7 +39,7 @@ func sameBits(a, b []float32) bool {
 
 func TestOpenRefusesBadOptions(t *testing.T) {
 	_, err := Open("/nonexistent", Options{})
-	wantCode(t, err, codes.InvalidArgument, "exactly one of options.nodes and options.cluster_file")
+	wantCode(t, err, codes.InvalidArgument, "exactly one of options.nodes")
 	_, err = Open("/nonexistent", Options{Nodes: []string{"127.0.0.1:1"}, NodeReplies: "some"})
 	wantCode(t, err, codes.InvalidArgument, `NodeReplies "some"`)
 	_, err = Open("/nonexistent", Options{Nodes: []string{"127.0.0.1:1"}})
@@ -72,7 +72,19 @@ func newFixture(t *testing.T, opts Options) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &fixture{e: e, router: c}
+	f := &fixture{e: e, router: c}
+	// Open checks the nodes once (1 s per probe); on a loaded machine a node
+	// may miss it and come back a health round later: wait up to 10 s.
+	ids, hidden := f.batch(1, 1)
+	for i := 0; i < 100; i++ {
+		_, err := e.Forward(&colibri.ForwardArgs{Layer: 0, TokenIDs: ids, Hidden: hidden})
+		var ce *colibri.Error
+		if !errors.As(err, &ce) || ce.Code != codes.Unavailable {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return f
 }
 
 func (f *fixture) batch(n int, seed uint32) ([]int32, []float32) {
