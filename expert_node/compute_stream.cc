@@ -61,9 +61,13 @@ class ExpertService::StreamReactor final
       }
       read_paused_ = pending_writes_.size() >= kMaxQueuedReplies;
       read_on = !read_paused_;
+      if (read_on) ++holds_;  // until the next read has started: a Close meanwhile cannot finish the stream
     }
     // The next message may arrive while this one computes on this thread.
-    if (read_on) StartRead(&incoming_->request);
+    if (read_on) {
+      StartRead(&incoming_->request);
+      Release();
+    }
     if (message->request.cancel()) return;
     auto call = std::make_shared<ComputeCall>();
     call->request = &message->request.request();

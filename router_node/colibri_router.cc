@@ -114,6 +114,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"RouterServerOptions::service.admin_identities", "--admin_identities"},
     {"RemoteOptions::addresses", "--experts_at"},
     {"RemoteOptions::cluster_file", "--cluster_file"},
+    {"RemoteOptions::node_stream_max_bytes", "--node_stream_max_bytes"},
     {"RemoteOptions::tls_ca_file", "--node_tls_ca"},
     {"RemoteOptions::tls_cert_file", "--node_tls_cert"},
     {"RemoteOptions::tls_key_file", "--node_tls_key"},

@@ -1,5 +1,6 @@
 #include "router_node/node_stream.h"
 
+#include <grpc/support/time.h>
 #include <grpcpp/alarm.h>
 
 #include <algorithm>
@@ -20,6 +21,12 @@ namespace router_node {
 
 namespace v1 = colibri::v1;
 
+// The channel keeps its calls' deadlines on the monotonic clock: converted
+// once from the context's wall-clock deadline when a call is sent, as gRPC
+// does for a unary call, so a step of the wall clock moves no deadline.
+using SteadyTime = std::chrono::steady_clock::time_point;
+constexpr SteadyTime kNoDeadline = SteadyTime::max();
+
 struct StreamNodeChannel::State {
   State(const std::shared_ptr<grpc::Channel>& channel, int64_t max_bytes)
       : unary(channel), stub(v1::ExpertNode::NewStub(channel)), max_stream_bytes(max_bytes) {}
@@ -31,7 +38,7 @@ struct StreamNodeChannel::State {
     v1::ComputeResponse* response = nullptr;
     Done done;
     Stream* stream = nullptr;  // the stream it was sent on (alive while the call is pending)
-    std::chrono::system_clock::time_point deadline;
+    SteadyTime deadline;
   };
 
   // Takes a call out of `pending`: the one who does ends it.
@@ -57,7 +64,7 @@ struct StreamNodeChannel::State {
   // cancelled. `armed` is the deadline it is set for (max: none), and
   // `generation` names the latest one set; an older one that fires does nothing.
   std::unique_ptr<grpc::Alarm> alarm ABSL_GUARDED_BY(mu);
-  std::chrono::system_clock::time_point armed ABSL_GUARDED_BY(mu) = std::chrono::system_clock::time_point::max();
+  SteadyTime armed ABSL_GUARDED_BY(mu) = kNoDeadline;
   uint64_t generation ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -85,7 +92,7 @@ class StreamNodeChannel::Stream final
   // lock held (a comment: the analysis cannot see that the caller's State is
   // this stream's).
   v1::ComputeStreamRequest* Enqueue(std::unique_ptr<v1::ComputeStreamRequest> message,
-                                    std::chrono::system_clock::time_point deadline) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                    SteadyTime deadline) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (ended_) return nullptr;
     if (writing_ != nullptr) {
       queued_.push_back({std::move(message), deadline});
@@ -132,6 +139,9 @@ class StreamNodeChannel::Stream final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
+      // A reply that could not be parsed fails the read without ending the
+      // RPC: cancel it, so OnDone follows and ends the calls on it.
+      context_.TryCancel();
       bool release = false;
       bool unref = false;
       {
@@ -195,15 +205,15 @@ class StreamNodeChannel::Stream final
   // A message waiting to be written, and the deadline of its call (max: none).
   struct Outgoing {
     std::unique_ptr<v1::ComputeStreamRequest> message;
-    std::chrono::system_clock::time_point deadline;
+    SteadyTime deadline;
   };
 
   // The message to write now, its timeout counted from now: the node counts
   // it from when it reads the message, so time spent queued here is not added.
   v1::ComputeStreamRequest* StartWriting(Outgoing o) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (o.deadline != std::chrono::system_clock::time_point::max()) {
+    if (o.deadline != kNoDeadline) {
       const int64_t left =
-          std::chrono::duration_cast<std::chrono::microseconds>(o.deadline - std::chrono::system_clock::now()).count();
+          std::chrono::duration_cast<std::chrono::microseconds>(o.deadline - std::chrono::steady_clock::now()).count();
       o.message->set_timeout_micros(std::max<int64_t>(1, left));
     }
     writing_ = std::move(o.message);
@@ -257,7 +267,7 @@ void EndCall(const std::shared_ptr<StreamNodeChannel::State>& state, std::option
       cancel->set_call_id(*id);
       cancel->set_cancel(true);
       stream = call->stream;  // alive: the call was pending on it
-      to_write = stream->Enqueue(std::move(cancel), std::chrono::system_clock::time_point::max());
+      to_write = stream->Enqueue(std::move(cancel), kNoDeadline);
     }
   }
   if (!call.has_value()) {
@@ -273,10 +283,13 @@ void OnAlarm(const std::shared_ptr<StreamNodeChannel::State>& state, uint64_t ge
 // Sets the alarm for `deadline` as generation `generation`, unless a later
 // generation has been set meanwhile. Outside the lock: setting and
 // destroying an alarm may run gRPC code that ends in its callback.
-void Arm(const std::shared_ptr<StreamNodeChannel::State>& state, std::chrono::system_clock::time_point deadline,
-         uint64_t generation) {
+void Arm(const std::shared_ptr<StreamNodeChannel::State>& state, SteadyTime deadline, uint64_t generation) {
+  const int64_t left =
+      std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now()).count();
+  const gpr_timespec when =
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_micros(std::max<int64_t>(0, left), GPR_TIMESPAN));
   auto alarm = std::make_unique<grpc::Alarm>();
-  alarm->Set(deadline, [weak = std::weak_ptr<StreamNodeChannel::State>(state), generation](bool fired) {
+  alarm->Set(when, [weak = std::weak_ptr<StreamNodeChannel::State>(state), generation](bool fired) {
     if (!fired) return;  // replaced by a sooner one, or the channel is gone
     if (std::shared_ptr<StreamNodeChannel::State> s = weak.lock()) OnAlarm(s, generation);
   });
@@ -290,13 +303,12 @@ void Arm(const std::shared_ptr<StreamNodeChannel::State>& state, std::chrono::sy
 // The soonest deadline has come: ends the calls past theirs
 // DEADLINE_EXCEEDED and sets the alarm for the next.
 void OnAlarm(const std::shared_ptr<StreamNodeChannel::State>& state, uint64_t generation) {
-  const auto now = std::chrono::system_clock::now();
-  // gRPC's timers run on another clock than the deadlines': a call due within
-  // the next millisecond is taken as due, so the alarm never fires in a loop.
-  const auto due = now + std::chrono::milliseconds(1);
+  // gRPC's monotonic clock is not std::chrono's: a call due within the next
+  // millisecond is taken as due, so the alarm never fires in a loop.
+  const SteadyTime due = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
   std::vector<uint64_t> expired;
   std::optional<uint64_t> next_generation;
-  auto next = std::chrono::system_clock::time_point::max();
+  SteadyTime next = kNoDeadline;
   {
     common::MutexLock lock(&state->mu);
     if (generation != state->generation) return;  // a sooner alarm is set
@@ -308,7 +320,7 @@ void OnAlarm(const std::shared_ptr<StreamNodeChannel::State>& state, uint64_t ge
       }
     }
     state->armed = next;
-    if (next != std::chrono::system_clock::time_point::max()) next_generation = ++state->generation;
+    if (next != kNoDeadline) next_generation = ++state->generation;
   }
   if (next_generation.has_value()) Arm(state, next, *next_generation);
   for (uint64_t id : expired) {
@@ -340,12 +352,17 @@ void StreamNodeChannel::Compute(grpc::ClientContext* context, const v1::ComputeR
     st.unary.Compute(context, request, response, std::move(done));
     return;
   }
-  const auto deadline = context->deadline();
-  const auto now = std::chrono::system_clock::now();
-  const bool has_deadline = deadline != std::chrono::system_clock::time_point::max();
-  if (has_deadline && deadline <= now) {
-    done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the call was sent"));
-    return;
+  SteadyTime deadline = kNoDeadline;
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    const auto left = context->deadline() - std::chrono::system_clock::now();
+    if (left <= std::chrono::system_clock::duration::zero()) {
+      done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the call was sent"));
+      return;
+    }
+    // Capped at ten years: a far deadline does not overflow the clock.
+    constexpr auto kFar = std::chrono::hours(24 * 365 * 10);
+    deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                      std::min<std::chrono::nanoseconds>(left, kFar));
   }
   auto message = std::make_unique<v1::ComputeStreamRequest>();
   *message->mutable_request() = *request;

@@ -52,6 +52,14 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   if (options.n_layers < 1 || options.n_experts < 1 || options.d_model < 1) {
     return absl::InvalidArgumentError("RemoteOptions: model shape not set");
   }
+  // A message over the size limit breaks a whole stream (every call on it),
+  // where it fails one unary call: stream calls stay far below the limit
+  // (a reply can be top_k rows per token, in f32, for a bf16 request).
+  if (options.node_stream_max_bytes > options.max_message_bytes / 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RemoteOptions::node_stream_max_bytes ", options.node_stream_max_bytes, " is over 1/32 of the ",
+                     options.max_message_bytes, "-byte message limit (replies on a stream must stay well under it)"));
+  }
   std::unique_ptr<RemoteBackend> b(new RemoteBackend(options));
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                            runtime::ChannelCredentialsFromFiles(options.tls_ca_file, options.tls_cert_file,

@@ -90,7 +90,8 @@ struct RemoteOptions {
   // on one open ComputeStream per node (router_node/node_stream.h), larger
   // ones as unary calls. 0 (the default): every call unary — on the machines
   // measured, streams made node calls no faster and cost the router more CPU
-  // (docs/PERFORMANCE.md).
+  // (docs/PERFORMANCE.md). At most max_message_bytes / 32 (Create refuses
+  // more): a message over the limit would break the stream and every call on it.
   int64_t node_stream_max_bytes = 0;
   NodeReplies replies = NodeReplies::kExact;
   // When a replicated expert's rows are split among its replicas (shard_map.h).

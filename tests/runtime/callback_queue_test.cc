@@ -18,6 +18,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "runtime/grpc_callback_queue.h"
 
@@ -75,6 +76,10 @@ TEST_CASE("a channel released inside its own call's callback does not take the c
   // shut down (that joins them; a new queue has new ones). A thread may take
   // its name a moment after it starts, so one seen later joins the set.
   std::set<std::string> threads = QueueThreads();
+  for (int i = 0; i < 500 && threads.empty(); ++i) {  // on a loaded machine a thread is named late
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    threads = QueueThreads();
+  }
   REQUIRE_FALSE(threads.empty());
   for (int i = 0; i < 50; ++i) {
     CallAndDropInCallback();
