@@ -461,7 +461,8 @@ type ComputeStreamRequest struct {
 	// The call, as for Compute. Unset with `cancel`.
 	Request *ComputeRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
 	// > 0: the call's deadline, this many microseconds after the node reads
-	// the message (it gets DEADLINE_EXCEEDED after it). 0: the stream's.
+	// the message (it gets DEADLINE_EXCEEDED after it). 0 (or over 24 hours):
+	// the stream's.
 	TimeoutMicros int64 `protobuf:"varint,3,opt,name=timeout_micros,json=timeoutMicros,proto3" json:"timeout_micros,omitempty"`
 	// true: cancels the call in flight with this call_id (its work is dropped
 	// and it is answered CANCELLED unless it has been answered already); an
