@@ -88,7 +88,9 @@ typedef struct colibri_options {
 
 /* Fills the defaults: struct_size = sizeof(colibri_options), threads 0,
  * numa_node -1, lock_memory 0, verify_checksums 1, max_tokens 65536.
- * NULL is a no-op. */
+ * NULL is a no-op. It writes the library's sizeof(colibri_options): the
+ * struct keeps its ABI version 1 size, and fields added to it would come
+ * with a sized init like colibri_direct_options_init. */
 COLIBRI_EXPORT void colibri_options_init(colibri_options* options);
 
 /* Loads every expert, gate and LUT of the converted model in `model_path`
