@@ -169,11 +169,12 @@ TEST_CASE("a node shutting down finishes its open streams once their calls are a
 }
 
 // A node whose ComputeStream is scripted: answers (weights_version 2), holds
-// every call unanswered, breaks after the first message, or is absent
+// every call unanswered, breaks after the first message, answers with a
+// message that does not parse (invalid UTF-8 in a string), or is absent
 // (UNIMPLEMENTED). Unary Compute answers with weights_version 1.
 class ScriptedNode final : public v1::ExpertNode::CallbackService {
  public:
-  enum class Mode { kAnswer, kHold, kBreak, kAbsent };
+  enum class Mode { kAnswer, kHold, kBreak, kGarbage, kAbsent };
   explicit ScriptedNode(Mode mode) : mode_(mode) {}
 
   grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const v1::ComputeRequest*,
@@ -224,6 +225,12 @@ class ScriptedNode final : public v1::ExpertNode::CallbackService {
       if (node_->mode_ == Mode::kAnswer && !in_.cancel()) {
         out_.set_call_id(in_.call_id());
         out_.mutable_response()->set_weights_version(2);
+        return StartWrite(&out_);
+      }
+      if (node_->mode_ == Mode::kGarbage && !in_.cancel()) {
+        out_.set_call_id(in_.call_id());
+        out_.set_code(13);
+        out_.set_message("\xff\xfe not UTF-8");  // serialized as is; the reader's parse fails
         return StartWrite(&out_);
       }
       StartRead(&in_);
@@ -304,6 +311,13 @@ TEST_CASE("calls on a stream that breaks end UNAVAILABLE, and the next call open
   const Result again = CallThrough(channel, Request(1));
   CHECK(again.status.error_code() == grpc::StatusCode::UNAVAILABLE);
   s.node.WaitForCalls(2);  // both reached the node, each on a stream of its own
+}
+
+TEST_CASE("a reply that does not parse ends the stream's calls UNAVAILABLE at once, not at their deadline") {
+  ScriptedServer s(ScriptedNode::Mode::kGarbage);
+  StreamNodeChannel channel(Loopback(s.port), 64 << 10);
+  const Result r = CallThrough(channel, Request(0), std::chrono::minutes(2));
+  CHECK(r.status.error_code() == grpc::StatusCode::UNAVAILABLE);
 }
 
 TEST_CASE("a node without ComputeStream gets the same calls as unary calls") {
