@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -194,4 +195,49 @@ func TestConcurrentCallsAndErrors(t *testing.T) {
 	f.e.Close()
 	_, err = f.e.Forward(&colibri.ForwardArgs{Layer: 0, TokenIDs: ids, Hidden: hidden})
 	wantCode(t, err, codes.FailedPrecondition, "closed")
+}
+
+// BenchmarkProxylessAgainstRouter times one-token calls of layer 0,
+// proxyless and through the router, interleaved call by call, and reports
+// each path's median (ns): go test -run x -bench . with the fixture's
+// environment (clients/go/README.md).
+func BenchmarkProxylessAgainstRouter(b *testing.B) {
+	model, nodes, router := os.Getenv("COLIBRI_MODEL"), os.Getenv("COLIBRI_NODES"), os.Getenv("COLIBRI_ROUTER")
+	if model == "" || nodes == "" || router == "" {
+		b.Skip("COLIBRI_MODEL, COLIBRI_NODES and COLIBRI_ROUTER are not all set")
+	}
+	e, err := Open(model, Options{Nodes: strings.Split(nodes, ",")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	c, err := colibri.Dial(router, colibri.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	f := &fixture{e: e, router: c}
+	ids, hidden := f.batch(1, 3)
+	args := &colibri.ForwardArgs{Layer: 0, TokenIDs: ids, Hidden: hidden}
+	ctx := context.Background()
+	direct, routed := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, err := e.Forward(args); err != nil {
+			b.Fatal(err)
+		}
+		direct = append(direct, time.Since(start))
+		start = time.Now()
+		if _, err := c.Forward(ctx, args); err != nil {
+			b.Fatal(err)
+		}
+		routed = append(routed, time.Since(start))
+	}
+	median := func(d []time.Duration) float64 {
+		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+		return float64(d[len(d)/2])
+	}
+	b.ReportMetric(median(direct), "proxyless-p50-ns")
+	b.ReportMetric(median(routed), "router-p50-ns")
 }
