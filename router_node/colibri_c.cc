@@ -38,6 +38,17 @@ struct colibri_engine {
   absl::Duration call_timeout;                // > 0: each forward call's deadline
 };
 
+// The fields of colibri_direct_options after struct_size, in order, and
+// whether the first `size` bytes of one hold all of `field`: a caller's
+// struct (or a size given to colibri_direct_options_init) may be shorter
+// than this library's, and only whole fields are read or written.
+#define COLIBRI_DIRECT_FIELDS(X)                                                                        \
+  X(nodes)                                                                                              \
+  X(cluster_file) X(node_timeout_ms) X(hedge_after_ms) X(node_replies) X(max_tokens) X(call_timeout_ms) \
+      X(batch_window_us) X(batch_max_tokens) X(tls_ca_file) X(tls_cert_file) X(tls_key_file) X(tls_server_name)
+#define COLIBRI_COVERS(field, size) \
+  (offsetof(colibri_direct_options, field) + sizeof(colibri_direct_options::field) <= (size))
+
 namespace colibri {
 namespace {
 
@@ -163,25 +174,10 @@ absl::Status ConnectDirect(const char* model_path, const colibri_direct_options*
       return absl::InvalidArgumentError(
           "options.struct_size is 0: fill the options with colibri_direct_options_init first");
     }
-// True if the caller's struct_size covers all of `field`.
-#define COLIBRI_GIVEN(field) (offsetof(colibri_direct_options, field) + sizeof(given->field) <= given->struct_size)
 #define COLIBRI_TAKE(field) \
-  if (COLIBRI_GIVEN(field)) o.field = given->field
-    COLIBRI_TAKE(nodes);
-    COLIBRI_TAKE(cluster_file);
-    COLIBRI_TAKE(node_timeout_ms);
-    COLIBRI_TAKE(hedge_after_ms);
-    COLIBRI_TAKE(node_replies);
-    COLIBRI_TAKE(max_tokens);
-    COLIBRI_TAKE(call_timeout_ms);
-    COLIBRI_TAKE(batch_window_us);
-    COLIBRI_TAKE(batch_max_tokens);
-    COLIBRI_TAKE(tls_ca_file);
-    COLIBRI_TAKE(tls_cert_file);
-    COLIBRI_TAKE(tls_key_file);
-    COLIBRI_TAKE(tls_server_name);
+  if (COLIBRI_COVERS(field, given->struct_size)) o.field = given->field;
+    COLIBRI_DIRECT_FIELDS(COLIBRI_TAKE)
 #undef COLIBRI_TAKE
-#undef COLIBRI_GIVEN
   }
   router_node::RemoteOptions remote;
   // Addresses trimmed; empty entries ("a,,b", a trailing comma) skipped.
@@ -304,26 +300,11 @@ void colibri_direct_options_init(colibri_direct_options* options, uint32_t size)
   o.max_tokens = 65536;
   o.batch_window_us = 5000;
   o.batch_max_tokens = 256;
-  // Whole fields only, up to `size`: the caller's struct may be shorter
-  // than this library's.
-  size_t n = 0;
-  for (const size_t end : {offsetof(colibri_direct_options, struct_size) + sizeof(o.struct_size),
-                           offsetof(colibri_direct_options, nodes) + sizeof(o.nodes),
-                           offsetof(colibri_direct_options, cluster_file) + sizeof(o.cluster_file),
-                           offsetof(colibri_direct_options, node_timeout_ms) + sizeof(o.node_timeout_ms),
-                           offsetof(colibri_direct_options, hedge_after_ms) + sizeof(o.hedge_after_ms),
-                           offsetof(colibri_direct_options, node_replies) + sizeof(o.node_replies),
-                           offsetof(colibri_direct_options, max_tokens) + sizeof(o.max_tokens),
-                           offsetof(colibri_direct_options, call_timeout_ms) + sizeof(o.call_timeout_ms),
-                           offsetof(colibri_direct_options, batch_window_us) + sizeof(o.batch_window_us),
-                           offsetof(colibri_direct_options, batch_max_tokens) + sizeof(o.batch_max_tokens),
-                           offsetof(colibri_direct_options, tls_ca_file) + sizeof(o.tls_ca_file),
-                           offsetof(colibri_direct_options, tls_cert_file) + sizeof(o.tls_cert_file),
-                           offsetof(colibri_direct_options, tls_key_file) + sizeof(o.tls_key_file),
-                           offsetof(colibri_direct_options, tls_server_name) + sizeof(o.tls_server_name)}) {
-    if (end <= size) n = end;
-  }
-  std::memcpy(options, &o, n);
+  if (COLIBRI_COVERS(struct_size, size)) options->struct_size = o.struct_size;
+#define COLIBRI_PUT(field) \
+  if (COLIBRI_COVERS(field, size)) options->field = o.field;
+  COLIBRI_DIRECT_FIELDS(COLIBRI_PUT)
+#undef COLIBRI_PUT
 }
 
 colibri_status colibri_connect(const char* model_path, const colibri_direct_options* options, colibri_engine** out) {
