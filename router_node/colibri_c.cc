@@ -160,6 +160,7 @@ const runtime::OptionFlags kDirectFields = {
     {"RemoteOptions::tls_ca_file", "options.tls_ca_file"},
     {"RemoteOptions::tls_cert_file", "options.tls_cert_file"},
     {"RemoteOptions::tls_key_file", "options.tls_key_file"},
+    {"RemoteOptions::tls_server_name", "options.tls_server_name"},
     {"RouterOptions::max_tokens", "options.max_tokens"},
     {"BatchOptions::max_tokens", "options.batch_max_tokens"},
 };

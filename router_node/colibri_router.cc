@@ -118,6 +118,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"RemoteOptions::tls_ca_file", "--node_tls_ca"},
     {"RemoteOptions::tls_cert_file", "--node_tls_cert"},
     {"RemoteOptions::tls_key_file", "--node_tls_key"},
+    {"RemoteOptions::tls_server_name", "--node_tls_server_name"},
     {"ThreadPool::Options::numa_node", "--numa_node"},
 };
 

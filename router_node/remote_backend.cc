@@ -20,6 +20,12 @@
 
 namespace colibri {
 namespace router_node {
+
+struct RemoteBackend::ChannelSetup {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  grpc::ChannelArguments args;
+};
+
 namespace {
 
 absl::StatusOr<std::vector<std::string>> ReadClusterFile(const std::string& path) {
@@ -61,10 +67,18 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
                      options.max_message_bytes, "-byte message limit (replies on a stream must stay well under it)"));
   }
   std::unique_ptr<RemoteBackend> b(new RemoteBackend(options));
-  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                           runtime::ChannelCredentialsFromFiles(options.tls_ca_file, options.tls_cert_file,
-                                                                options.tls_key_file, "RemoteOptions::"));
-  b->credentials_ = credentials;
+  auto setup = std::make_shared<ChannelSetup>();
+  grpc::ChannelArguments& args = setup->args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
+  args.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
+  // A node that comes back is reconnected within a second, not after minutes of backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  COLIBRI_ASSIGN_OR_RETURN(setup->credentials, runtime::ChannelCredentialsFromFiles(
+                                                   options.tls_ca_file, options.tls_cert_file, options.tls_key_file,
+                                                   options.tls_server_name, "RemoteOptions::", &args));
+  b->channel_setup_ = std::move(setup);
   std::vector<std::string> addresses = options.addresses;
   if (!options.cluster_file.empty()) {
     COLIBRI_ASSIGN_OR_RETURN(addresses, ReadClusterFile(options.cluster_file));
@@ -144,18 +158,10 @@ absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& address
 }
 
 std::unique_ptr<NodeChannel> RemoteBackend::Connect(const std::string& address) const {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
-  args.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
-  // A node that comes back is reconnected within a second, not after minutes of backoff.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
   // The node calls' callbacks may drop a channel's last owner (a client destroyed meanwhile).
   runtime::KeepCallbackQueue();
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, std::static_pointer_cast<grpc::ChannelCredentials>(credentials_), args);
+      grpc::CreateCustomChannel(address, channel_setup_->credentials, channel_setup_->args);
   if (options_.node_stream_max_bytes > 0) {
     return std::make_unique<StreamNodeChannel>(std::move(channel), options_.node_stream_max_bytes);
   }

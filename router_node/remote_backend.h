@@ -192,7 +192,8 @@ class RemoteBackend final : public ExpertBackend {
   // Constant after construction.
   const RemoteOptions options_;
   common::Clock* const clock_;
-  std::shared_ptr<void> credentials_;  // grpc::ChannelCredentials, kept opaque in this header
+  struct ChannelSetup;  // the nodes' channel credentials and arguments (gRPC types, kept out of this header)
+  std::shared_ptr<const ChannelSetup> channel_setup_;
 
   mutable common::Mutex mu_;
   common::CondVar stop_cv_;  // wakes the watcher on Stop()

@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const std::string& model_
           absl::StrCat("BatchOptions::max_tokens ", options.batching.max_tokens, " must be >= 1"));
     }
     BatchOptions batching = options.batching;
+    batching.max_tokens = std::min(batching.max_tokens, options.max_tokens);
     batching.metrics = options.metrics;
     r->batcher_ = std::make_unique<LayerBatcher>(backend, m.n_layers, m.d_model, batching);
   }

@@ -99,7 +99,9 @@ struct RouterOptions {
   bool verify_checksums = true;                // of the gate and LUT files at load
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the router
   // Merging concurrent calls of one layer (layer_batcher.h): on when
-  // batching.window > 0. Its metrics are `metrics`.
+  // batching.window > 0. Its metrics are `metrics`. A merged call holds at
+  // most min(batching.max_tokens, max_tokens) tokens: no node call is larger
+  // than one Forward may be (the node calls' message limit follows max_tokens).
   BatchOptions batching;
 };
 

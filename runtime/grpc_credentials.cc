@@ -53,16 +53,20 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFi
   return grpc::SslServerCredentials(ssl);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(const std::string& ca,
-                                                                                      const std::string& cert,
-                                                                                      const std::string& key,
-                                                                                      const std::string& prefix) {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(
+    const std::string& ca, const std::string& cert, const std::string& key, const std::string& server_name,
+    const std::string& prefix, grpc::ChannelArguments* args) {
   if (ca.empty()) {
     if (!cert.empty() || !key.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("a client certificate needs ", prefix, "tls_ca_file as well"));
     }
+    if (!server_name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "tls_server_name needs ", prefix,
+                                                     "tls_ca_file as well (without a CA the connection is not TLS)"));
+    }
     return grpc::InsecureChannelCredentials();
   }
+  if (!server_name.empty()) args->SetSslTargetNameOverride(server_name);
   if (cert.empty() != key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "tls_cert_file and ", prefix, "tls_key_file go together"));
   }

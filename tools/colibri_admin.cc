@@ -45,6 +45,14 @@ constexpr char kUsage[] =
     "                                       to new, one at a time (waiting for R to see each step); zero failed\n"
     "                                       requests";
 
+// The options named in the tools' errors, and the flags that set them.
+const colibri::runtime::OptionFlags kOptionFlags = {
+    {"RolloutOptions::tls_ca_file", "--tls_ca"},
+    {"RolloutOptions::tls_cert_file", "--tls_cert"},
+    {"RolloutOptions::tls_key_file", "--tls_key"},
+    {"RolloutOptions::tls_server_name", "--tls_server_name"},
+};
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -110,7 +118,7 @@ int main(int argc, char* argv[]) {
     return 2;
   }
   if (!s.ok()) {
-    std::cerr << "colibri-admin " << command << ": " << s.message() << "\n";
+    std::cerr << "colibri-admin " << command << ": " << colibri::runtime::NameFlags(s, kOptionFlags).message() << "\n";
     return 1;
   }
   return 0;

@@ -24,8 +24,9 @@ ABSL_FLAG(bool, progress, true, "Print a line per expert file written.");
 int main(int argc, char** argv) {
   colibri::runtime::ParseFlags(
       argc, argv,
-      "Converts a Hugging Face MoE checkpoint (Mixtral or Qwen-MoE/OLMoE naming; f32, bf16 or f16) into a\n"
-      "Colibri model directory: one file per (layer, expert), per-layer gate and routing LUT, and a manifest\n"
+      "Converts a Hugging Face MoE checkpoint (Mixtral, Qwen2/Qwen3-MoE, OLMoE, DeepSeek-V2/V3, Kimi-K2,\n"
+      "gpt-oss, Llama 4; f32, bf16, f16 or DeepSeek's block FP8) into a Colibri model directory: one file\n"
+      "per (layer, expert), per-layer gate and routing LUT, and a manifest\n"
       "with every file's size and checksum. Streams tensor by tensor.\n"
       "Example: colibri-convert --checkpoint ckpt/ --out model/ --weight_type int4");
   colibri::tools::ConvertOptions options;

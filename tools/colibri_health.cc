@@ -32,8 +32,12 @@ constexpr char kUsage[] =
     "\n"
     "Exit status: 0 SERVING, 1 not serving or unreachable (the reason on stderr), 2 usage error.";
 
-struct HealthOptions {  // the flags, as errors name them ("HealthOptions::tls_ca (--tls_ca)")
-  std::string tls_ca, tls_cert, tls_key;
+// The TLS options as runtime::ChannelCredentialsFromFiles's errors name them, and their flags.
+const colibri::runtime::OptionFlags kOptionFlags = {
+    {"HealthOptions::tls_ca_file", "--tls_ca"},
+    {"HealthOptions::tls_cert_file", "--tls_cert"},
+    {"HealthOptions::tls_key_file", "--tls_key"},
+    {"HealthOptions::tls_server_name", "--tls_server_name"},
 };
 
 }  // namespace
@@ -45,15 +49,14 @@ int main(int argc, char* argv[]) {
     std::cerr << "colibri-health: give the server as --target host:port (and no other arguments)\n";
     return 2;
   }
-  const HealthOptions o{absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)};
-  auto credentials = colibri::runtime::ChannelCredentialsFromFiles(o.tls_ca, o.tls_cert, o.tls_key, "HealthOptions::");
-  if (!credentials.ok()) {
-    std::cerr << "colibri-health: " << credentials.status().message() << "\n";
-    return 2;
-  }
   grpc::ChannelArguments channel_args;
-  if (const std::string name = absl::GetFlag(FLAGS_tls_server_name); !name.empty()) {
-    channel_args.SetSslTargetNameOverride(name);
+  auto credentials = colibri::runtime::ChannelCredentialsFromFiles(
+      absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+      absl::GetFlag(FLAGS_tls_server_name), "HealthOptions::", &channel_args);
+  if (!credentials.ok()) {
+    std::cerr << "colibri-health: " << colibri::runtime::NameFlags(credentials.status(), kOptionFlags).message()
+              << "\n";
+    return 2;
   }
   auto stub = grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(target, *credentials, channel_args));
   grpc::ClientContext context;

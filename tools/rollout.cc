@@ -21,10 +21,10 @@ namespace tools {
 namespace {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const RolloutOptions& o, const std::string& address) {
-  COLIBRI_ASSIGN_OR_RETURN(auto credentials, runtime::ChannelCredentialsFromFiles(o.tls_ca_file, o.tls_cert_file,
-                                                                                  o.tls_key_file, "RolloutOptions::"));
   grpc::ChannelArguments args;
-  if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
+  COLIBRI_ASSIGN_OR_RETURN(auto credentials,
+                           runtime::ChannelCredentialsFromFiles(o.tls_ca_file, o.tls_cert_file, o.tls_key_file,
+                                                                o.tls_server_name, "RolloutOptions::", &args));
   return grpc::CreateCustomChannel(address, credentials, args);
 }
 

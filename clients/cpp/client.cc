@@ -8,6 +8,7 @@
 #include "common/mutex.h"
 #include "router_node/remote_router.h"
 #include "router_node/router_service.h"
+#include "runtime/flags.h"
 #include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
 
@@ -77,6 +78,23 @@ void Client::AsyncEnded() {
   if (--async_in_flight_ == 0) async_cv_.notify_all();
 }
 
+namespace {
+
+// The router core's options named in its errors, and the ClientOptions fields that set them.
+const runtime::OptionFlags kDirectFields = {
+    {"RemoteOptions::addresses", "ClientOptions::direct.nodes"},
+    {"RemoteOptions::cluster_file", "ClientOptions::direct.cluster_file"},
+    {"RemoteOptions::node_stream_max_bytes", "ClientOptions::direct.node_stream_max_bytes"},
+    {"RemoteOptions::tls_ca_file", "ClientOptions::direct.node_tls_ca_file"},
+    {"RemoteOptions::tls_cert_file", "ClientOptions::direct.node_tls_cert_file"},
+    {"RemoteOptions::tls_key_file", "ClientOptions::direct.node_tls_key_file"},
+    {"RemoteOptions::tls_server_name", "ClientOptions::direct.node_tls_server_name"},
+    {"RouterOptions::max_tokens", "ClientOptions::direct.max_tokens"},
+    {"BatchOptions::max_tokens", "ClientOptions::direct.batch_max_tokens"},
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOptions& options) {
   const ClientOptions::Direct& d = options.direct;
   router_node::RemoteOptions remote;
@@ -101,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOption
   router.batching.max_tokens = d.batch_max_tokens;
   auto direct = std::make_unique<Direct>();
   absl::StatusOr<router_node::RemoteRouter> core = router_node::MakeRemoteRouter(d.model_dir, remote, router);
-  if (!core.ok()) return core.status();
+  if (!core.ok()) return runtime::NameFlags(core.status(), kDirectFields);
   direct->remote = remote;
   direct->router = router;
   auto version = std::make_shared<router_node::RemoteRouter>(std::move(*core));
@@ -147,14 +165,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
         "client: give either a target (host:port of the router) or direct.model_dir and nodes (proxyless)");
   }
   if (!options.direct.model_dir.empty()) return ConnectDirect(options);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = runtime::ChannelCredentialsFromFiles(
-      options.tls_ca_file, options.tls_cert_file, options.tls_key_file, "ClientOptions::");
-  if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      runtime::ChannelCredentialsFromFiles(options.tls_ca_file, options.tls_cert_file, options.tls_key_file,
+                                           options.tls_server_name, "ClientOptions::", &args);
+  if (!credentials.ok()) return credentials.status();
   const int max_bytes = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
   args.SetMaxReceiveMessageSize(max_bytes);
   args.SetMaxSendMessageSize(max_bytes);
-  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   // A router that restarts is reached again within a second, not after minutes of backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);

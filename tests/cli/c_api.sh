@@ -21,10 +21,21 @@ tmp=$proc_logs
 "$build/tools/colibri-convert" --checkpoint "$tmp/shared_ckpt" --out "$tmp/shared_model" --weight_type bf16 \
   --progress=false >/dev/null
 "$build/tests/c_api_test" "$tmp/shared_model" 1
-# Proxyless: two nodes (expert 2 on both), and an address where nothing listens.
+# Proxyless: two nodes (expert 2 on both), an address where nothing listens,
+# and a node that holds every call for 5 s (fault injection).
 node=$build/expert_node/colibri-expert
 proc_start node_a "$node" --model "$tmp/model" --experts 0-2 --listen 127.0.0.1:0 --threads 1
 port_a=$port
 proc_start node_b "$node" --model "$tmp/model" --experts 2-3 --listen 127.0.0.1:0 --threads 1
 port_b=$port
-"$build/tests/c_api_direct_test" "$tmp/model" "127.0.0.1:$port_a,127.0.0.1:$port_b" 127.0.0.1:1
+proc_start node_slow "$node" --model "$tmp/model" --listen 127.0.0.1:0 --threads 1 --inject_delay_ms 5000
+port_slow=$port
+"$build/tests/c_api_direct_test" "$tmp/model" "127.0.0.1:$port_a,127.0.0.1:$port_b" 127.0.0.1:1 \
+  "127.0.0.1:$port_slow"
+# libcolibri.so exports the C API and nothing else.
+others=$(nm -D --defined-only "$build/router_node/libcolibri.so" | awk '$3 !~ /^colibri_/ {print $3}')
+if [ -n "$others" ]; then
+  echo "FAIL: libcolibri.so exports more than colibri_*: $others"
+  exit 1
+fi
+echo "PASS: libcolibri.so exports only colibri_* symbols"

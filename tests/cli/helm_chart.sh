@@ -173,9 +173,12 @@ for layout in default socket; do
   fi
   first_shard=$(head -1 "$run/all.txt" | cut -d' ' -f1 | cut -d. -f2)
   grep "\.$first_shard\." "$run/all.txt" | cut -d' ' -f2 > "$run/experts.txt"
+  # The test certificates name localhost, not the pods' DNS names (where the chart runs TLS to the nodes).
+  server_name=()
+  grep -q -- "--node_tls_ca=" "$run/router.txt" && server_name=(--node_tls_server_name=localhost)
   # shellcheck disable=SC2046
   proc_start "${layout}_router" "$build/router_node/colibri-router" $(cat "$run/router.txt") --listen=127.0.0.1:0 \
-    --health_interval_ms=200 --node_tls_server_name=localhost
+    --health_interval_ms=200 "${server_name[@]}"
   router=127.0.0.1:$port
   # (grep reads a file, not a pipe: grep -q closing a pipe early fails the writer under pipefail)
   serving() { $py "$src/scripts/router_client.py" --router "$router" status > "$run/status.json" 2>&1 || true

@@ -1,8 +1,9 @@
 /* The C API's proxyless engines (colibri_connect) from a C11 program,
  * against running expert nodes. Usage:
- *   c_api_direct_test MODEL_DIR NODES DEAD_NODE
+ *   c_api_direct_test MODEL_DIR NODES DEAD_NODE SLOW_NODE
  * NODES ("host:port,host:port") serve every expert of MODEL_DIR (a top-2
- * model); DEAD_NODE is an address where nothing listens. Every answer is
+ * model); DEAD_NODE is an address where nothing listens; SLOW_NODE serves
+ * every expert but holds each call for 5 s before computing. Every answer is
  * compared byte for byte with colibri_init's in-process engine on the same
  * model (tests/cli/c_api.sh starts the nodes). Prints one line per check;
  * exits 0 only if every check passes. */
@@ -114,16 +115,18 @@ int main(int argc, char** argv) {
   const char* model;
   const char* nodes;
   const char* dead;
+  const char* slow;
   char both[512];
   float y[1];
 
-  if (argc != 4) {
-    fprintf(stderr, "usage: %s MODEL_DIR NODES DEAD_NODE\n", argv[0]);
+  if (argc != 5) {
+    fprintf(stderr, "usage: %s MODEL_DIR NODES DEAD_NODE SLOW_NODE\n", argv[0]);
     return 2;
   }
   model = argv[1];
   nodes = argv[2];
   dead = argv[3];
+  slow = argv[4];
 
   /* Options refused before anything connects, each naming its field. */
   s = colibri_connect(model, NULL, &direct);
@@ -148,6 +151,14 @@ int main(int argc, char** argv) {
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT,
              "options.node_timeout_ms 3600001 is outside [1, 3600000]", "node_timeout_ms over an hour");
   options.node_timeout_ms = 1000;
+  options.hedge_after_ms = -1;
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT,
+             "options.hedge_after_ms -1 is outside [0, 3600000]", "a negative hedge_after_ms");
+  options.hedge_after_ms = 0;
+  options.call_timeout_ms = 24 * 3600 * 1000LL + 1;
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT,
+             "options.call_timeout_ms 86400001 is outside [0, 86400000]", "call_timeout_ms over a day");
+  options.call_timeout_ms = 0;
   options.max_tokens = -5;
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.max_tokens -5",
              "a negative max_tokens");
@@ -168,6 +179,11 @@ int main(int argc, char** argv) {
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "options.tls_",
              "a client certificate without a CA or key, named by its C field");
   options.tls_cert_file = NULL;
+  options.tls_server_name = "nodes.example";
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT,
+             "options.tls_server_name) needs RemoteOptions::tls_ca_file (options.tls_ca_file)",
+             "a TLS server name without a CA (the connection would not be TLS), named by its C field");
+  options.tls_server_name = NULL;
   options.struct_size = 0;
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "struct_size is 0",
              "struct_size 0");
@@ -312,6 +328,28 @@ int main(int argc, char** argv) {
     float* out = malloc(sizeof(float) * c.values);
     CheckError(colibri_forward_batch(direct, 1, c.ids, kTokens, c.x, out), COLIBRI_UNAVAILABLE,
                "no live expert node serves it", "a call with no live node fails UNAVAILABLE naming the expert");
+    free(out);
+    colibri_free(direct);
+  }
+
+  /* call_timeout_ms bounds every call: the slow node holds it for 5 s. */
+  colibri_direct_options_init(&options, sizeof(options));
+  options.nodes = slow;
+  options.call_timeout_ms = 300;
+  direct = NULL;
+  s = colibri_connect(model, &options, &direct);
+  Check(s == COLIBRI_OK, "colibri_connect with call_timeout_ms 300 opens");
+  if (s == COLIBRI_OK) {
+    float* out = malloc(sizeof(float) * c.values);
+    struct timespec start, end;
+    double seconds;
+    timespec_get(&start, TIME_UTC);
+    s = colibri_forward_batch(direct, 1, c.ids, kTokens, c.x, out);
+    timespec_get(&end, TIME_UTC);
+    seconds = (double)(end.tv_sec - start.tv_sec) + 1e-9 * (double)(end.tv_nsec - start.tv_nsec);
+    CheckError(s, COLIBRI_DEADLINE_EXCEEDED, "", "a call past call_timeout_ms fails DEADLINE_EXCEEDED");
+    printf("  it returned after %.3f s\n", seconds);
+    Check(seconds < 4.0, "... before the node answers (its 5 s hold)");
     free(out);
     colibri_free(direct);
   }

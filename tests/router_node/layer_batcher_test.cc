@@ -175,7 +175,7 @@ struct Fixture {
   std::unique_ptr<Router> plain;   // no merging
   std::unique_ptr<Router> merged;  // merging, on the gated backend
 
-  explicit Fixture(absl::Duration window = absl::Milliseconds(20)) {
+  explicit Fixture(absl::Duration window = absl::Milliseconds(20), int64_t max_tokens = 65536) {
     colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), model_dir, DType::kBF16);
     std::ostringstream log;
     auto s = expert_node::ExpertStore::Create(model_dir, expert_node::StoreOptions{}, &log);
@@ -190,6 +190,7 @@ struct Fixture {
     REQUIRE(r.ok());
     plain = std::move(r).value();
     RouterOptions options;
+    options.max_tokens = max_tokens;
     options.batching.window = window;
     options.batching.max_tokens = 64;
     auto b = Router::Create(model_dir, gated.get(), options);
@@ -356,6 +357,34 @@ TEST_CASE("a lone caller is not held for the window, and a caller over max_token
   REQUIRE(out.ok());
   CHECK(out->output == f.Alone(big));
   CHECK(out->timings.merged_callers == 0);  // sent on its own, not through the batcher
+}
+
+TEST_CASE("a merged call never holds more tokens than one Forward may") {
+  Fixture f(absl::Milliseconds(20), /*max_tokens=*/4);  // batching.max_tokens is 64
+  const common::Manifest& m = f.manifest();
+  std::vector<Request> requests;
+  for (uint32_t i = 0; i < 4; ++i) {
+    requests.push_back(MakeRequest(m, 0, i == 0 ? 1 : 2, common::RoutingMode::kLut, DType::kF32, DType::kF32, 50 + i));
+  }
+  f.gated->Arm();
+  std::vector<std::unique_ptr<Caller>> callers;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    callers.push_back(std::make_unique<Caller>());
+    callers[i]->Start(*f.merged, requests[i].in);
+    if (i == 0) REQUIRE(Eventually([&] { return f.gated->holding(); }));
+  }
+  REQUIRE(Eventually([&] { return f.merged->queued_calls() == 3; }));
+  f.gated->Release();
+  int merged = 0;
+  for (size_t i = 0; i < callers.size(); ++i) {
+    CAPTURE(i);
+    callers[i]->finished.WaitForNotification();
+    REQUIRE(callers[i]->result.ok());
+    CHECK(callers[i]->result->output == f.Alone(requests[i]));
+    CHECK(callers[i]->result->timings.merged_tokens <= 4);
+    merged += callers[i]->result->timings.merged_callers == 2 ? 1 : 0;
+  }
+  CHECK(merged == 2);  // two of the three queued callers (2 + 2 tokens) shared a call, the third went on its own
 }
 
 }  // namespace

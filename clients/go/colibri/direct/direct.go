@@ -59,6 +59,7 @@ import "C"
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -90,7 +91,9 @@ type Options struct {
 	// caps a merged call (default 256).
 	BatchWindow    time.Duration
 	BatchMaxTokens int
-	// TLS to the nodes (CAFile turns it on; CertFile/KeyFile for mutual TLS).
+	// TLS to the nodes: CAFile (required: unlike colibri.Client, the engine
+	// does not fall back to the system's roots), CertFile/KeyFile for mutual
+	// TLS, ServerName to check instead of the node's host.
 	TLS *colibri.TLSOptions
 }
 
@@ -174,6 +177,11 @@ func Open(modelDir string, opts Options) (*Engine, error) {
 		o.batch_max_tokens = C.int64_t(opts.BatchMaxTokens)
 	}
 	if t := opts.TLS; t != nil {
+		if t.CAFile == "" {
+			return nil, newError(C.COLIBRI_INVALID_ARGUMENT,
+				"Options.TLS.CAFile is empty: the proxyless engine checks the nodes against a CA file "+
+					"(it does not use the system's roots); without TLS, leave Options.TLS nil")
+		}
 		o.tls_ca_file = cstr(t.CAFile)
 		o.tls_cert_file = cstr(t.CertFile)
 		o.tls_key_file = cstr(t.KeyFile)
@@ -188,10 +196,15 @@ func Open(modelDir string, opts Options) (*Engine, error) {
 	}
 	e := &Engine{engine: handle}
 	var info C.colibri_model_info
-	C.colibri_get_model_info(e.engine, &info)
+	if s := C.colibri_get_model_info(e.engine, &info); s != C.COLIBRI_OK {
+		C.colibri_free(handle)
+		return nil, newError(s, "colibri_get_model_info failed on a new engine")
+	}
 	e.info = Info{DModel: int(info.d_model), DFF: int(info.d_ff), Layers: int(info.n_layers),
 		Experts: int(info.n_experts), TopK: int(info.top_k), VocabSize: int(info.vocab_size),
 		WeightType: C.GoString(&info.weight_type[0]), ModelID: C.GoString(&info.model_id[0])}
+	// An engine dropped without Close still releases its connections and threads.
+	runtime.SetFinalizer(e, (*Engine).Close)
 	return e, nil
 }
 
@@ -292,6 +305,7 @@ func (e *Engine) Close() error {
 	if e.engine != nil {
 		C.colibri_free(e.engine)
 		e.engine = nil
+		runtime.SetFinalizer(e, nil)
 	}
 	return nil
 }

@@ -45,6 +45,10 @@ func TestOpenRefusesBadOptions(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument, `NodeReplies "some"`)
 	_, err = Open("/nonexistent", Options{Nodes: []string{"127.0.0.1:1"}})
 	wantCode(t, err, codes.NotFound, "/nonexistent")
+	// TLS asked for without a CA file would be plaintext: refused.
+	_, err = Open("/nonexistent", Options{Nodes: []string{"127.0.0.1:1"},
+		TLS: &colibri.TLSOptions{ServerName: "nodes.example"}})
+	wantCode(t, err, codes.InvalidArgument, "Options.TLS.CAFile is empty")
 }
 
 // --- Against running nodes: COLIBRI_MODEL (the model directory they serve),
