@@ -24,14 +24,16 @@ namespace expert_node {
 // response stay alive until `answer` has run.
 struct ExpertService::ComputeCall {
   // How the call came: its deadline, whether its caller gave up, and how it
-  // is answered (once; `response` filled when the status is OK).
+  // is answered (once; `response` filled when the status is OK). `answer`
+  // gets the call's reservation: it holds it until the answer has been sent,
+  // so answers a slow reader has not taken count against the budget.
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   std::function<bool()> cancelled;
-  std::function<void(const grpc::Status&)> answer;
+  std::function<void(const grpc::Status&, common::MemoryBudget::Reservation)> answer;
   const colibri::v1::ComputeRequest* request = nullptr;
   colibri::v1::ComputeResponse* response = nullptr;
   colibri::v1::DataType output_dtype = colibri::v1::DATA_TYPE_UNSPECIFIED;
-  common::MemoryBudget::Reservation reservation;  // released when the call is dropped
+  common::MemoryBudget::Reservation reservation;  // handed to `answer` (released if the call is dropped unanswered)
   PagedWeights::Pin pin;                          // paged residency: the call's experts, read in and kept
   ProcessIo io;                                   // paged residency: faults and reads before the first step
   std::chrono::steady_clock::time_point queued = std::chrono::steady_clock::now();

@@ -1,9 +1,11 @@
 // ExpertNode.ComputeStream: Compute calls as messages on one stream. Each
 // message read becomes a ComputeCall admitted like a unary call (the same
 // checks, queue, merging and inline run); its answer is queued for writing,
-// one write at a time, in the order the calls finish. Reading pauses while
-// kMaxQueuedReplies answers wait to be written (a caller that does not read
-// cannot make the node hold its answers without bound). The stream finishes
+// one write at a time, in the order the calls finish. An answer keeps its
+// call's memory reservation until it has been written, and reading pauses
+// while kMaxQueuedReplies answers or kMaxQueuedReplyBytes of them wait to be
+// written (a caller that does not read cannot make the node hold its answers
+// without bound, nor take the whole budget with one stream). The stream finishes
 // when reading has ended — the caller half-closed, the stream broke, or the
 // node is shutting down (CloseStreams) —, every call read has been answered,
 // and the last write is done.
@@ -27,6 +29,7 @@ namespace v1 = colibri::v1;
 
 namespace {
 constexpr size_t kMaxQueuedReplies = 64;
+constexpr int64_t kMaxQueuedReplyBytes = int64_t{64} << 20;
 // Longer timeouts are the stream's deadline (and never overflow the clock).
 constexpr int64_t kMaxTimeoutMicros = int64_t{24} * 3600 * 1000000;
 }  // namespace
@@ -59,7 +62,7 @@ class ExpertService::StreamReactor final
         ++holds_;
         in_flight_[id] = message;
       }
-      read_paused_ = pending_writes_.size() >= kMaxQueuedReplies;
+      read_paused_ = TooManyQueued();
       read_on = !read_paused_;
       if (read_on) ++holds_;  // until the next read has started: a Close meanwhile cannot finish the stream
     }
@@ -79,7 +82,9 @@ class ExpertService::StreamReactor final
     call->cancelled = [message, context = context_] {
       return message->cancelled.load(std::memory_order_relaxed) || context->IsCancelled();
     };
-    call->answer = [this, message](const grpc::Status& status) { Answered(*message, status); };
+    call->answer = [this, message](const grpc::Status& status, common::MemoryBudget::Reservation held) {
+      Answered(*message, status, std::move(held));
+    };
     service_->Admit(std::move(call));
   }
 
@@ -88,17 +93,19 @@ class ExpertService::StreamReactor final
     bool resume = false;
     {
       common::MutexLock lock(&mu_);
-      writing_.reset();
-      if (!ok) {  // the caller is gone: answers have nowhere to go
+      writing_.reset();  // and its reservation
+      if (!ok) {         // the caller is gone: answers have nowhere to go
         broken_ = true;
         pending_writes_.clear();
+        pending_bytes_ = 0;
       }
       if (!pending_writes_.empty()) {
         writing_ = std::move(pending_writes_.front());
         pending_writes_.pop_front();
-        next = writing_.get();
+        pending_bytes_ -= writing_->bytes;
+        next = &writing_->reply;
       }
-      if (read_paused_ && !reading_ended_ && pending_writes_.size() < kMaxQueuedReplies) {
+      if (read_paused_ && !reading_ended_ && !TooManyQueued()) {
         read_paused_ = false;
         resume = true;
       }
@@ -127,6 +134,16 @@ class ExpertService::StreamReactor final
     v1::ComputeStreamResponse reply;
     std::atomic<bool> cancelled{false};
   };
+  // An answer to write, with its call's reservation (released once written).
+  struct Outgoing {
+    v1::ComputeStreamResponse reply;
+    common::MemoryBudget::Reservation held;
+    int64_t bytes = 0;  // the output's
+  };
+
+  bool TooManyQueued() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_writes_.size() >= kMaxQueuedReplies || pending_bytes_ >= kMaxQueuedReplyBytes;
+  }
 
   // Drops the read loop's hold, once.
   void EndReading() {
@@ -140,8 +157,9 @@ class ExpertService::StreamReactor final
 
   // A call's answer: queued for writing (or written now when no write is in
   // progress), then the call's hold is released.
-  void Answered(Message& message, const grpc::Status& status) {
-    auto reply = std::make_unique<v1::ComputeStreamResponse>();
+  void Answered(Message& message, const grpc::Status& status, common::MemoryBudget::Reservation held) {
+    auto out = std::make_unique<Outgoing>();
+    v1::ComputeStreamResponse* reply = &out->reply;
     reply->Swap(&message.reply);
     reply->set_call_id(message.request.call_id());
     reply->set_code(static_cast<int32_t>(status.error_code()));
@@ -149,6 +167,8 @@ class ExpertService::StreamReactor final
       reply->set_message(status.error_message());
       reply->clear_response();
     }
+    out->held = std::move(held);
+    out->bytes = static_cast<int64_t>(reply->response().output().data().size());
     v1::ComputeStreamResponse* start = nullptr;
     {
       common::MutexLock lock(&mu_);
@@ -158,11 +178,12 @@ class ExpertService::StreamReactor final
       }
       if (!broken_) {
         if (writing_ == nullptr) {
-          writing_ = std::move(reply);
-          start = writing_.get();
+          writing_ = std::move(out);
+          start = &writing_->reply;
           ++holds_;  // the writes', released by OnWriteDone when none is left
         } else {
-          pending_writes_.push_back(std::move(reply));
+          pending_bytes_ += out->bytes;
+          pending_writes_.push_back(std::move(out));
         }
       }
     }
@@ -188,8 +209,9 @@ class ExpertService::StreamReactor final
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // no read outstanding: too many answers queued
   std::map<uint64_t, std::shared_ptr<Message>> in_flight_ ABSL_GUARDED_BY(mu_);
   // The reply being written (set until OnWriteDone), and those waiting for it.
-  std::unique_ptr<v1::ComputeStreamResponse> writing_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::unique_ptr<v1::ComputeStreamResponse>> pending_writes_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Outgoing> writing_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Outgoing>> pending_writes_ ABSL_GUARDED_BY(mu_);
+  int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // their outputs' bytes
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
 

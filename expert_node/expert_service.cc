@@ -93,7 +93,7 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
 
 void ExpertService::Answer(ComputeCall& call, const grpc::Status& status) {
   CountCall("Compute", status);  // stream messages too: they are Compute calls
-  call.answer(status);
+  call.answer(status, std::move(call.reservation));
 }
 
 absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
@@ -359,15 +359,35 @@ void ExpertService::Complete(ComputeCall& call, bool own_pass) {
   Answer(call, grpc::Status::OK);
 }
 
+namespace {
+
+// A unary Compute: keeps the call's memory reservation until gRPC is done
+// with the answer (sent, or the call cancelled).
+class ComputeReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void Answer(const grpc::Status& status, common::MemoryBudget::Reservation held) {
+    held_ = std::move(held);
+    Finish(status);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  common::MemoryBudget::Reservation held_;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* context,
                                                  const v1::ComputeRequest* request, v1::ComputeResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new ComputeReactor;
   auto call = std::make_shared<ComputeCall>();
   call->request = request;
   call->response = response;
   call->deadline = context->deadline();
   call->cancelled = [context] { return context->IsCancelled(); };
-  call->answer = [reactor](const grpc::Status& status) { reactor->Finish(status); };
+  call->answer = [reactor](const grpc::Status& status, common::MemoryBudget::Reservation held) {
+    reactor->Answer(status, std::move(held));
+  };
   Admit(std::move(call));
   return reactor;
 }
@@ -384,6 +404,15 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
     Answer(*call, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                absl::StrCat("output_dtype ", static_cast<int>(output_dtype), " (",
                                             v1::DataType_Name(output_dtype), ") is not f32 or bf16")));
+    return;
+  }
+  // A call whose caller is gone takes no room either (Start would answer it so anyway).
+  if (call->cancelled()) {
+    Answer(*call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
+    return;
+  }
+  if (call->deadline < std::chrono::system_clock::now()) {
+    Answer(*call, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed before the call was queued"));
     return;
   }
   // The sizes here, so that a refused request takes no room in the budget

@@ -6,6 +6,7 @@
 // policies from `remote`) and a Router on it. colibri-router runs one in
 // distributed mode; a proxyless client runs one in its own process.
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -35,10 +36,11 @@ absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, Remo
 // switch). FAILED_PRECONDITION when the shape differs (d_model, layers,
 // experts, top_k, vocabulary: callers would see it change mid-stream);
 // UNAVAILABLE naming the first expert without a live node (and a node's last
-// error) when the timeout passes. Blocks; the caller swaps the result in.
+// error) when the timeout passes, or "shutting down" as soon as *stop (if
+// given) becomes true. Blocks; the caller swaps the result in.
 absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::string& model_dir,
                                             const RemoteOptions& remote, const RouterOptions& router,
-                                            absl::Duration timeout);
+                                            absl::Duration timeout, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace router_node
 }  // namespace colibri

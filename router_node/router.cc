@@ -206,8 +206,7 @@ struct Router::Pending {
   std::vector<uint16_t> x_bf16;
 };
 
-absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
-  p->start = std::chrono::steady_clock::now();
+absl::Status Router::CheckShape(const ForwardInput& in) const {
   const common::Manifest& m = manifest();
   if (in.layer < 0 || in.layer >= m.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", in.layer, " is outside [0, ", m.n_layers, ")"));
@@ -241,6 +240,13 @@ absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id is ", in.request_id.size(), " bytes; at most ", kMaxRequestIdBytes));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Router::Prepare(const ForwardInput& in, Pending* p) const {
+  p->start = std::chrono::steady_clock::now();
+  COLIBRI_RETURN_IF_ERROR(CheckShape(in));
+  const common::Manifest& m = manifest();
   p->x.resize(in.num_tokens * m.d_model);
   ToF32(in, p->x.data());
   // Every mode: a NaN or Inf would make the gate's (or a shared expert's

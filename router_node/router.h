@@ -124,6 +124,10 @@ class Router {
   // runs. Blocks only as long as the backend's ComputeAsync does.
   void ForwardAsync(const ForwardInput& input, CallControl& control,
                     std::function<void(absl::StatusOr<ForwardOutput>)> done);
+  // The checks of `input` that need neither its values nor memory (layer,
+  // dtypes, shape against its bytes, max_tokens, request_id): Forward's
+  // errors for them, for a server to answer before it reserves memory.
+  absl::Status CheckShape(const ForwardInput& input) const;
 
   const common::Manifest& manifest() const { return model_->manifest(); }
   const std::string& model_id() const { return model_->model_id(); }

@@ -164,7 +164,7 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocke
   const Router& current = *remote_->router;
   const std::string previous_id = current.model_id();
   COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next,
-                           PrepareVersion(current, model_dir, options_.remote, options_.router, timeout));
+                           PrepareVersion(current, model_dir, options_.remote, options_.router, timeout, &stopping_));
   if (next.router == nullptr) return std::make_pair(previous_id, previous_id);
   auto version = std::make_shared<RemoteRouter>(std::move(next));
   std::shared_ptr<RemoteRouter> old = std::move(remote_);
@@ -195,6 +195,7 @@ void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
       if (remote_ != nullptr) remote_->backend->Stop();  // no health callback into the server from here on
     }
     server_->GetHealthCheckService()->SetServingStatus(false);
+    service_->CloseStreams();  // open streams would otherwise hold the drain until its deadline
     if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls; cancels them at the deadline
     server_->Wait();

@@ -57,7 +57,11 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
 
   void Start() {
     if (service_->RunsInline(*request_)) return Run();
-    if (!service_->Submit([this] { Run(); })) {
+    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(*request_);
+    if (!admitted.ok()) return Done(admitted.status());
+    if (!service_->Submit([this, a = *std::move(admitted)]() mutable {
+          service_->RunAdmitted(std::move(a), *request_, control_, response_, [this](absl::Status s) { Done(s); });
+        })) {
       Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
     }
   }
@@ -80,33 +84,53 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   CallControl control_;
 };
 
+}  // namespace
+
 // ForwardStream: read a request, run it, write its reply, read the next — in
-// order, one at a time. Deleted when gRPC is done with it.
-class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse> {
+// order, one at a time. Close (the router's shutdown) ends it after the reply
+// in progress, or at once while it waits for a request. Holds keep it alive:
+// the read loop's, one while a read is being started, one while a request
+// runs and its reply is written; the last one released finishes the stream.
+// Deleted when gRPC is done with it.
+class RouterService::StreamReactor final
+    : public grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse> {
  public:
   StreamReactor(RouterService* service, grpc::CallbackServerContext* context)
-      : service_(service), deadline_(DeadlineOf(context)) {
-    StartRead(&request_);
+      : service_(service), deadline_(DeadlineOf(context)) {}
+
+  // Starts the first read (after the service has registered the stream).
+  void Begin() { ReadNext(); }
+  void Close() {
+    EndLoop(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router is shutting down: open a new stream"));
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client half-closed (or the call ended): every reply has been written
-      Finish(grpc::Status::OK);
+      EndLoop(grpc::Status::OK);
       return;
     }
-    if (service_->RunsInline(request_)) return Run();
-    if (!service_->Submit([this] { Run(); })) {
+    {
+      common::MutexLock lock(&mu_);
+      if (loop_ended_) return;  // closed while the read was outstanding
+      ++holds_;                 // the request's, until its reply is written
+    }
+    if (service_->RunsInline(request_)) return Run(nullptr);
+    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(request_);
+    if (!admitted.ok()) return Reply(admitted.status());
+    if (!service_->Submit([this, a = *std::move(admitted)]() mutable { Run(std::move(a)); })) {
       Reply(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
     }
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
-      return;
+      EndLoop(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
+    } else {
+      // Fresh messages, not Clear(): an idle stream keeps no large request's buffers.
+      request_ = v1::ForwardRequest();
+      reply_ = v1::ForwardStreamResponse();
+      ReadNext();
     }
-    request_.Clear();
-    reply_.Clear();
-    StartRead(&request_);
+    Release();  // the request's
   }
   void OnCancel() override {
     std::shared_ptr<CallControl> current;
@@ -117,10 +141,44 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
     }
     if (current != nullptr) current->Cancel();  // outside mu_: the request may end inside Cancel
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->StreamEnded(this);
+    delete this;
+  }
 
  private:
-  void Run() {
+  // The next read, unless the loop has ended.
+  void ReadNext() {
+    {
+      common::MutexLock lock(&mu_);
+      if (loop_ended_) return;
+      ++holds_;  // a Close or a half-close while StartRead runs cannot finish the stream under it
+    }
+    StartRead(&request_);
+    Release();
+  }
+  // Ends the read loop (once) with the stream's final status.
+  void EndLoop(const grpc::Status& status) {
+    {
+      common::MutexLock lock(&mu_);
+      if (loop_ended_) return;
+      loop_ended_ = true;
+      end_status_ = status;
+    }
+    Release();  // the loop's
+  }
+  void Release() {
+    grpc::Status status;
+    {
+      common::MutexLock lock(&mu_);
+      if (--holds_ > 0) return;
+      status = end_status_;
+    }
+    Finish(status);
+  }
+
+  // Runs request_: admitted already if it waited for a worker, else admitted here.
+  void Run(std::shared_ptr<RouterService::Admitted> admitted) {
     auto control = std::make_shared<CallControl>(deadline_);
     bool cancelled;
     {
@@ -129,13 +187,18 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
       current_ = control;
     }
     if (cancelled) control->Cancel();
-    service_->StartForward(request_, *control, reply_.mutable_response(), [this, control](absl::Status s) {
+    auto done = [this, control](absl::Status s) {
       {
         common::MutexLock lock(&mu_);
         current_ = nullptr;
       }
       Reply(s);
-    });
+    };
+    if (admitted == nullptr) {
+      service_->StartForward(request_, *control, reply_.mutable_response(), std::move(done));
+    } else {
+      service_->RunAdmitted(std::move(admitted), request_, *control, reply_.mutable_response(), std::move(done));
+    }
   }
   void Reply(const absl::Status& s) {
     service_->CountCall("ForwardStream", s.code());
@@ -153,9 +216,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::ForwardRequest, v
   common::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<CallControl> current_ ABSL_GUARDED_BY(mu_);  // the request being run
+  int holds_ ABSL_GUARDED_BY(mu_) = 1;                         // the read loop's, + see above
+  bool loop_ended_ ABSL_GUARDED_BY(mu_) = false;               // no more reads: half-closed, closed or broken
+  grpc::Status end_status_ ABSL_GUARDED_BY(mu_);               // the stream's, once the last hold is released
 };
-
-}  // namespace
 
 int64_t RouterService::Footprint(int64_t hidden_bytes, int64_t values, const common::Manifest& m) {
   const int64_t routes = m.top_k + m.n_shared_experts;
@@ -244,31 +308,50 @@ bool RouterService::RunsInline(const v1::ForwardRequest& request) const {
   return work <= options_.inline_work;
 }
 
-void RouterService::StartForward(const v1::ForwardRequest& request, CallControl& control, v1::ForwardResponse* response,
-                                 std::function<void(absl::Status)> done) {
-  if (control.cancelled()) return done(absl::CancelledError("cancelled before it ran"));
-  if (absl::Now() > control.deadline()) return done(absl::DeadlineExceededError("deadline passed while queued"));
+struct RouterService::Admitted {
   // The whole request is answered by the model version it starts with: a
   // version swapped in meanwhile serves the next requests.
-  std::shared_ptr<Router> router = this->router();
-  absl::StatusOr<common::MemoryBudget::Reservation> reservation =
-      budget_.Reserve(ForwardFootprint(request, router->manifest()), "this Forward call");
-  if (!reservation.ok()) return done(reservation.status());
-  auto in = std::make_shared<absl::StatusOr<ForwardInput>>(ParseForwardRequest(request));
-  if (!in->ok()) {
-    *reservation = common::MemoryBudget::Reservation();  // given back before `done`, which may end the service
-    return done(in->status());
+  std::shared_ptr<Router> router;
+  ForwardInput in;
+  common::MemoryBudget::Reservation held;
+};
+
+absl::StatusOr<std::shared_ptr<RouterService::Admitted>> RouterService::Admit(const v1::ForwardRequest& request) {
+  auto a = std::make_shared<Admitted>();
+  a->router = this->router();
+  COLIBRI_ASSIGN_OR_RETURN(a->in, ParseForwardRequest(request));
+  COLIBRI_RETURN_IF_ERROR(a->router->CheckShape(a->in));
+  COLIBRI_ASSIGN_OR_RETURN(a->held,
+                           budget_.Reserve(ForwardFootprint(request, a->router->manifest()), "this Forward call"));
+  return a;
+}
+
+void RouterService::StartForward(const v1::ForwardRequest& request, CallControl& control, v1::ForwardResponse* response,
+                                 std::function<void(absl::Status)> done) {
+  absl::StatusOr<std::shared_ptr<Admitted>> admitted = Admit(request);
+  if (!admitted.ok()) return done(admitted.status());
+  RunAdmitted(*std::move(admitted), request, control, response, std::move(done));
+}
+
+void RouterService::RunAdmitted(std::shared_ptr<Admitted> a, const v1::ForwardRequest& request, CallControl& control,
+                                v1::ForwardResponse* response, std::function<void(absl::Status)> done) {
+  absl::Status late;
+  if (control.cancelled()) late = absl::CancelledError("cancelled before it ran");
+  if (late.ok() && absl::Now() > control.deadline()) late = absl::DeadlineExceededError("deadline passed while queued");
+  if (!late.ok()) {
+    a.reset();  // its memory given back before `done`, which may end the service
+    return done(late);
   }
-  auto held = std::make_shared<common::MemoryBudget::Reservation>(std::move(*reservation));
-  Router& core = *router;
+  Router& core = *a->router;
+  const ForwardInput& in = a->in;  // both owned by `a`, which the callback owns from here
   core.ForwardAsync(
-      **in, control,
-      [this, &request, response, in, held, router, done = std::move(done)](absl::StatusOr<ForwardOutput> out) mutable {
-        if (out.ok()) Respond(request, **in, router->manifest().d_model, *out, response);
+      in, control,
+      [this, &request, response, a = std::move(a), done = std::move(done)](absl::StatusOr<ForwardOutput> out) mutable {
+        if (out.ok()) Respond(request, a->in, a->router->manifest().d_model, *out, response);
         // Nothing of the service is touched once `done` runs: it may end the service (a
         // proxyless client destroyed by its caller as soon as its last call is answered).
-        held.reset();
-        router.reset();
+        a->held = common::MemoryBudget::Reservation();
+        a->router.reset();
         done(out.ok() ? absl::OkStatus() : out.status());
       });
 }
@@ -322,7 +405,33 @@ grpc::ServerUnaryReactor* RouterService::Forward(grpc::CallbackServerContext* co
 
 grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse>* RouterService::ForwardStream(
     grpc::CallbackServerContext* context) {
-  return new StreamReactor(this, context);
+  auto* reactor = new StreamReactor(this, context);
+  bool closed = false;
+  {
+    common::MutexLock lock(&streams_mu_);
+    streams_.insert(reactor);
+    closed = streams_closed_;
+  }
+  // After Begin (or Close) the stream may finish and be deleted at any time: nothing touches it after.
+  if (closed) {
+    reactor->Close();
+  } else {
+    reactor->Begin();
+  }
+  return reactor;
+}
+
+void RouterService::StreamEnded(StreamReactor* reactor) {
+  common::MutexLock lock(&streams_mu_);
+  streams_.erase(reactor);
+}
+
+void RouterService::CloseStreams() {
+  common::MutexLock lock(&streams_mu_);
+  streams_closed_ = true;
+  // Under the lock: a reactor is deleted only after leaving the set. Close may
+  // finish a stream; gRPC then schedules its OnDone, never runs it inline.
+  for (StreamReactor* reactor : streams_) reactor->Close();
 }
 
 grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -80,6 +81,12 @@ class RouterService final : public colibri::v1::Router::CallbackService {
                                       const colibri::v1::LoadModelRequest* request,
                                       colibri::v1::LoadModelResponse* response) override;
 
+  // For a shutdown: every open ForwardStream reads no more requests, answers
+  // the one it is running (if any) and then ends UNAVAILABLE ("the router is
+  // shutting down"); streams opened later end so at once. A client reopens
+  // its stream elsewhere instead of holding the drain until its deadline.
+  void CloseStreams();
+
   // The memory a Forward call holds while it runs, for `values` hidden values
   // received as `hidden_bytes`: the hidden states and their f32 copy, the node
   // requests (the rows once per node: at most top_k + shared nodes), their
@@ -93,6 +100,15 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // has been called, so it may destroy the service. Used by both RPCs.
   void StartForward(const colibri::v1::ForwardRequest& request, CallControl& control,
                     colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
+  // StartForward in two steps, for a request that waits for a worker: Admit
+  // parses and checks it against the model version it will run on and
+  // reserves its memory (so that waiting requests count against the budget);
+  // the request's own error when it can never run (malformed, over
+  // max_tokens), before the budget's. RunAdmitted is the rest of StartForward.
+  struct Admitted;
+  absl::StatusOr<std::shared_ptr<Admitted>> Admit(const colibri::v1::ForwardRequest& request);
+  void RunAdmitted(std::shared_ptr<Admitted> admitted, const colibri::v1::ForwardRequest& request, CallControl& control,
+                   colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
   // GetModelInfo's and GetClusterStatus's answers (`admin`: node addresses
   // and errors), for callers without a server (a proxyless client).
   void FillModelInfo(colibri::v1::GetModelInfoResponse* response) const;
@@ -120,6 +136,9 @@ class RouterService final : public colibri::v1::Router::CallbackService {
                                         const colibri::v1::LoadModelRequest* request,
                                         colibri::v1::LoadModelResponse* response, bool admin);
 
+  class StreamReactor;
+  void StreamEnded(StreamReactor* reactor);  // from its OnDone
+
   void WorkerLoop();
   void Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer);
   // Fills `response` from `out` (whose output it moves) and records the call.
@@ -139,6 +158,10 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   bool load_running_ ABSL_GUARDED_BY(mu_) = false;
   std::thread load_thread_ ABSL_GUARDED_BY(mu_);  // the last LoadModel's, joined before the next
   std::vector<std::thread> workers_;
+
+  common::Mutex streams_mu_;
+  std::set<StreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);  // open ForwardStreams
+  bool streams_closed_ ABSL_GUARDED_BY(streams_mu_) = false;       // CloseStreams has run
 };
 
 // The Router service as the admin listener serves it: GetClusterStatus in

@@ -379,6 +379,19 @@ TEST_CASE("slow metrics clients do not hold up a scrape") {
 
 std::string Slurp(const std::string& path) { return colibri::testing::ReadFile(path); }
 
+TEST_CASE("a Compute call with a deadline centuries away is served as one with none") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1");
+  grpc::ClientContext context;  // 300 years: past the year 2262, where system_clock's nanoseconds end
+  context.set_deadline(
+      gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(int64_t{300} * 365 * 24 * 3600, GPR_TIMESPAN)));
+  v1::ComputeResponse response;
+  const grpc::Status s = node.stub->Compute(&context, Request(std::vector<float>(3 * kDModel, 0.5f)), &response);
+  INFO(s.error_message());
+  CHECK(s.ok());
+}
+
 TEST_CASE("a long Compute call is interleaved with later ones and still equals the in-process executor") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kInt8);

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <map>
@@ -26,6 +27,7 @@
 
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "expert_node/expert_server.h"
+#include "expert_node/expert_service.h"
 #include "tests/test_util.h"
 
 namespace colibri {
@@ -94,6 +96,103 @@ struct RealNode {
   std::unique_ptr<expert_node::ExpertServer> server;
   std::unique_ptr<v1::ExpertNode::Stub> stub;
 };
+
+// A per-expert-output call of `rows` f32 rows through expert 1, and the memory the node reserves for it.
+v1::ComputeRequest RowsThroughOneExpert(int rows) {
+  std::vector<float> x(rows * kDModel);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.01 * static_cast<double>(i % 977));
+  v1::ComputeRequest r;
+  r.set_layer(0);
+  r.set_per_expert_output(true);
+  r.mutable_rows()->set_dtype(v1::DATA_TYPE_F32);
+  r.mutable_rows()->add_shape(rows);
+  r.mutable_rows()->add_shape(kDModel);
+  r.mutable_rows()->set_data(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+  v1::ExpertWork* w = r.add_experts();
+  w->set_expert(1);
+  for (int i = 0; i < rows; ++i) {
+    w->add_row_indices(i);
+    w->add_weights(0.5f);
+  }
+  return r;
+}
+int64_t FootprintOf(int rows) {
+  return expert_node::ExpertService::Footprint(rows * kDModel * 4, rows * kDModel, rows, rows, kDModel);
+}
+
+TEST_CASE("answers a stream's caller has not read hold the node's memory budget until written") {
+  // The budget fits one stream call and one twice as large, not three stream calls.
+  const int64_t stream_bytes = FootprintOf(2048), unary_bytes = FootprintOf(4096);
+  REQUIRE(unary_bytes >= 2 * stream_bytes);
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  std::ostringstream log;
+  expert_node::ServerOptions options;
+  options.model_dir = dir / "model";
+  options.store.shard = *expert_node::ShardSpec::Parse("all");
+  options.threads = 2;
+  options.max_inflight_bytes = stream_bytes + unary_bytes - 1;
+  options.metrics_port = 0;
+  options.metrics_host = "127.0.0.1";
+  auto created = expert_node::ExpertServer::Create(options, &log);
+  REQUIRE(created.ok());
+  std::unique_ptr<expert_node::ExpertServer> server = std::move(created).value();
+  // No BDP probing: the stream's receive window stays 64 KiB, so the node cannot write a whole answer.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = v1::ExpertNode::NewStub(grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()),
+                                                                grpc::InsecureChannelCredentials(), args));
+  const v1::ComputeRequest big = RowsThroughOneExpert(4096);
+  auto unary = [&] {
+    v1::ComputeResponse response;
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return stub->Compute(&c, big, &response);
+  };
+
+  // A caller writes 8 calls on a stream and reads nothing. Each answered call
+  // (768 KiB) waits on the node with its memory, which the unary call needs.
+  grpc::ClientContext context;
+  auto stream = stub->ComputeStream(&context);
+  for (uint64_t id = 1; id <= 8; ++id) {
+    v1::ComputeStreamRequest m;
+    m.set_call_id(id);
+    *m.mutable_request() = RowsThroughOneExpert(2048);
+    REQUIRE(stream->Write(m));
+  }
+  auto answered = [&] {  // Compute calls answered so far, any code
+    const std::string page = colibri::testing::HttpGet(server->metrics_port(), "/metrics");
+    double n = 0;
+    for (size_t at = page.find("\ncolibri_expert_calls_total{"); at != std::string::npos;
+         at = page.find("\ncolibri_expert_calls_total{", at + 1)) {
+      const size_t end = page.find('\n', at + 1);
+      const std::string line = page.substr(at + 1, end - at - 1);
+      if (line.find("method=\"Compute\"") != std::string::npos) n += std::atof(line.c_str() + line.rfind(' ') + 1);
+    }
+    return n;
+  };
+  for (int i = 0; i < 3000 && answered() < 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(answered() == 8);
+  const grpc::Status refused = unary();
+  INFO(refused.error_message());
+  CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK_THAT(refused.error_message(), Catch::Contains("--max_inflight_bytes"));
+
+  // Reading the answers gives the memory back.
+  stream->WritesDone();
+  v1::ComputeStreamResponse reply;
+  int ok = 0, read = 0;
+  while (stream->Read(&reply)) {
+    ++read;
+    ok += reply.code() == 0 ? 1 : 0;
+  }
+  CHECK(read == 8);
+  CHECK(ok >= 1);
+  CHECK(stream->Finish().ok());
+  const grpc::Status served = unary();
+  INFO(served.error_message());
+  CHECK(served.ok());
+}
 
 TEST_CASE("calls on a ComputeStream are answered by call_id, each as its unary Compute") {
   RealNode node;

@@ -214,13 +214,61 @@ TEST_CASE("the router exports Prometheus metrics: requests, stages, tokens per e
 
 TEST_CASE("Forward calls beyond the router's memory budget are refused, smaller ones served") {
   Model model(common::DType::kF32);
-  Proc router = StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=200000"});
+  Proc router =
+      StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=200000", "--max_tokens=160"});
   auto stub = Connect(router.port);
   v1::ForwardResponse response;
-  const grpc::Status refused = Call(*stub, Request(0, std::vector<int32_t>(256, 3), 1), &response);
+  const grpc::Status refused = Call(*stub, Request(0, std::vector<int32_t>(150, 3), 1), &response);
   CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(refused.error_message().find("--max_inflight_bytes") != std::string::npos);
+  // A request that can never run says so, not "retry later" for memory.
+  const grpc::Status too_long = Call(*stub, Request(0, std::vector<int32_t>(256, 3), 1), &response);
+  CHECK(too_long.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(too_long.error_message().find("exceed the limit of 160") != std::string::npos);
   for (int i = 0; i < 3; ++i) CHECK(Call(*stub, Request(0, {1, 2}, 1), &response).ok());
+}
+
+TEST_CASE("a deadline centuries away is served as no deadline") {
+  Model model(common::DType::kF32);
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1"});
+  auto stub = Connect(router.port);
+  // 300 years: past the year 2262, where system_clock's nanoseconds end.
+  const gpr_timespec far =
+      gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(int64_t{300} * 365 * 24 * 3600, GPR_TIMESPAN));
+  grpc::ClientContext context;
+  context.set_deadline(far);
+  v1::ForwardResponse response;
+  const grpc::Status s = stub->Forward(&context, Request(0, {1, 2}, 1), &response);
+  INFO(s.error_message());
+  CHECK(s.ok());
+  grpc::ClientContext stream_context;
+  stream_context.set_deadline(far);
+  auto stream = stub->ForwardStream(&stream_context);
+  REQUIRE(stream->Write(Request(0, {3}, 1)));
+  v1::ForwardStreamResponse reply;
+  REQUIRE(stream->Read(&reply));
+  INFO(reply.message());
+  CHECK(reply.code() == 0);
+  stream->WritesDone();
+  CHECK(stream->Finish().ok());
+}
+
+TEST_CASE("SIGTERM ends an idle ForwardStream UNAVAILABLE rather than waiting out the drain") {
+  Model model(common::DType::kF32);
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1", "--drain_seconds=300"});
+  auto stub = Connect(router.port);
+  grpc::ClientContext context;
+  auto stream = stub->ForwardStream(&context);
+  REQUIRE(stream->Write(Request(0, {1}, 1)));
+  v1::ForwardStreamResponse reply;
+  REQUIRE(stream->Read(&reply));
+  CHECK(reply.code() == 0);
+  // The stream stays open and idle; the drain would otherwise last 300 s.
+  CHECK(router.process->SignalAndWait(SIGTERM, std::chrono::seconds(60)) == 0);
+  CHECK(!stream->Read(&reply));
+  const grpc::Status end = stream->Finish();
+  CHECK(end.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(end.error_message().find("shutting down") != std::string::npos);
 }
 
 TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a stream survives one") {
