@@ -38,9 +38,10 @@ class ExpertService::StreamReactor final
     : public grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse> {
  public:
   StreamReactor(ExpertService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context), incoming_(std::make_shared<Message>()) {
-    StartRead(&incoming_->request);
-  }
+      : service_(service), context_(context), incoming_(std::make_shared<Message>()) {}
+
+  // Starts the first read (after the service has registered the stream).
+  void Begin() { StartRead(&incoming_->request); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // half-closed by the caller, or broken: no more calls
@@ -119,7 +120,7 @@ class ExpertService::StreamReactor final
   }
 
   void OnDone() override {
-    service_->StreamEnded(this);
+    service_->streams_.Remove(this);
     delete this;
   }
 
@@ -218,28 +219,16 @@ class ExpertService::StreamReactor final
 grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse>* ExpertService::ComputeStream(
     grpc::CallbackServerContext* context) {
   auto* reactor = new StreamReactor(this, context);
-  bool closing = false;
-  {
-    common::MutexLock lock(&streams_mu_);
-    streams_.insert(reactor);
-    closing = streams_closed_;
+  // After Begin (or Close) the stream may finish and be deleted at any time: nothing touches it after.
+  if (streams_.Add(reactor)) {
+    reactor->Begin();
+  } else {
+    reactor->Close();  // the node is shutting down: finished without reading
   }
-  if (closing) reactor->Close();
   return reactor;
 }
 
-void ExpertService::StreamEnded(StreamReactor* reactor) {
-  common::MutexLock lock(&streams_mu_);
-  streams_.erase(reactor);
-}
-
-void ExpertService::CloseStreams() {
-  common::MutexLock lock(&streams_mu_);
-  streams_closed_ = true;
-  // Under the lock: a reactor is deleted only after leaving the set. Close
-  // may finish a stream; gRPC then schedules its OnDone, never runs it inline.
-  for (StreamReactor* reactor : streams_) reactor->Close();
-}
+void ExpertService::CloseStreams() { streams_.CloseAll(); }
 
 }  // namespace expert_node
 }  // namespace colibri

@@ -37,6 +37,7 @@
 #include "expert_node/compute_engine.h"
 #include "expert_node/expert_store.h"
 #include "expert_node/paged_weights.h"
+#include "runtime/open_streams.h"
 
 namespace colibri {
 namespace expert_node {
@@ -114,7 +115,6 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
                                      colibri::v1::ReloadResponse* response, bool admin);
   struct ComputeCall;   // one Compute call in flight
   class StreamReactor;  // one ComputeStream (compute_stream.cc)
-  void StreamEnded(StreamReactor* reactor);
   // Checks the call's sizes and budget, then runs it at once (an idle node,
   // one slice) or queues it; answers it on failure.
   void Admit(std::shared_ptr<ComputeCall> call);
@@ -157,10 +157,8 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   bool reload_running_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reload_thread_ ABSL_GUARDED_BY(mu_);  // the last reload's worker, joined before the next
   std::thread compute_thread_;
-  common::Mutex streams_mu_;
-  std::set<StreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);  // the open ComputeStreams
-  bool streams_closed_ ABSL_GUARDED_BY(streams_mu_) = false;
-  int64_t computes_ = 0;  // whoever holds busy_: calls run, for inject_delay_every
+  runtime::OpenStreams<StreamReactor> streams_;  // the open ComputeStreams
+  int64_t computes_ = 0;                         // whoever holds busy_: calls run, for inject_delay_every
 };
 
 // The ExpertNode service as the admin listener serves it: GetNodeInfo in full

@@ -142,7 +142,7 @@ class RouterService::StreamReactor final
     if (current != nullptr) current->Cancel();  // outside mu_: the request may end inside Cancel
   }
   void OnDone() override {
-    service_->StreamEnded(this);
+    service_->streams_.Remove(this);
     delete this;
   }
 
@@ -406,33 +406,16 @@ grpc::ServerUnaryReactor* RouterService::Forward(grpc::CallbackServerContext* co
 grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse>* RouterService::ForwardStream(
     grpc::CallbackServerContext* context) {
   auto* reactor = new StreamReactor(this, context);
-  bool closed = false;
-  {
-    common::MutexLock lock(&streams_mu_);
-    streams_.insert(reactor);
-    closed = streams_closed_;
-  }
   // After Begin (or Close) the stream may finish and be deleted at any time: nothing touches it after.
-  if (closed) {
-    reactor->Close();
-  } else {
+  if (streams_.Add(reactor)) {
     reactor->Begin();
+  } else {
+    reactor->Close();  // the router is shutting down: finished without reading
   }
   return reactor;
 }
 
-void RouterService::StreamEnded(StreamReactor* reactor) {
-  common::MutexLock lock(&streams_mu_);
-  streams_.erase(reactor);
-}
-
-void RouterService::CloseStreams() {
-  common::MutexLock lock(&streams_mu_);
-  streams_closed_ = true;
-  // Under the lock: a reactor is deleted only after leaving the set. Close may
-  // finish a stream; gRPC then schedules its OnDone, never runs it inline.
-  for (StreamReactor* reactor : streams_) reactor->Close();
-}
+void RouterService::CloseStreams() { streams_.CloseAll(); }
 
 grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,
                                                       const v1::GetModelInfoRequest*,

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -32,6 +31,7 @@
 #include "common/mutex.h"
 #include "router_node/remote_backend.h"
 #include "router_node/router.h"
+#include "runtime/open_streams.h"
 
 namespace colibri {
 namespace router_node {
@@ -136,8 +136,7 @@ class RouterService final : public colibri::v1::Router::CallbackService {
                                         const colibri::v1::LoadModelRequest* request,
                                         colibri::v1::LoadModelResponse* response, bool admin);
 
-  class StreamReactor;
-  void StreamEnded(StreamReactor* reactor);  // from its OnDone
+  class StreamReactor;  // one ForwardStream
 
   void WorkerLoop();
   void Record(const ForwardOutput& out, int64_t tokens, const std::string& request_id, int32_t layer);
@@ -159,9 +158,7 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   std::thread load_thread_ ABSL_GUARDED_BY(mu_);  // the last LoadModel's, joined before the next
   std::vector<std::thread> workers_;
 
-  common::Mutex streams_mu_;
-  std::set<StreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);  // open ForwardStreams
-  bool streams_closed_ ABSL_GUARDED_BY(streams_mu_) = false;       // CloseStreams has run
+  runtime::OpenStreams<StreamReactor> streams_;  // the open ForwardStreams
 };
 
 // The Router service as the admin listener serves it: GetClusterStatus in

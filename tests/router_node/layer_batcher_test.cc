@@ -227,6 +227,22 @@ struct Caller {
   }
 };
 
+// Callers of `requests` on the merging router: the first held in the
+// backend until all the others have queued behind it, then released.
+std::vector<std::unique_ptr<Caller>> StartBehindFirst(Fixture& f, const std::vector<Request>& requests) {
+  f.gated->Arm();
+  std::vector<std::unique_ptr<Caller>> callers;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    callers.push_back(std::make_unique<Caller>());
+    callers[i]->Start(*f.merged, requests[i].in);
+    if (i == 0) REQUIRE(Eventually([&] { return f.gated->holding(); }));
+  }
+  const int64_t behind = static_cast<int64_t>(requests.size()) - 1;
+  REQUIRE(Eventually([&] { return f.merged->queued_calls() == behind; }));
+  f.gated->Release();
+  return callers;
+}
+
 TEST_CASE("callers merged into one layer call each get exactly their own answer") {
   Fixture f;
   const common::Manifest& m = f.manifest();
@@ -240,15 +256,7 @@ TEST_CASE("callers merged into one layer call each get exactly their own answer"
   std::vector<std::string> alone;
   for (const Request& r : requests) alone.push_back(f.Alone(r));
 
-  f.gated->Arm();
-  std::vector<std::unique_ptr<Caller>> callers;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    callers.push_back(std::make_unique<Caller>());
-    callers[i]->Start(*f.merged, requests[i].in);
-    if (i == 0) REQUIRE(Eventually([&] { return f.gated->holding(); }));
-  }
-  REQUIRE(Eventually([&] { return f.merged->queued_calls() == 4; }));
-  f.gated->Release();
+  std::vector<std::unique_ptr<Caller>> callers = StartBehindFirst(f, requests);
   for (size_t i = 0; i < callers.size(); ++i) {
     CAPTURE(i);
     callers[i]->finished.WaitForNotification();
@@ -366,15 +374,7 @@ TEST_CASE("a merged call never holds more tokens than one Forward may") {
   for (uint32_t i = 0; i < 4; ++i) {
     requests.push_back(MakeRequest(m, 0, i == 0 ? 1 : 2, common::RoutingMode::kLut, DType::kF32, DType::kF32, 50 + i));
   }
-  f.gated->Arm();
-  std::vector<std::unique_ptr<Caller>> callers;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    callers.push_back(std::make_unique<Caller>());
-    callers[i]->Start(*f.merged, requests[i].in);
-    if (i == 0) REQUIRE(Eventually([&] { return f.gated->holding(); }));
-  }
-  REQUIRE(Eventually([&] { return f.merged->queued_calls() == 3; }));
-  f.gated->Release();
+  std::vector<std::unique_ptr<Caller>> callers = StartBehindFirst(f, requests);
   int merged = 0;
   for (size_t i = 0; i < callers.size(); ++i) {
     CAPTURE(i);
