@@ -57,7 +57,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
 
   void Start() {
     if (service_->RunsInline(*request_)) return Run();
-    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(*request_);
+    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(*request_, control_);
     if (!admitted.ok()) return Done(admitted.status());
     if (!service_->Submit([this, a = *std::move(admitted)]() mutable {
           service_->RunAdmitted(std::move(a), *request_, control_, response_, [this](absl::Status s) { Done(s); });
@@ -109,16 +109,21 @@ class RouterService::StreamReactor final
       EndLoop(grpc::Status::OK);
       return;
     }
+    auto control = std::make_shared<CallControl>(deadline_);
+    bool cancelled = false;
     {
       common::MutexLock lock(&mu_);
       if (loop_ended_) return;  // closed while the read was outstanding
       ++holds_;                 // the request's, until its reply is written
+      cancelled = cancelled_;
+      current_ = control;
     }
-    if (service_->RunsInline(request_)) return Run(nullptr);
-    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(request_);
-    if (!admitted.ok()) return Reply(admitted.status());
-    if (!service_->Submit([this, a = *std::move(admitted)]() mutable { Run(std::move(a)); })) {
-      Reply(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
+    if (cancelled) control->Cancel();
+    if (service_->RunsInline(request_)) return Run(*control, nullptr);
+    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(request_, *control);
+    if (!admitted.ok()) return Done(admitted.status());
+    if (!service_->Submit([this, control, a = *std::move(admitted)]() mutable { Run(*control, std::move(a)); })) {
+      Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
     }
   }
   void OnWriteDone(bool ok) override {
@@ -178,27 +183,23 @@ class RouterService::StreamReactor final
   }
 
   // Runs request_: admitted already if it waited for a worker, else admitted here.
-  void Run(std::shared_ptr<RouterService::Admitted> admitted) {
-    auto control = std::make_shared<CallControl>(deadline_);
-    bool cancelled;
+  void Run(CallControl& control, std::shared_ptr<RouterService::Admitted> admitted) {
+    auto done = [this](absl::Status s) { Done(s); };
+    if (admitted == nullptr) {
+      service_->StartForward(request_, control, reply_.mutable_response(), std::move(done));
+    } else {
+      service_->RunAdmitted(std::move(admitted), request_, control, reply_.mutable_response(), std::move(done));
+    }
+  }
+  // The request's end: its control is dropped (it lives in current_ until
+  // here), and its reply written.
+  void Done(const absl::Status& s) {
+    std::shared_ptr<CallControl> control;
     {
       common::MutexLock lock(&mu_);
-      cancelled = cancelled_;
-      current_ = control;
+      control.swap(current_);
     }
-    if (cancelled) control->Cancel();
-    auto done = [this, control](absl::Status s) {
-      {
-        common::MutexLock lock(&mu_);
-        current_ = nullptr;
-      }
-      Reply(s);
-    };
-    if (admitted == nullptr) {
-      service_->StartForward(request_, *control, reply_.mutable_response(), std::move(done));
-    } else {
-      service_->RunAdmitted(std::move(admitted), request_, *control, reply_.mutable_response(), std::move(done));
-    }
+    Reply(s);
   }
   void Reply(const absl::Status& s) {
     service_->CountCall("ForwardStream", s.code());
@@ -316,7 +317,10 @@ struct RouterService::Admitted {
   common::MemoryBudget::Reservation held;
 };
 
-absl::StatusOr<std::shared_ptr<RouterService::Admitted>> RouterService::Admit(const v1::ForwardRequest& request) {
+absl::StatusOr<std::shared_ptr<RouterService::Admitted>> RouterService::Admit(const v1::ForwardRequest& request,
+                                                                              const CallControl& control) {
+  if (control.cancelled()) return absl::CancelledError("cancelled before it ran");
+  if (absl::Now() > control.deadline()) return absl::DeadlineExceededError("deadline passed before it ran");
   auto a = std::make_shared<Admitted>();
   a->router = this->router();
   COLIBRI_ASSIGN_OR_RETURN(a->in, ParseForwardRequest(request));
@@ -328,7 +332,7 @@ absl::StatusOr<std::shared_ptr<RouterService::Admitted>> RouterService::Admit(co
 
 void RouterService::StartForward(const v1::ForwardRequest& request, CallControl& control, v1::ForwardResponse* response,
                                  std::function<void(absl::Status)> done) {
-  absl::StatusOr<std::shared_ptr<Admitted>> admitted = Admit(request);
+  absl::StatusOr<std::shared_ptr<Admitted>> admitted = Admit(request, control);
   if (!admitted.ok()) return done(admitted.status());
   RunAdmitted(*std::move(admitted), request, control, response, std::move(done));
 }

@@ -104,9 +104,11 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // parses and checks it against the model version it will run on and
   // reserves its memory (so that waiting requests count against the budget);
   // the request's own error when it can never run (malformed, over
-  // max_tokens), before the budget's. RunAdmitted is the rest of StartForward.
+  // max_tokens), before the budget's; CANCELLED or DEADLINE_EXCEEDED when its
+  // caller is gone already. RunAdmitted is the rest of StartForward.
   struct Admitted;
-  absl::StatusOr<std::shared_ptr<Admitted>> Admit(const colibri::v1::ForwardRequest& request);
+  absl::StatusOr<std::shared_ptr<Admitted>> Admit(const colibri::v1::ForwardRequest& request,
+                                                  const CallControl& control);
   void RunAdmitted(std::shared_ptr<Admitted> admitted, const colibri::v1::ForwardRequest& request, CallControl& control,
                    colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
   // GetModelInfo's and GetClusterStatus's answers (`admin`: node addresses
