@@ -253,22 +253,33 @@ TEST_CASE("a deadline centuries away is served as no deadline") {
   CHECK(stream->Finish().ok());
 }
 
-TEST_CASE("SIGTERM ends an idle ForwardStream UNAVAILABLE rather than waiting out the drain") {
+TEST_CASE("on SIGTERM a ForwardStream answers its request in flight, then ends UNAVAILABLE; idle ones at once") {
   Model model(common::DType::kF32);
-  Proc router = StartRouter({"--local=" + model.path, "--threads=1", "--drain_seconds=300"});
+  // The node holds every call for 1.5 s (fault injection): a request is in flight when SIGTERM comes.
+  Proc node = StartNode(model.path, "all", 0, {"--inject_delay_ms=1500"});
+  Proc router = StartRouter({"--model=" + model.path, "--experts-at=" + Address(node.port), "--drain_seconds=300"});
   auto stub = Connect(router.port);
-  grpc::ClientContext context;
-  auto stream = stub->ForwardStream(&context);
-  REQUIRE(stream->Write(Request(0, {1}, 1)));
+  grpc::ClientContext idle_context, busy_context;
+  auto idle = stub->ForwardStream(&idle_context);
+  REQUIRE(idle->Write(Request(0, {1}, 1)));
   v1::ForwardStreamResponse reply;
-  REQUIRE(stream->Read(&reply));
+  REQUIRE(idle->Read(&reply));
   CHECK(reply.code() == 0);
-  // The stream stays open and idle; the drain would otherwise last 300 s.
+  auto busy = stub->ForwardStream(&busy_context);
+  REQUIRE(busy->Write(Request(0, {2}, 2)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // well inside the node's 1.5 s
+  // Neither stream holds the drain (300 s) beyond the request in flight.
   CHECK(router.process->SignalAndWait(SIGTERM, std::chrono::seconds(60)) == 0);
-  CHECK(!stream->Read(&reply));
-  const grpc::Status end = stream->Finish();
-  CHECK(end.error_code() == grpc::StatusCode::UNAVAILABLE);
-  CHECK(end.error_message().find("shutting down") != std::string::npos);
+  REQUIRE(busy->Read(&reply));
+  INFO(reply.message());
+  CHECK(reply.code() == 0);
+  CHECK(reply.response().output().data().size() == kDModel * 4);
+  for (auto* stream : {idle.get(), busy.get()}) {
+    CHECK(!stream->Read(&reply));
+    const grpc::Status end = stream->Finish();
+    CHECK(end.error_code() == grpc::StatusCode::UNAVAILABLE);
+    CHECK(end.error_message().find("shutting down") != std::string::npos);
+  }
 }
 
 TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a stream survives one") {
