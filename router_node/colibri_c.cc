@@ -42,10 +42,11 @@ struct colibri_engine {
 // whether the first `size` bytes of one hold all of `field`: a caller's
 // struct (or a size given to colibri_direct_options_init) may be shorter
 // than this library's, and only whole fields are read or written.
-#define COLIBRI_DIRECT_FIELDS(X)                                                                        \
-  X(nodes)                                                                                              \
-  X(cluster_file) X(node_timeout_ms) X(hedge_after_ms) X(node_replies) X(max_tokens) X(call_timeout_ms) \
-      X(batch_window_us) X(batch_max_tokens) X(tls_ca_file) X(tls_cert_file) X(tls_key_file) X(tls_server_name)
+#define COLIBRI_DIRECT_FIELDS(X)                                                                           \
+  X(nodes)                                                                                                 \
+  X(cluster_file)                                                                                          \
+  X(node_timeout_ms) X(hedge_after_ms) X(node_replies) X(max_tokens) X(call_timeout_ms) X(batch_window_us) \
+      X(batch_max_tokens) X(tls_ca_file) X(tls_cert_file) X(tls_key_file) X(tls_server_name)
 #define COLIBRI_COVERS(field, size) \
   (offsetof(colibri_direct_options, field) + sizeof(colibri_direct_options::field) <= (size))
 
@@ -153,7 +154,12 @@ absl::Status InRange(int64_t value, int64_t lo, int64_t hi, absl::string_view fi
   return absl::InvalidArgumentError(absl::StrCat("options.", field, " ", value, " is outside [", lo, ", ", hi, "]"));
 }
 
-// The library options named in the core's errors, and the C fields that set them.
+// The library options named in the core's errors, and the C fields that set them:
+// colibri_init's, and colibri_connect's.
+const runtime::OptionFlags kInitFields = {
+    {"RouterOptions::max_tokens", "options.max_tokens"},
+    {"ThreadPool::Options::numa_node", "options.numa_node"},
+};
 const runtime::OptionFlags kDirectFields = {
     {"RemoteOptions::addresses", "options.nodes"},
     {"RemoteOptions::cluster_file", "options.cluster_file"},
@@ -283,8 +289,9 @@ colibri_status colibri_init(const char* model_path, const colibri_options* optio
     COLIBRI_RETURN_IF_ERROR(NotNull(out, "out"));
     COLIBRI_RETURN_IF_ERROR(NotNull(model_path, "model_path"));
     COLIBRI_ASSIGN_OR_RETURN(const colibri::Engine::Options engine_options, colibri::ToEngineOptions(options));
-    COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<colibri::Engine> engine,
-                             colibri::Engine::Open(model_path, engine_options));
+    absl::StatusOr<std::unique_ptr<colibri::Engine>> opened = colibri::Engine::Open(model_path, engine_options);
+    if (!opened.ok()) return colibri::runtime::NameFlags(opened.status(), colibri::kInitFields);
+    std::unique_ptr<colibri::Engine> engine = *std::move(opened);
     colibri::router_node::Router* router = &engine->router();
     *out = new colibri_engine{std::move(engine), {}, router, absl::ZeroDuration()};
     return absl::OkStatus();

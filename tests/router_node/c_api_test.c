@@ -204,6 +204,10 @@ int main(int argc, char** argv) {
   s = colibri_init(argv[1], &options, &engine);
   CheckError(s, COLIBRI_INVALID_ARGUMENT, "struct_size", "options.struct_size 0 is refused");
   colibri_options_init(&options);
+  options.max_tokens = 0;
+  s = colibri_init(argv[1], &options, &engine);
+  CheckError(s, COLIBRI_INVALID_ARGUMENT, "(options.max_tokens)", "max_tokens 0 is refused, naming the C field");
+  colibri_options_init(&options);
   options.max_tokens = 2;
   options.struct_size = (uint32_t)offsetof(colibri_options, max_tokens);
   s = colibri_init(argv[1], &options, &engine);
