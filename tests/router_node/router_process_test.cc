@@ -253,7 +253,7 @@ TEST_CASE("a deadline centuries away is served as no deadline") {
   CHECK(stream->Finish().ok());
 }
 
-TEST_CASE("on SIGTERM a ForwardStream answers its request in flight, then ends UNAVAILABLE; idle ones at once") {
+TEST_CASE("on SIGTERM a ForwardStream answers its request in flight and then ends UNAVAILABLE, an idle one at once") {
   Model model(common::DType::kF32);
   // The node holds every call for 1.5 s (fault injection): a request is in flight when SIGTERM comes.
   Proc node = StartNode(model.path, "all", 0, {"--inject_delay_ms=1500"});
