@@ -39,11 +39,13 @@ class NodeChannel {
 // Makes the channel to one node, from its "host:port".
 using NodeConnector = std::function<std::unique_ptr<NodeChannel>(const std::string& address)>;
 
-// NodeChannel over gRPC's callback API.
+// NodeChannel over gRPC's callback API. Its owner may be dropped inside one
+// of its calls' callbacks (a client destroyed while a reply is delivered, a
+// stream's last holder), so it keeps gRPC's callback queue alive for the
+// process (runtime/grpc_callback_queue.h).
 class GrpcNodeChannel final : public NodeChannel {
  public:
-  explicit GrpcNodeChannel(std::shared_ptr<grpc::Channel> channel)
-      : stub_(colibri::v1::ExpertNode::NewStub(std::move(channel))) {}
+  explicit GrpcNodeChannel(std::shared_ptr<grpc::Channel> channel);
   void Compute(grpc::ClientContext* context, const colibri::v1::ComputeRequest* request,
                colibri::v1::ComputeResponse* response, Done done) override {
     stub_->async()->Compute(context, request, response, std::move(done));

@@ -12,7 +12,6 @@
 #include "common/status_macros.h"
 #include "router_node/node_stream.h"
 #include "router_node/remote_backend_internal.h"
-#include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
 
 // The node set, health checks and the shard map. One layer's node calls are
@@ -158,8 +157,6 @@ absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& address
 }
 
 std::unique_ptr<NodeChannel> RemoteBackend::Connect(const std::string& address) const {
-  // The node calls' callbacks may drop a channel's last owner (a client destroyed meanwhile).
-  runtime::KeepCallbackQueue();
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(address, channel_setup_->credentials, channel_setup_->args);
   if (options_.node_stream_max_bytes > 0) {

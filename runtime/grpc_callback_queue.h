@@ -9,8 +9,10 @@
 // happens inside a callback — a call's last owner dropped there, e.g. a
 // client destroyed while a reply is still being delivered — a queue thread
 // joins itself: the join fails, the queue is freed under the running thread
-// and the process aborts (grpc/grpc#32584). Servers hold a reference too, so
-// it bites processes that are only clients: the proxyless client's, tools.
+// and the process aborts (grpc/grpc#32584). A running callback server holds
+// a reference too, so it bites processes that are only clients (the
+// proxyless client, tools) and clients whose server stopped first (a router
+// shutting down with node calls or streams still ending).
 
 namespace colibri {
 namespace runtime {
