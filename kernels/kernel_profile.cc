@@ -36,6 +36,22 @@ using common::DType;
 // Bumped whenever the candidates or the way they are timed change, so a
 // cache written by another version is not read.
 constexpr int kProfileVersion = 8;
+
+// Whether this build's timings say anything about the host: sanitizers and
+// -O0 slow the hand-written kernels many times over and leave oneDNN (a
+// system library) as fast as ever, so such a build would write a profile
+// that is wrong for every other process reading the host's file.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__OPTIMIZE__)
+constexpr bool kTimingBuild = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+constexpr bool kTimingBuild = false;
+#else
+constexpr bool kTimingBuild = true;
+#endif
+#else
+constexpr bool kTimingBuild = true;
+#endif
 // d_model and d_ff of the synthetic experts: small ones (in cache: compute
 // decides) for the row thresholds, large ones (100 MB at bf16: streamed from
 // memory, as decode does) for the choice of block kernel and the int8-tile
@@ -168,6 +184,25 @@ std::string CachePath() {
   const bool vnni = SelectedIsa() == Isa::kAvx2 && HasAvxVnni();
   return absl::StrCat(dir, "/kernels-v", kProfileVersion, "-", CpuSignature(), "-", IsaName(SelectedIsa()),
                       vnni ? "+avxvnni" : "", ".txt");
+}
+
+// The profile of a build that does not time (kTimingBuild): the one cached
+// in `path` where it holds one for this CPU, else the defaults. Read
+// without the lock, never measured or written.
+KernelProfile CachedOrDefaultProfile(const std::string& path, Isa isa) {
+  const int fd = path.empty() ? -1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    const std::string text = ReadAll(fd);
+    close(fd);
+    auto cached = ParseProfile(text, isa);
+    if (cached.ok()) {
+      cached->source = absl::StrCat("cached in ", path);
+      return *cached;
+    }
+  }
+  KernelProfile p = DefaultProfile(isa);
+  p.source = "defaults (a sanitizer or unoptimized build does not measure, and no profile was cached)";
+  return p;
 }
 
 }  // namespace
@@ -490,6 +525,7 @@ const KernelProfile& SelectedProfile() {
       p.source = "defaults (COLIBRI_KERNEL_PROFILE=off)";
       return p;
     }
+    if (!kTimingBuild) return CachedOrDefaultProfile(path, isa);
     absl::Status why = absl::UnavailableError("neither HOME nor XDG_CACHE_HOME is set");
     if (!path.empty()) {
       auto loaded = LoadOrMeasureProfile(path, isa);

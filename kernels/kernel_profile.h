@@ -22,6 +22,9 @@
 //        the avx2 level on a CPU with AVX-VNNI)
 // Where no file can be written the process measures for itself and says so
 // on stderr once (processes may then disagree; point them at one file).
+// A sanitizer or unoptimized (-O0) build never measures: its timings say
+// nothing of the host. It reads the file if it holds a profile, else it
+// uses the defaults.
 
 #include <cstdint>
 #include <string>
