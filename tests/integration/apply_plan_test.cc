@@ -18,11 +18,15 @@ namespace colibri {
 namespace testing {
 namespace {
 
-// The built-in kernel profile (no oneDNN; bf16 tiles only on AMX, from 16
-// rows), set before anything selects kernels and passed on to the nodes and
-// the router: where a host's measured profile has oneDNN from a few rows, no
-// split of a 37-token batch's rows is exact, and the router makes none.
-const bool kBuiltInProfile = [] { return setenv("COLIBRI_KERNEL_PROFILE", "off", 1) == 0; }();
+// The built-in kernel profile at most at the avx512_bf16 level (no oneDNN,
+// no AMX tiles: bf16 has no row threshold), set before anything selects
+// kernels and passed on to the nodes and the router. Where a host's kernels
+// have a bf16 threshold (a measured profile with oneDNN from a few rows; AMX
+// tiles from 16 rows, as many as the router's fewest rows worth splitting),
+// no split of a 37-token batch's rows is exact, and the router makes none.
+const bool kBuiltInProfile = [] {
+  return setenv("COLIBRI_KERNEL_PROFILE", "off", 1) == 0 && setenv("COLIBRI_MAX_ISA", "avx512_bf16", 0) == 0;
+}();
 
 constexpr int kRequests = 8;
 

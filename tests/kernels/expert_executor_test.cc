@@ -302,7 +302,8 @@ TEST_CASE("rows merged into one task with kernel_rows get the bits of their own 
     const common::ExpertWeights* expert = layer.experts[1].get();
     // Three callers of one expert with 1, 2 and 1 rows; kernels change from 3 rows on.
     ExecutorOptions options;
-    options.onednn_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens = 3;
+    options.onednn_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens =
+        options.bf16_tile_min_tokens = 3;  // bf16 tiles: AMX hosts only (ignored elsewhere)
     const int64_t tokens = 4;
     std::vector<float> x(tokens * d_model);
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)));
@@ -374,7 +375,10 @@ TEST_CASE("a stalled worker holds a call up by one chunk of work: the other take
   Workspace ws;
   // The polls (one per unit of work and per chunk) of the whole call on one worker.
   std::atomic<int> polls{0};
+  // No oneDNN, whatever the host's profile: the width of its products
+  // follows the chunks, and its bits may follow the width (docs/KERNELS.md).
   ExecutorOptions count;
+  count.onednn_min_tokens = 0;
   count.should_stop = [&] {
     ++polls;
     return false;
@@ -392,6 +396,7 @@ TEST_CASE("a stalled worker holds a call up by one chunk of work: the other take
   int others = 0;
   bool timed_out = false;
   ExecutorOptions stall;
+  stall.onednn_min_tokens = 0;
   stall.should_stop = [&] {
     std::unique_lock<std::mutex> lock(mu);
     if (stalled == std::thread::id()) {

@@ -6,8 +6,9 @@
 // ones queue behind it; nothing here depends on timing.
 //
 // Runs with the built-in kernel profile (COLIBRI_KERNEL_PROFILE=off, set
-// before anything selects kernels): bf16 experts then have no row threshold, so every caller here is
-// mergeable on any CPU. kernel_rows itself is tested in
+// before anything selects kernels): bf16 experts then have no row threshold
+// but AMX tiles' 16 rows, which no caller here reaches, so every caller here
+// is mergeable on any CPU. kernel_rows itself is tested in
 // expert_executor_test.cc with thresholds that merged calls cross.
 
 #include "router_node/layer_batcher.h"
