@@ -186,15 +186,21 @@ std::string CachePath() {
                       vnni ? "+avxvnni" : "", ".txt");
 }
 
+// The text of `path` opened read-only (no lock); nullopt if it cannot be opened.
+std::optional<std::string> ReadOnly(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string text = ReadAll(fd);
+  close(fd);
+  return text;
+}
+
 // The profile of a build that does not time (kTimingBuild): the one cached
-// in `path` where it holds one for this CPU, else the defaults. Read
-// without the lock, never measured or written.
+// in `path` where it holds one for this CPU, else the defaults. Never
+// measured or written.
 KernelProfile CachedOrDefaultProfile(const std::string& path, Isa isa) {
-  const int fd = path.empty() ? -1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    const std::string text = ReadAll(fd);
-    close(fd);
-    auto cached = ParseProfile(text, isa);
+  if (const std::optional<std::string> text = ReadOnly(path); text.has_value()) {  // "" opens nothing
+    auto cached = ParseProfile(*text, isa);
     if (cached.ok()) {
       cached->source = absl::StrCat("cached in ", path);
       return *cached;
@@ -215,11 +221,10 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
     // A profile pinned on a read-only mount (a Kubernetes ConfigMap): used as
     // it is, never measured over.
     const int error = errno;
-    const int read_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (read_fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
-    const std::string text = ReadAll(read_fd);
-    close(read_fd);
-    auto pinned = ParseProfile(text, isa);
+    const std::optional<std::string> text = ReadOnly(path);
+    if (!text.has_value())
+      return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
+    auto pinned = ParseProfile(*text, isa);
     if (!pinned.ok()) {
       return absl::UnavailableError(
           absl::StrCat(path, " is read-only and not a profile for this CPU: ", pinned.status().message()));

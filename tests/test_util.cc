@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -113,6 +114,12 @@ int ConnectLoopback(int port) {
   ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
   return fd;
+}
+
+double Metric(const std::string& page, const std::string& name) {
+  std::smatch m;
+  if (std::regex_search(page, m, std::regex("\n" + name + "(\\{[^}]*\\})? ([0-9.e+]+)"))) return std::stod(m[2]);
+  return -1;
 }
 
 std::string HttpGet(int port, const std::string& path) {

@@ -74,6 +74,8 @@ class ProcessGuard {
 
 // GET http://127.0.0.1:port/path; the whole response, status line first.
 std::string HttpGet(int port, const std::string& path);
+// The value of the first sample of `name` in a Prometheus text page, or -1.
+double Metric(const std::string& page, const std::string& name);
 // A TCP connection to 127.0.0.1:port (REQUIREs it connects); the caller closes it.
 int ConnectLoopback(int port);
 

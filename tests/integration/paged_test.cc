@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <regex>
 
 #include "tests/integration/cluster.h"
 
@@ -19,13 +18,6 @@ uint64_t ShardBytes(const std::string& model) {
     if (entry.path().filename().string().rfind("expert_", 0) == 0) bytes += entry.file_size();
   }
   return bytes;
-}
-
-// The value of the first sample of `name` in a Prometheus text page, or -1.
-double Metric(const std::string& page, const std::string& name) {
-  std::smatch m;
-  if (std::regex_search(page, m, std::regex("\n" + name + "(\\{[^}]*\\})? ([0-9.e+]+)"))) return std::stod(m[2]);
-  return -1;
 }
 
 TEST_CASE("a paged node with a memory budget of half its shard serves decoding exactly like a locked node") {
