@@ -74,16 +74,53 @@ void Tile(const uint8_t* wb, const Activations& x, int64_t t0, int64_t k0, int64
 using TileFn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, int64_t, float*);
 constexpr TileFn kTiles[kMaxTile] = {Tile<1>, Tile<2>, Tile<3>, Tile<4>, Tile<5>, Tile<6>};
 
-// int4 weights on the int8 copy of x (AVX512_VNNI). Per row and 64-input
-// group (32 bytes: byte j holds input j in its low nibble, input j + 32 in
-// its high), the low and the high nibbles (0..15, unsigned) take two
-// vpdpbusd against x.q8's inputs 0-31 and 32-63 (signed): eight int32 lanes
-// of Σ q·xq, exact; acc += (s_g · xs_g) · those. The zero points come off at
+// int4 weights on the int8 copy of x (AVX512_VNNI). A row's 64 bytes at a
+// time hold two 64-input groups g, g + 1 (32 bytes each: byte j holds input
+// j in its low nibble, input j + 32 in its high). The low and the high
+// nibbles (0..15, unsigned) take two vpdpbusd against x.q8's inputs 0-31 and
+// 32-63 of both groups (signed, arranged once per pair and token): sixteen
+// int32 lanes of Σ q·xq, exact, lanes 0-7 group g's and 8-15 group g + 1's;
+// acc += (s · xs) · those, the products s_g · xs_g made 16 groups at a time
+// and spread to their lanes with one vpermps. The zero points come off at
 // the end: Σ_g s_g·z_g·q8_sums_g (q8_sums = xs · Σ xq), 16 groups a vector.
-// The result is the scalar reference on x' = xq · xs, with f32 sums. ymm
-// throughout: ~10 single-pumped ops per 64 weights, against ~20 converting
-// nibbles to f32 (block_avx512.cc) — fast enough to stream int4 at the
-// memory bandwidth on two cores.
+// An odd last group runs alone in the low half (the high half adds 0). The
+// result is the scalar reference on x' = xq · xs, with f32 sums: ~10
+// operations per 128 weights, half of what the same in ymm takes, so int4
+// streams at nearer the memory's rate where 512-bit operations are
+// single-pumped (Zen 5, Intel).
+// Groups g and g + 1 (with kLast, g alone) of R rows and TT tokens:
+// acc[r][t] += (Σ q·xq per lane) · (s · xs) spread to the pair's lanes.
+template <int R, int TT, bool kLast>
+inline __attribute__((always_inline)) void Int4Pair(const uint8_t* rows, int64_t K, const int8_t* xq, int64_t g,
+                                                    __m512i lanes, const __m512 (&sxs)[R][TT], __m512 (&acc)[R][TT]) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  // The next R rows (R * K / 2 bytes), R * 64 bytes a pair of groups.
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows + R * (K / 2) + g * 32 * R + 64 * i), _MM_HINT_T1);
+  }
+  __m512i xl[TT], xh[TT];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+    const __m512i a = _mm512_loadu_si512(xq + t * K + g * 64);
+    const __m512i b = kLast ? _mm512_setzero_si512() : _mm512_loadu_si512(xq + t * K + g * 64 + 64);
+    xl[t] = _mm512_shuffle_i64x2(a, b, 0x44);
+    xh[t] = _mm512_shuffle_i64x2(a, b, 0xee);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* p = rows + r * (K / 2) + g * 32;
+    const __m512i v = kLast ? _mm512_maskz_loadu_epi8(0xffffffffull, p) : _mm512_loadu_si512(p);
+    const __m512i lo = _mm512_and_si512(v, low);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl[t]), hi, xh[t]);
+      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(lanes, sxs[r][t]), acc[r][t]);
+    }
+  }
+}
+
 template <int R, int TT>
 void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, int64_t r0, int64_t t0, float* out) {
   const int64_t K = x.cols, groups = w.layout.groups, n0 = block * kBlockRows + r0;
@@ -92,37 +129,38 @@ void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
   const uint8_t* zeros = w.zeros + n0 * groups;
   const int8_t* xq = x.q8 + t0 * K;
   const float* xs = x.q8_scales + t0 * groups;
-  const __m256i low = _mm256_set1_epi8(0x0f);
-  __m256 acc[R][TT];
+  const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i two = _mm512_set1_epi32(2);
+  __m512 acc[R][TT];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  for (int64_t g = 0; g < groups; ++g) {
-    // The next R rows (R * K / 2 bytes), R * 32 bytes a group.
+  for (int64_t g16 = 0; g16 < groups; g16 += 16) {
+    const int64_t n = std::min<int64_t>(16, groups - g16);
+    const __mmask16 m = n == 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+    // The next R rows' scales and zero points (R * groups of each) at the
+    // same pace: their first use would otherwise wait on memory with the
+    // whole chunk behind it.
 #pragma GCC unroll 8
-    for (int i = 0; i < R / 2; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(rows + R * (K / 2) + g * 32 * R + 64 * i), _MM_HINT_T1);
+    for (int i = 0; i < R; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(scales + R * groups + g16 * R + 16 * i), _MM_HINT_T1);
     }
-    __m256i xl[TT], xh[TT];
+    _mm_prefetch(reinterpret_cast<const char*>(zeros + R * groups + g16 * R), _MM_HINT_T1);
+    __m512 sxs[R][TT];  // s_g · xs_g of groups g16 .. g16 + 15
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      xl[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + g * 64));
-      xh[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + g * 64 + 32));
-    }
+      const __m512 xsv = _mm512_maskz_loadu_ps(m, xs + t * groups + g16);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * (K / 2) + g * 32));
-      const __m256i lo = _mm256_and_si256(v, low);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      const float s = scales[r * groups + g];
-#pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        const __m256i dot = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xl[t]), hi, xh[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s * xs[t * groups + g]), acc[r][t]);
-      }
+      for (int r = 0; r < R; ++r) sxs[r][t] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scales + r * groups + g16), xsv);
     }
+    __m512i lanes = spread;
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2, lanes = _mm512_add_epi32(lanes, two)) {
+      Int4Pair<R, TT, false>(rows, K, xq, g16 + j, lanes, sxs, acc);
+    }
+    if (j < n) Int4Pair<R, TT, true>(rows, K, xq, g16 + j, lanes, sxs, acc);
   }
   // Zero points: Σ_g (s_g·z_g)·q8_sums[t][g].
 #pragma GCC unroll 8
@@ -130,12 +168,7 @@ void Int4Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
     float corr[TT];
     Int4ZeroPoints<TT>(scales + r * groups, zeros + r * groups, groups, x.q8_sums + t0 * groups, corr);
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
-      __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
-      a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-      a = _mm_add_ss(a, _mm_movehdup_ps(a));
-      out[(t0 + t) * kBlockRows + r0 + r] = _mm_cvtss_f32(a) - corr[t];
-    }
+    for (int t = 0; t < TT; ++t) out[(t0 + t) * kBlockRows + r0 + r] = _mm512_reduce_add_ps(acc[r][t]) - corr[t];
   }
 }
 
@@ -210,7 +243,9 @@ void Int8Tile(const common::MatrixView& w, int64_t block, const Activations& x, 
 // int8 at T = 1 reads one row at a time, in memory order, prefetching the
 // next: one core streaming from memory kept up better that way than with 4
 // rows side by side (4 streams, and 4 more prefetched; docs/PERFORMANCE.md).
-// int4 keeps 4 rows: its rows are half as long, and unpacking is its limit.
+// int4 takes 8 rows at T = 1: its rows are half as long, and its arithmetic,
+// not only the memory, sets its rate (8 rows ran 51 GB/s in cache on one Zen 5
+// core, 4 rows ~41).
 void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   static constexpr IntTileFn kTiles[4] = {Int8Tile<2, 1>, Int8Tile<2, 2>, Int8Tile<2, 3>, Int8Tile<2, 4>};
   RunIntTiles(Int8Tile<1, 1>, 1, kTiles, w, block, x, out);
@@ -218,7 +253,7 @@ void BlockInt8Avx512Vnni(const common::MatrixView& w, int64_t block, const Activ
 
 void BlockInt4Avx512Vnni(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   static constexpr IntTileFn kTiles[4] = {Int4Tile<2, 1>, Int4Tile<2, 2>, Int4Tile<2, 3>, Int4Tile<2, 4>};
-  RunIntTiles(Int4Tile<4, 1>, 4, kTiles, w, block, x, out);
+  RunIntTiles(Int4Tile<8, 1>, 8, kTiles, w, block, x, out);
 }
 
 void BlockBf16Avx512Bf16(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {

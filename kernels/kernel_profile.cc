@@ -33,9 +33,9 @@ namespace {
 
 using common::DType;
 
-// Bumped whenever the candidates or the way they are timed change, so a
-// cache written by another version is not read.
-constexpr int kProfileVersion = 8;
+// Bumped whenever the candidates, their speed or the way they are timed
+// change, so a cache written by another version is not read.
+constexpr int kProfileVersion = 9;
 
 // Whether this build's timings say anything about the host: sanitizers and
 // -O0 slow the hand-written kernels many times over and leave oneDNN (a
