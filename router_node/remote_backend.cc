@@ -89,16 +89,23 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   }
   b->HealthRound();
   b->watcher_ = std::thread([raw = b.get()] {
+    absl::Time last_round = absl::Now();
     for (;;) {
       {
         common::MutexLock lock(&raw->mu_);
-        const absl::Time next_round = absl::Now() + raw->options_.health_interval;
+        const absl::Time next_round = last_round + raw->options_.health_interval;
         while (!raw->stopping_) {
-          const absl::Duration left = next_round - absl::Now();
+          // A node a failed call took out is probed again soon after (MarkDown
+          // sets recheck_), not at the next round.
+          const absl::Time due =
+              raw->recheck_ ? std::min(next_round, last_round + raw->options_.recheck_after) : next_round;
+          const absl::Duration left = due - absl::Now();
           if (left <= absl::ZeroDuration() || raw->stop_cv_.WaitWithTimeout(&raw->mu_, left)) break;
         }
         if (raw->stopping_) return;
+        raw->recheck_ = false;
       }
+      last_round = absl::Now();
       raw->HealthRound();
     }
   });
@@ -332,11 +339,15 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
   }
   common::MutexLock lock(&mu_);
   Rebuild();
+  recheck_ = true;
+  stop_cv_.SignalAll();
 }
 
 std::vector<NodeStatusView> RemoteBackend::Nodes() const {
   std::vector<NodeStatusView> out;
-  for (const auto& n : topology()->nodes) {
+  // Held for the loop: a health round may replace the topology meanwhile.
+  const std::shared_ptr<const Topology> topo = topology();
+  for (const auto& n : topo->nodes) {
     NodeStatusView v;
     v.address = n->address;
     v.in_flight = n->in_flight.load();

@@ -9,7 +9,8 @@
 // READY and serves this router's model (same model_id and shape). A node
 // whose planned call failed, unanswered by a hedge, with a retried code other
 // than RESOURCE_EXHAUSTED (and not because of the client's own deadline or
-// cancel) is marked down at once and comes back at its next good health check.
+// cancel) is marked down at once; a health round follows `recheck_after`
+// later (not a whole interval), and the node is back when it answers it.
 // With a cluster file, the node list is re-read when the file changes.
 //
 // A layer call: each expert's work goes to its least-loaded live replica,
@@ -97,6 +98,12 @@ struct RemoteOptions {
   // When a replicated expert's rows are split among its replicas (shard_map.h).
   RowSplitOptions row_split;
   absl::Duration health_interval = absl::Milliseconds(500);
+  // After a failed call takes a node out of the map, the next health round
+  // runs this long after the last one began instead of a whole interval: a
+  // node that was only slow (its call outlived node_timeout) or that
+  // restarted is back at once, while a dead or hung one fails its probe and
+  // stays out. Rounds never run closer together than this.
+  absl::Duration recheck_after = absl::Milliseconds(50);
   absl::Duration health_timeout = absl::Seconds(1);  // per GetNodeInfo
   int64_t max_message_bytes = 1 << 30;               // per node call, both ways
   // TLS to the nodes: a CA (PEM) enables it; cert + key add a client
@@ -196,12 +203,13 @@ class RemoteBackend final : public ExpertBackend {
   std::shared_ptr<const ChannelSetup> channel_setup_;
 
   mutable common::Mutex mu_;
-  common::CondVar stop_cv_;  // wakes the watcher on Stop()
+  common::CondVar stop_cv_;  // wakes the watcher on Stop() and for a recheck
   std::shared_ptr<const Topology> topology_ ABSL_GUARDED_BY(mu_);
   std::string cluster_file_seen_ ABSL_GUARDED_BY(mu_);  // ClusterFileSeen of its last read
   std::function<void(bool)> listener_ ABSL_GUARDED_BY(mu_);
   bool last_serving_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool recheck_ ABSL_GUARDED_BY(mu_) = false;  // a call took a node out since the last round began
 
   common::Mutex health_mu_;  // one health round at a time
   std::atomic<int64_t> retries_{0};

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <thread>
 
@@ -28,7 +29,7 @@ constexpr int kExperts = 4;
 // Per-expert replies unless told: every slot then names the node that computed it.
 struct Cluster {
   explicit Cluster(const std::vector<std::vector<int>>& owned, absl::Duration hedge_after = absl::ZeroDuration(),
-                   NodeReplies replies = NodeReplies::kPerExpert) {
+                   NodeReplies replies = NodeReplies::kPerExpert, absl::Duration recheck_after = absl::Hours(1)) {
     RemoteOptions o;
     for (size_t i = 0; i < owned.size(); ++i) {
       o.addresses.push_back("n" + std::to_string(i) + ":1");
@@ -41,7 +42,9 @@ struct Cluster {
     o.node_timeout = absl::Milliseconds(100);
     o.hedge_after = hedge_after;
     o.replies = replies;
-    o.health_interval = absl::Hours(1);  // the map changes only through failed calls
+    // The map changes only through failed calls (unless the test asks for rechecks).
+    o.health_interval = absl::Hours(1);
+    o.recheck_after = recheck_after;
     o.clock = &clock;
     o.connect = [this](const std::string& address) { return nodes[address[1] - '0']->Channel(); };
     auto b = RemoteBackend::Create(o);
@@ -278,6 +281,25 @@ TEST_CASE("a health probe sent before a call took its node out does not bring th
   CHECK(!c.live(0));
   c.backend->CheckNow();  // a probe sent after it decides
   CHECK(c.live(0));
+}
+
+TEST_CASE("a node a failed call took out is probed again at once and is back when it answers", "[remote_dispatch]") {
+  // The watcher runs on the real clock: wait (bounded) for what it does.
+  const auto wait_for = [](const std::function<bool()>& done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (!done() && absl::Now() < give_up) std::this_thread::yield();
+    return done();
+  };
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kPerExpert, absl::Milliseconds(1));
+  c.nodes[0]->HoldInfo();
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::DEADLINE_EXCEEDED}});
+  Layer l;
+  REQUIRE(Run(c, l).ok());  // n0 timed out and is out; the retry answered
+  // A round starts long before the hour's interval: its probe reaches n0.
+  REQUIRE(wait_for([&] { return c.nodes[0]->held_info() > 0; }));
+  CHECK(!c.live(0));
+  c.nodes[0]->ReleaseInfo();  // n0 answers: it was only slow
+  REQUIRE(wait_for([&] { return c.live(0); }));
 }
 
 TEST_CASE("the client's deadline ends the layer, while a node timeout is the node's fault", "[remote_dispatch]") {
