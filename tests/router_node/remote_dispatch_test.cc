@@ -292,6 +292,12 @@ TEST_CASE("a node a failed call took out is probed again at once and is back whe
   };
   Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kPerExpert, absl::Milliseconds(1));
   c.nodes[0]->HoldInfo();
+  // Whatever fails below, the held probe is answered before the backend
+  // stops: its watcher waits for it.
+  struct Release {
+    FakeNode* node;
+    ~Release() { node->ReleaseInfo(); }
+  } release{c.nodes[0].get()};
   c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::DEADLINE_EXCEEDED}});
   Layer l;
   REQUIRE(Run(c, l).ok());  // n0 timed out and is out; the retry answered
