@@ -281,13 +281,8 @@ void ExpertService::RunTogether(std::vector<std::shared_ptr<ComputeCall>>& jobs)
   }
   if (started.empty()) return;
   const std::vector<absl::Status> status = engine_->RunMerged(prepared);
-  for (size_t i = 0; i < started.size(); ++i) {
-    if (status[i].ok()) {
-      Complete(*started[i], false);
-    } else {
-      Answer(*started[i], runtime::ToGrpcStatus(status[i]));
-    }
-  }
+  // The pass's metrics before anyone is answered (as Complete does): a caller
+  // that reads them after its answer sees its call counted.
   if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
     m->GetCounter("colibri_expert_merged_calls_total", "Compute calls that shared one pass with others.")
         ->Increment(static_cast<double>(started.size()));
@@ -300,6 +295,13 @@ void ExpertService::RunTogether(std::vector<std::shared_ptr<ComputeCall>>& jobs)
     }
     AddWeightBytes(*prepared[0]->set, experts);
     if (options_.paged != nullptr) ObservePaging(started[0]->io);  // once: the calls' intervals overlap
+  }
+  for (size_t i = 0; i < started.size(); ++i) {
+    if (status[i].ok()) {
+      Complete(*started[i], false);
+    } else {
+      Answer(*started[i], runtime::ToGrpcStatus(status[i]));
+    }
   }
 }
 

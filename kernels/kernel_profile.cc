@@ -21,10 +21,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/types/span.h"
+#include "common/half.h"
 #include "common/model_dir.h"
 #include "common/user_cache.h"
 #include "common/weight_matrix.h"
 #include "kernels/expert_executor.h"
+#include "kernels/onednn_matmul.h"
 #include "kernels/thread_pool.h"
 
 namespace colibri {
@@ -35,7 +37,7 @@ using common::DType;
 
 // Bumped whenever the candidates, their speed or the way they are timed
 // change, so a cache written by another version is not read.
-constexpr int kProfileVersion = 9;
+constexpr int kProfileVersion = 10;
 
 // Whether this build's timings say anything about the host: sanitizers and
 // -O0 slow the hand-written kernels many times over and leave oneDNN (a
@@ -327,6 +329,41 @@ KernelProfile DefaultProfile(Isa isa) {
   return p;
 }
 
+std::string MatmulWidthDependence(MatmulFn matmul, DType type, int64_t cols, absl::Span<const int64_t> token_counts) {
+  constexpr int64_t kBlocks = 16;
+  constexpr int64_t kRuns[] = {1, 2, 3, 5, 5};  // blocks per run, in order: the 16 again
+  const int64_t width = kBlocks * common::kBlockRows;
+  uint32_t seed = 7;
+  const SynthMatrix w = Encode(type, width, cols, seed);
+  for (const int64_t tokens : token_counts) {
+    std::vector<float> x(tokens * cols);
+    std::vector<uint16_t> x_bf16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      seed ^= seed << 13, seed ^= seed >> 17, seed ^= seed << 5;
+      x[i] = static_cast<float>(seed >> 8) * (1.f / 16777216.f) - 0.5f;
+      x_bf16[i] = common::FloatToBf16(x[i]);
+    }
+    const void* src = type == DType::kBF16 ? static_cast<const void*>(x_bf16.data()) : x.data();
+    std::vector<float> whole(tokens * width), runs(tokens * width);
+    matmul(type, tokens, cols, width, src, w.view.data, whole.data(), width);
+    int64_t b0 = 0;
+    for (const int64_t blocks : kRuns) {
+      matmul(type, tokens, cols, blocks * common::kBlockRows, src, w.view.data + b0 * w.view.layout.block_bytes,
+             runs.data() + b0 * common::kBlockRows, width);
+      b0 += blocks;
+    }
+    for (size_t i = 0; i < whole.size(); ++i) {
+      if (std::memcmp(&whole[i], &runs[i], sizeof(float)) != 0) {
+        return absl::StrFormat(
+            "%s, %d tokens, %d inputs: output [%d][%d] is %a in one run of %d blocks, %a in runs of "
+            "1, 2, 3, 5 and 5 blocks",
+            common::DTypeName(type), tokens, cols, i / width, i % width, whole[i], kBlocks, runs[i]);
+      }
+    }
+  }
+  return "";
+}
+
 KernelProfile MeasureProfile(Isa isa) {
   const auto start = std::chrono::steady_clock::now();
   KernelProfile profile = DefaultProfile(isa);
@@ -398,11 +435,22 @@ KernelProfile MeasureProfile(Isa isa) {
     hand.bf16_tile_min_tokens = profile.bf16_tile_min_tokens;
   }
 
-  // bf16 (and f32) through oneDNN from some number of rows.
-  ExecutorOptions onednn = hand;
-  onednn.onednn_min_tokens = 1;
-  profile.onednn_min_tokens =
-      MeasureThreshold(timer, bf16->weights, hand, onednn, "bf16 matmul", "hand-written", "oneDNN", &profile);
+  // bf16 (and f32) through oneDNN from some number of rows, where its bits
+  // do not depend on how the executor's chunks cut the outputs.
+  std::string width_dependence;
+  for (DType type : {DType::kBF16, DType::kF32}) {
+    if (width_dependence.empty()) width_dependence = MatmulWidthDependence(OnednnMatmul, type, kSmallDim, kRows);
+  }
+  if (width_dependence.empty()) {
+    ExecutorOptions onednn = hand;
+    onednn.onednn_min_tokens = 1;
+    profile.onednn_min_tokens =
+        MeasureThreshold(timer, bf16->weights, hand, onednn, "bf16 matmul", "hand-written", "oneDNN", &profile);
+  } else {
+    profile.onednn_min_tokens = 0;
+    profile.evidence.push_back(
+        absl::StrCat("oneDNN not used: its bits depend on the width of a run (", width_dependence, ")"));
+  }
 
   // int8 / int4: their own kernels against tiles. bf16 tiles (dequantized)
   // on the small expert; int8 tiles on the large one, streamed from memory as

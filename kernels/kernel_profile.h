@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
 #include "kernels/dispatch.h"
 
 namespace colibri {
@@ -66,6 +68,23 @@ KernelProfile DefaultProfile(Isa isa);
 // and keeps an alternative only where it is at least 10% faster — and, for
 // a row threshold, at that row count and every larger one measured.
 KernelProfile MeasureProfile(Isa isa);
+
+// A matmul as the executor calls oneDNN (OnednnMatmul's signature).
+using MatmulFn = void (*)(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src,
+                          const void* weights, float* dst, int64_t ldd);
+
+// The executor hands oneDNN runs of whole 64-row blocks whose widths follow
+// its chunks, and those follow the thread count and the other experts of a
+// call: a node's answer equals the local engine's byte for byte only if the
+// bits of an output do not depend on the width of the run it was computed in.
+// Checks that for `matmul` on a synthetic `type` matrix (bf16 or f32) of
+// `cols` inputs and 16 blocks of outputs, for each of `token_counts`: every
+// output computed in runs of 1, 2, 3, 5 and 5 blocks equals the same output of
+// one run over all 16. Returns "" if so, else what differed (type, tokens,
+// the run and the first output that differed). MeasureProfile uses oneDNN
+// only where this holds (tests pass a fake matmul).
+std::string MatmulWidthDependence(MatmulFn matmul, common::DType type, int64_t cols,
+                                  absl::Span<const int64_t> token_counts);
 
 // The file format: "key value" lines (isa, bf16_widen, int8_widen,
 // int4_widen, onednn_min_tokens, bf16_tile_min_tokens,

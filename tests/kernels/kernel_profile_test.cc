@@ -149,7 +149,8 @@ TEST_CASE("the measured profile chooses among measured row counts and says why")
     }
   }
   if (isa == Isa::kScalar) return;
-  // One line per comparison and the time it took: 7 row counts for oneDNN;
+  // One line per comparison and the time it took: 7 row counts for oneDNN
+  // (or one saying why it is not used);
   // for int8 and int4, 7 against bf16 tiles or 6 + 6 on the large expert
   // against int8 tiles, without and with records (where the profiled table
   // has int8 tiles; without them the records thresholds are the others);
@@ -164,9 +165,43 @@ TEST_CASE("the measured profile chooses among measured row counts and says why")
     if (table.TileFor(type) == nullptr) CHECK(with == without);
   }
   const size_t amx_lines = table.TileFor(common::DType::kBF16) != nullptr ? 6 : 0;
-  const size_t lines = 7 + tile_lines(common::DType::kInt8) + tile_lines(common::DType::kInt4) + amx_lines + pairs + 1;
+  const bool onednn_refused = std::any_of(p.evidence.begin(), p.evidence.end(), [](const std::string& line) {
+    return line.rfind("oneDNN not used: its bits depend on the width of a run", 0) == 0;
+  });
+  if (onednn_refused) CHECK(p.onednn_min_tokens == 0);
+  const size_t onednn_lines = onednn_refused ? 1 : 7;
+  const size_t lines =
+      onednn_lines + tile_lines(common::DType::kInt8) + tile_lines(common::DType::kInt4) + amx_lines + pairs + 1;
   CHECK(p.evidence.size() == lines);
   CHECK_THAT(p.evidence.front(), Catch::Contains("ms"));
+}
+
+// Stand-ins for oneDNN on f32 weights: output j of token t is the weights'
+// float j · cols (counted from the matrix's start, whatever the run: the
+// same for every cut) times x[t][0], or that plus a trace of the run's width.
+void ExactMatmul(common::DType, int64_t tokens, int64_t cols, int64_t n, const void* src, const void* weights,
+                 float* dst, int64_t ldd) {
+  const float* w = static_cast<const float*>(weights);
+  const float* x = static_cast<const float*>(src);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < n; ++j) dst[t * ldd + j] = w[j * cols] * x[t * cols];
+  }
+}
+
+void WidthDependentMatmul(common::DType type, int64_t tokens, int64_t cols, int64_t n, const void* src,
+                          const void* weights, float* dst, int64_t ldd) {
+  ExactMatmul(type, tokens, cols, n, src, weights, dst, ldd);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < n; ++j) dst[t * ldd + j] += 1e-3f * static_cast<float>(n);
+  }
+}
+
+TEST_CASE("oneDNN is trusted only where its bits do not depend on the width of a run") {
+  const int64_t tokens[] = {1, 3};
+  CHECK(MatmulWidthDependence(ExactMatmul, common::DType::kF32, 128, tokens).empty());
+  const std::string found = MatmulWidthDependence(WidthDependentMatmul, common::DType::kF32, 128, tokens);
+  CHECK_THAT(found, Catch::StartsWith("f32, 1 tokens, 128 inputs: output [0][0]"));
+  CHECK_THAT(found, Catch::Contains("in one run of 16 blocks"));
 }
 
 TEST_CASE("the kernel profile is measured once and then read from its cache file") {
