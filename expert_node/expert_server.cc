@@ -51,6 +51,22 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   service_options.check_finite = options.check_finite;
   service_options.max_queued_calls = options.max_queued_calls;
   const int64_t d_model = s->store_->Current()->model().manifest().d_model;
+  if (options.limits.max_rows < 1 || options.limits.max_rows > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ServerOptions::limits.max_rows ", options.limits.max_rows, " must be in [1, 2^24]"));
+  }
+  if (options.limits.max_row_indices < 1 || options.limits.max_row_indices > (int64_t{1} << 28)) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::limits.max_row_indices ",
+                                                   options.limits.max_row_indices, " must be in [1, 2^28]"));
+  }
+  // A reply is up to max_rows f32 rows of d_model: protobuf cannot serialize
+  // a message of 2 GiB or more (gRPC would abort the process).
+  if (const int64_t most = (std::numeric_limits<int>::max() - (1 << 20)) / (d_model * 4);
+      options.limits.max_rows > most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::limits.max_rows ", options.limits.max_rows, ": replies of that many rows of d_model ", d_model,
+        " in f32 would pass gRPC's 2 GiB message limit (at most ", most, ")"));
+  }
   service_options.max_inflight_bytes =
       options.max_inflight_bytes > 0
           ? options.max_inflight_bytes
@@ -77,11 +93,6 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
-  if (options.limits.max_rows < 1 || options.limits.max_rows > (int64_t{1} << 24) ||
-      options.limits.max_row_indices < 1 || options.limits.max_row_indices > (int64_t{1} << 28)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ServerOptions::limits.max_rows ", options.limits.max_rows, " must be in [1, 2^24]"));
-  }
   const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);
   const int64_t max_bytes = std::min<int64_t>(options.max_message_bytes > 0 ? options.max_message_bytes : derived,
                                               std::numeric_limits<int>::max());

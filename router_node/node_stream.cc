@@ -163,7 +163,9 @@ class StreamNodeChannel::Stream final
     }
     if (!call.has_value()) return;  // ended already: its deadline passed, or it was cancelled
     if (reply.code() != 0) {
-      call->done(grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.message()));
+      // A code outside gRPC's (1..16) is no StatusCode: UNKNOWN, which is not retried.
+      const int32_t code = reply.code() >= 1 && reply.code() <= 16 ? reply.code() : grpc::StatusCode::UNKNOWN;
+      call->done(grpc::Status(static_cast<grpc::StatusCode>(code), reply.message()));
       return;
     }
     call->response->Swap(reply.mutable_response());

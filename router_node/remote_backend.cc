@@ -60,16 +60,18 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   // A message over the size limit breaks a whole stream (every call on it),
   // where it fails one unary call: stream calls stay far below the limit
   // (a reply can be top_k rows per token, in f32, for a bf16 request).
-  if (options.node_stream_max_bytes > options.max_message_bytes / 32) {
+  // gRPC's limit is an int: larger ones are clamped to it.
+  const int64_t message_limit = std::min<int64_t>(options.max_message_bytes, INT32_MAX);
+  if (options.node_stream_max_bytes > message_limit / 32) {
     return absl::InvalidArgumentError(
         absl::StrCat("RemoteOptions::node_stream_max_bytes ", options.node_stream_max_bytes, " is over 1/32 of the ",
-                     options.max_message_bytes, "-byte message limit (replies on a stream must stay well under it)"));
+                     message_limit, "-byte message limit (replies on a stream must stay well under it)"));
   }
   std::unique_ptr<RemoteBackend> b(new RemoteBackend(options));
   auto setup = std::make_shared<ChannelSetup>();
   grpc::ChannelArguments& args = setup->args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
-  args.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
+  args.SetMaxReceiveMessageSize(static_cast<int>(message_limit));
+  args.SetMaxSendMessageSize(static_cast<int>(message_limit));
   // A node that comes back is reconnected within a second, not after minutes of backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
@@ -132,6 +134,7 @@ void RemoteBackend::Stop() {
   }
   stop_cv_.SignalAll();
   if (watcher_.joinable()) watcher_.join();
+  common::MutexLock round(&health_mu_);  // a CheckNow round may be about to call the listener
   common::MutexLock lock(&mu_);
   listener_ = nullptr;
 }

@@ -143,8 +143,9 @@ class RemoteBackend final : public ExpertBackend {
   static absl::StatusOr<std::unique_ptr<RemoteBackend>> Create(const RemoteOptions& options);
   ~RemoteBackend() override;  // Stop()s, then waits for the replies of cancelled node calls
 
-  // Stops the health watcher (the map stays as it is; no listener is called
-  // after Stop returns). Idempotent.
+  // Stops the health watcher and waits for a round in progress (CheckNow's
+  // too); the map stays as it is, and no listener is called after Stop
+  // returns. Idempotent.
   void Stop();
 
   absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats) override;
@@ -166,7 +167,8 @@ class RemoteBackend final : public ExpertBackend {
   bool serving() const;
   // Called at once with the current state, then after every health round in
   // which serving() changed (on the watcher thread, or the thread calling
-  // CheckNow).
+  // CheckNow), one call at a time. It must not call back into this backend's
+  // Stop, CheckNow or SetServingListener (they wait for the round calling it).
   void SetServingListener(std::function<void(bool)> listener);
   std::vector<NodeStatusView> Nodes() const;
   std::shared_ptr<const ShardMap> map() const;

@@ -454,7 +454,6 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   // works added to `failed` when they may be retried elsewhere.
   absl::Status Classify(const Race& r, std::vector<int>* failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Call& c = *r.primary;
-    c.node_ref->failed.fetch_add(1, std::memory_order_relaxed);
     const grpc::StatusCode code = c.status.error_code();
     // `what` reaches the client: gRPC's own transport errors (UNAVAILABLE,
     // DEADLINE_EXCEEDED) name the node's resolved address, so for those the
@@ -469,6 +468,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (clock_->Now() >= control_.deadline() || (client_deadline_ && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
       return absl::DeadlineExceededError(absl::StrCat("layer ", work_.layer, ": deadline exceeded waiting for ", what));
     }
+    c.node_ref->failed.fetch_add(1, std::memory_order_relaxed);  // the node's failure, not the client's
     if (!Retriable(code)) return absl::InternalError(absl::StrCat("layer ", work_.layer, ": ", what));
     // A node whose weights differ from the map (FAILED_PRECONDITION: it no
     // longer owns one of the call's experts, after a reload) is alive and

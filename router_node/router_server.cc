@@ -55,6 +55,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   options.service.metrics = &s->metrics_;
   options.service.log = log;
   const common::Manifest& m = router->manifest();
+  // A reply is up to max_tokens f32 rows of d_model: protobuf cannot
+  // serialize a message of 2 GiB or more (gRPC would abort the process).
+  if (const int64_t most = (std::numeric_limits<int>::max() - (1 << 20)) / (m.d_model * 4);
+      options.router.max_tokens > most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RouterOptions::max_tokens ", options.router.max_tokens, ": replies of that many tokens of d_model ", m.d_model,
+        " in f32 would pass gRPC's 2 GiB message limit (at most ", most, ")"));
+  }
   if (options.service.max_inflight_bytes <= 0) {  // room for two requests of max_tokens f32 hidden states
     const int64_t values = options.router.max_tokens * m.d_model;
     options.service.max_inflight_bytes = 2 * RouterService::Footprint(values * 4, values, m);

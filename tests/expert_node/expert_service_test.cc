@@ -580,6 +580,20 @@ TEST_CASE("queued calls of one layer run as one pass, each answered with the bit
   }
 }
 
+TEST_CASE("a node whose largest reply would pass gRPC's 2 GiB message limit is refused at start") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options = Options(dir / "model", "all");
+  options.limits.max_rows = int64_t{1} << 24;  // 16M rows of d_model 48 in f32: 3 GiB
+  auto server = ExpertServer::Create(options, nullptr);
+  REQUIRE_FALSE(server.ok());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(server.status().message()),
+             Catch::Contains("max_rows 16777216") && Catch::Contains("2 GiB") && Catch::Contains("at most 11179"));
+  options.limits.max_rows = 11179000;  // just under: starts
+  CHECK(ExpertServer::Create(options, nullptr).ok());
+}
+
 TEST_CASE("Compute calls beyond the node's memory budget are refused before anything is allocated") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
