@@ -438,6 +438,12 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
   for (const v1::ExpertWork& w : request->experts()) call->entries += w.row_indices_size();
   call->rows = request->rows().shape(0);  // CheckComputeSizes: [R >= 0, d_model]
   call->mergeable = (request->per_expert_output() || request->num_output_rows() > 0) && call->entries <= kSliceRows;
+  // Refused calls (a node shutting down, a full queue) read nothing: the
+  // check comes before the paged read-ahead, and again when the call is queued.
+  if (std::optional<grpc::Status> refused = QueueRefusal(); refused.has_value()) {
+    Answer(*call, *refused);
+    return;
+  }
   if (options_.paged != nullptr) {
     // The routes are known now: start reading the call's experts while the calls ahead of it run.
     // Only experts with rows, of the model the call names: nothing else is read for it.
@@ -448,32 +454,23 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
     std::shared_ptr<const WeightSet> target = store_->ForModel(request->model_id());
     if (target != nullptr && !experts.empty()) call->pin = options_.paged->Acquire(target, request->layer(), experts);
   }
+  std::optional<grpc::Status> refused;
   {
     common::MutexLock lock(&mu_);
-    if (stopping_) {
-      Answer(*call, grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
-      return;
-    }
-    // Calls whose callers gave up wait only to be answered CANCELLED (at once,
-    // when their turn comes): they do not take the room of live calls.
-    if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_calls) {
-      const auto now = std::chrono::system_clock::now();
-      const int64_t live = std::count_if(queue_.begin(), queue_.end(), [now](const std::shared_ptr<ComputeCall>& c) {
-        return !c->cancelled() && c->deadline >= now;
-      });
-      if (live >= options_.max_queued_calls) {
-        Answer(*call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                   absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)")));
+    refused = QueueRefusalLocked();
+    if (!refused.has_value()) {
+      if (!queue_.empty() || busy_ || call->entries > kSliceRows) {
+        queue_.push_back(std::move(call));
+        QueueChanged();
+        cv_.Signal();
         return;
       }
+      busy_ = true;
     }
-    if (!queue_.empty() || busy_ || call->entries > kSliceRows) {
-      queue_.push_back(std::move(call));
-      QueueChanged();
-      cv_.Signal();
-      return;
-    }
-    busy_ = true;
+  }
+  if (refused.has_value()) {  // answered outside mu_: answering calls into gRPC
+    Answer(*call, *refused);
+    return;
   }
   // Idle node, one-slice call: run it here.
   const bool finished = Step(*call, true);
@@ -484,6 +481,25 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
     QueueChanged();
   }
   if (!queue_.empty()) cv_.Signal();
+}
+
+std::optional<grpc::Status> ExpertService::QueueRefusal() {
+  common::MutexLock lock(&mu_);
+  return QueueRefusalLocked();
+}
+
+std::optional<grpc::Status> ExpertService::QueueRefusalLocked() {
+  if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down");
+  // Calls whose callers gave up wait only to be answered CANCELLED (at once,
+  // when their turn comes): they do not take the room of live calls.
+  if (static_cast<int64_t>(queue_.size()) < options_.max_queued_calls) return std::nullopt;
+  const auto now = std::chrono::system_clock::now();
+  const int64_t live = std::count_if(queue_.begin(), queue_.end(), [now](const std::shared_ptr<ComputeCall>& c) {
+    return !c->cancelled() && c->deadline >= now;
+  });
+  if (live < options_.max_queued_calls) return std::nullopt;
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("compute queue full (", options_.max_queued_calls, " calls)"));
 }
 
 grpc::ServerUnaryReactor* ExpertService::GetNodeInfo(grpc::CallbackServerContext* context,

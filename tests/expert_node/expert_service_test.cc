@@ -640,6 +640,51 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   busy.join();
 }
 
+TEST_CASE("a call refused for a full queue reads none of its experts in") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options = Options(dir / "model", "all");  // paged: the experts a call names are read in on arrival
+  options.threads = 1;
+  options.max_queued_calls = 1;
+  options.inject_delay_ms = 1500;  // every call's first step sleeps: one runs, one waits, the next is refused
+  options.metrics_port = 0;
+  options.metrics_host = "127.0.0.1";
+  Node node = StartWith(options);
+  auto gauge = [&](const std::string& name) {
+    const std::string page = HttpGet(node.server->metrics_port(), "/metrics");
+    const size_t at = page.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(page.c_str() + at + name.size() + 2);
+  };
+  const v1::ComputeRequest request = Request(std::vector<float>(3 * kDModel, 0.5f));  // experts 0 and 1
+  std::thread first([&] {
+    v1::ComputeResponse response;
+    (void)Call(node, request, &response);
+  });
+  for (int i = 0; i < 1000 && gauge("colibri_expert_bytes_in_total") <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::thread second([&] {
+    v1::ComputeResponse response;
+    (void)Call(node, request, &response);
+  });
+  for (int i = 0; i < 1000 && gauge("colibri_expert_queued_calls") != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  v1::ComputeRequest others = request;  // experts 2 and 3, never asked for before
+  others.mutable_experts(0)->set_expert(2);
+  others.mutable_experts(1)->set_expert(3);
+  v1::ComputeResponse response;
+  const grpc::Status refused = Call(node, others, &response);
+  first.join();
+  second.join();
+  if (refused.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    WARN("the third call arrived after the queue had room (" << refused.error_message() << "): nothing to check");
+    return;
+  }
+  // The gauge is set after each call: experts 0 and 1 were asked for, 2 and 3 not.
+  CHECK(gauge("colibri_expert_paged_prefetches") == 2);
+}
+
 TEST_CASE("a weight file truncated under a node serving from the page cache fails its calls, not the node") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
