@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,6 +37,10 @@ void Pause() { _mm_pause(); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& options) {
+  if (options.num_threads > kMaxThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("thread pool: ", options.num_threads, " threads is over the limit of ", kMaxThreads));
+  }
   std::vector<int> cpus = AllowedCpus();
   if (options.numa_node >= 0) {
     if (numa_available() < 0) {
@@ -61,17 +66,30 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
   }
   const int n = options.num_threads > 0 ? options.num_threads : static_cast<int>(std::max<size_t>(1, cpus.size()));
   if (!options.pin) cpus.clear();
-  return std::unique_ptr<ThreadPool>(new ThreadPool(std::move(cpus), n, options.caller_joins));
+  std::unique_ptr<ThreadPool> pool(new ThreadPool(std::move(cpus), n, options.caller_joins));
+  if (!pool->start_error_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("thread pool: cannot start ", n, " threads (",
+                                                     pool->workers_.size(), " started): ", pool->start_error_));
+  }
+  return pool;
 }
 
 ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins)
     : cpus_(std::move(cpus)), num_threads_(num_threads), caller_joins_(caller_joins) {
-  for (int i = caller_joins ? 1 : 0; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  try {
+    for (int i = caller_joins ? 1 : 0; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  } catch (const std::system_error& e) {  // out of threads (EAGAIN): joinable threads must not be destroyed
+    start_error_ = e.what();
+    StopWorkers();
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { StopWorkers(); }
+
+void ThreadPool::StopWorkers() {
   {
     common::MutexLock lock(&mu_);
+    if (stop_) return;
     stop_ = true;
     ++generation_;
     published_generation_.store(generation_, std::memory_order_release);
@@ -142,8 +160,8 @@ void ThreadPool::Run(const std::function<void(int)>& job) {
   // CPU with a pinned worker while another CPU idles), then gets its own
   // affinity back: it may be anyone's thread.
   cpu_set_t caller_cpus;
-  const bool repin = caller_joins_ && !cpus_.empty() &&
-                     pthread_getaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus) == 0;
+  const bool repin =
+      caller_joins_ && !cpus_.empty() && pthread_getaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus) == 0;
   if (caller_joins_) {
     thread_local bool single_omp = false;  // oneDNN regions in the caller's share stay on the caller
     if (!single_omp) {

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,7 @@ namespace kernels {
 
 class ThreadPool {
  public:
+  static constexpr int kMaxThreads = 4096;
   struct Options {
     int num_threads = 0;  // 0: one per CPU allowed (of the NUMA node, if set)
     int numa_node = -1;   // >= 0: pin to that node's CPUs (libnuma)
@@ -42,9 +44,11 @@ class ThreadPool {
     bool caller_joins = false;
   };
 
-  // INVALID_ARGUMENT for a NUMA node that does not exist or has no CPUs
-  // allowed to this process; UNAVAILABLE if libnuma reports no NUMA support
-  // while a node was asked for.
+  // INVALID_ARGUMENT for num_threads over kMaxThreads or a NUMA node
+  // that does not exist or has no CPUs allowed to this process; UNAVAILABLE
+  // if libnuma reports no NUMA support while a node was asked for;
+  // RESOURCE_EXHAUSTED naming the system's error if a thread cannot be
+  // started (the ones started are stopped first).
   static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(const Options& options);
 
   // The NUMA node every CPU this process may run on belongs to — the node a
@@ -70,11 +74,13 @@ class ThreadPool {
  private:
   ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins);
   void WorkerLoop(int index);
+  void StopWorkers();  // stops and joins the started workers
 
   std::vector<int> cpus_;
   const int num_threads_;
   const bool caller_joins_;
   std::vector<std::thread> workers_;
+  std::string start_error_;  // why a worker could not be started (the constructor's failure)
 
   common::Mutex run_mu_;  // one job at a time
 
