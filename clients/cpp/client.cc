@@ -23,8 +23,10 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// An infinite timeout sets no deadline (adding it to a clock would overflow).
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
-  context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  if (timeout == absl::InfiniteDuration()) return;
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
 }  // namespace
@@ -113,6 +115,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectDirect(const ClientOption
   remote.tls_cert_file = d.node_tls_cert_file;
   remote.tls_key_file = d.node_tls_key_file;
   remote.tls_server_name = d.node_tls_server_name;
+  // Checked here as the C API checks them: a node timeout of 0 would take
+  // every node out on its first call.
+  if (d.node_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions::direct.node_timeout ", absl::FormatDuration(d.node_timeout), " must be positive"));
+  }
+  if (d.hedge_after < absl::ZeroDuration() || d.batch_window < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ClientOptions::direct.hedge_after and batch_window must not be negative");
+  }
+  for (const auto& [value, name] : {std::pair{d.max_tokens, "max_tokens"}, {d.batch_max_tokens, "batch_max_tokens"}}) {
+    if (value < 1 || value > (int64_t{1} << 24)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ClientOptions::direct.", name, " ", value, " is not in [1, 2^24]"));
+    }
+  }
   router_node::RouterOptions router;
   router.max_tokens = d.max_tokens;
   router.batching.window = d.batch_window;
@@ -219,12 +236,23 @@ absl::StatusOr<v1::ForwardRequest> Client::MakeRequest(const ForwardArgs& args) 
   return r;
 }
 
-absl::StatusOr<ForwardResult> Client::ReadResponse(const v1::ForwardResponse& response) const {
+absl::StatusOr<ForwardResult> Client::ReadResponse(const v1::ForwardRequest& request,
+                                                   const v1::ForwardResponse& response) const {
   ForwardResult result;
   absl::StatusOr<std::vector<float>> output = Unpack(response.output());
   if (!output.ok()) return absl::InternalError(absl::StrCat("router reply: ", output.status().message()));
-  if (response.output().shape_size() != 2 || response.output().shape(1) != model_.d_model()) {
-    return absl::InternalError("router reply: output is not [T, d_model]");
+  const int64_t tokens = request.hidden().shape_size() > 0 ? request.hidden().shape(0) : 0;
+  if (response.output().shape_size() != 2 || response.output().shape(0) != tokens ||
+      response.output().shape(1) != model_.d_model()) {
+    return absl::InternalError(absl::StrCat("router reply: output is not [", tokens, ", ", model_.d_model(), "]"));
+  }
+  if (request.return_routes()) {
+    const int64_t routes = tokens * response.routes().top_k();
+    if (response.routes().top_k() < 0 || response.routes().expert_ids_size() != routes ||
+        response.routes().weights_size() != routes) {
+      return absl::InternalError(
+          absl::StrCat("router reply: routes are not ", tokens, " tokens x top_k ", response.routes().top_k()));
+    }
   }
   result.output = std::move(*output);
   result.routes.top_k = response.routes().top_k();
@@ -250,13 +278,13 @@ absl::StatusOr<ForwardResult> Client::Forward(const ForwardArgs& args) {
     });
     finished.WaitForNotification();
     if (!status.ok()) return status;
-    return ReadResponse(response);
+    return ReadResponse(*request, response);
   }
   grpc::ClientContext context;
   SetDeadline(&context, options_.timeout);
   const grpc::Status s = stub_->Forward(&context, *request, &response);
   if (!s.ok()) return FromGrpc(s);
-  return ReadResponse(response);
+  return ReadResponse(*request, response);
 }
 
 void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::StatusOr<ForwardResult>)> done) {
@@ -282,7 +310,7 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
     call->request = std::move(*request);
     AsyncStarted();
     direct_->Start(call->request, call->control, &call->response, [this, call, done = std::move(done)](absl::Status s) {
-      absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(call->response) : std::move(s);
+      absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(call->request, call->response) : std::move(s);
       AsyncEnded();  // `this` is not touched after this
       done(std::move(result));
     });
@@ -295,7 +323,7 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
   AsyncStarted();
   stub_->async()->Forward(&call->context, &call->request, &call->response, [this, call](grpc::Status s) {
     std::unique_ptr<Call> owned(call);
-    absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(owned->response) : FromGrpc(s);
+    absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(owned->request, owned->response) : FromGrpc(s);
     AsyncEnded();  // `this` is not touched after this
     owned->done(std::move(result));
   });
@@ -333,8 +361,11 @@ absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
     const absl::Status s = Close();
     return s.ok() ? absl::UnavailableError("stream ended before the reply") : s;
   }
-  if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
-  return client_->ReadResponse(reply.response());
+  if (reply.code() != 0) {
+    const int32_t code = reply.code() >= 1 && reply.code() <= 16 ? reply.code() : 2;  // else UNKNOWN
+    return absl::Status(static_cast<absl::StatusCode>(code), reply.message());
+  }
+  return client_->ReadResponse(*request, reply.response());
 }
 
 absl::Status Session::Close() {

@@ -163,8 +163,11 @@ class Client {
 
   // The request Forward sends (for callers that keep their own stubs).
   absl::StatusOr<colibri::v1::ForwardRequest> MakeRequest(const ForwardArgs& args) const;
-  // A reply as a result (INTERNAL if it does not match the model's shape).
-  absl::StatusOr<ForwardResult> ReadResponse(const colibri::v1::ForwardResponse& response) const;
+  // The reply to `request` as a result (INTERNAL if it does not match the
+  // request's token count, the model's d_model or, when routes were asked
+  // for, T × top_k routes).
+  absl::StatusOr<ForwardResult> ReadResponse(const colibri::v1::ForwardRequest& request,
+                                             const colibri::v1::ForwardResponse& response) const;
 
  private:
   struct Direct;  // proxyless: the router's core in this process

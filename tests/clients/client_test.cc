@@ -447,6 +447,58 @@ TEST_CASE("errors carry the server's code and message, and a missing router fail
   CHECK(none.status().message().find("127.0.0.1:1") != absl::string_view::npos);
 }
 
+TEST_CASE("no timeout means no deadline, bad proxyless options are refused, a reply of the wrong size is an error") {
+  Cluster cluster;
+  ClientOptions forever;
+  forever.target = "127.0.0.1:" + std::to_string(cluster.port);
+  forever.timeout = forever.connect_timeout = absl::InfiniteDuration();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(forever);
+  INFO(client.status().message());
+  REQUIRE(client.ok());
+  const std::vector<float> x = Hidden(3, 5);
+  ForwardArgs args;
+  args.layer = 0;
+  args.token_ids = {1, 2, 3};
+  args.hidden = x;
+  args.return_routes = true;
+  absl::StatusOr<ForwardResult> r = (*client)->Forward(args);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+
+  // A reply for 2 tokens to a request of 3, or with routes for fewer: INTERNAL, not a short buffer.
+  absl::StatusOr<v1::ForwardRequest> request = (*client)->MakeRequest(args);
+  REQUIRE(request.ok());
+  v1::ForwardResponse reply;
+  reply.mutable_output()->set_dtype(v1::DATA_TYPE_F32);
+  reply.mutable_output()->add_shape(2);
+  reply.mutable_output()->add_shape(48);
+  reply.mutable_output()->set_data(std::string(2 * 48 * 4, '\0'));
+  absl::StatusOr<ForwardResult> short_reply = (*client)->ReadResponse(*request, reply);
+  CHECK(short_reply.status().code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(short_reply.status().message()), Catch::Contains("output is not [3, 48]"));
+  reply.mutable_output()->set_shape(0, 3);
+  reply.mutable_output()->set_data(std::string(3 * 48 * 4, '\0'));
+  reply.mutable_routes()->set_top_k(2);
+  reply.mutable_routes()->add_expert_ids(0);
+  reply.mutable_routes()->add_weights(1.f);
+  absl::StatusOr<ForwardResult> few_routes = (*client)->ReadResponse(*request, reply);
+  CHECK(few_routes.status().code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(few_routes.status().message()), Catch::Contains("routes are not 3 tokens x top_k 2"));
+
+  ClientOptions direct;
+  direct.direct.model_dir = cluster.dir / "model";
+  direct.direct.nodes = {Loopback(cluster.port_a)};
+  direct.direct.node_timeout = absl::ZeroDuration();
+  absl::Status refused = Client::Connect(direct).status();
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("node_timeout 0 must be positive"));
+  direct.direct.node_timeout = absl::Seconds(1);
+  direct.direct.max_tokens = int64_t{1} << 40;
+  refused = Client::Connect(direct).status();
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("max_tokens 1099511627776 is not in [1, 2^24]"));
+}
+
 TEST_CASE("tensor helpers pack and unpack f32, bf16 and f16") {
   const std::vector<float> v = {1.0f, -2.5f, 3.14159f, 1e-3f};
   absl::StatusOr<std::vector<float>> f = Unpack(PackF32(v, 2, 2));
