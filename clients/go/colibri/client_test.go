@@ -318,6 +318,9 @@ func TestBadRequestsAreInvalidArgument(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument, "d_model")
 	_, err = f.c.Forward(f.ctx, &ForwardArgs{Layer: int(f.info.NLayers), TokenIDs: ids, Hidden: hidden})
 	wantCode(t, err, codes.InvalidArgument, "layer")
+	// Caught here: a layer that would wrap to 0 in the request's int32.
+	_, err = f.c.Forward(f.ctx, &ForwardArgs{Layer: 1 << 32, TokenIDs: ids, Hidden: hidden})
+	wantCode(t, err, codes.InvalidArgument, "does not fit the request's int32")
 	_, err = f.c.Forward(f.ctx, &ForwardArgs{Layer: 0, Hidden: hidden, Routing: RoutingClient,
 		Routes: &Routes{TopK: int(f.info.TopK)}})
 	wantCode(t, err, codes.InvalidArgument, "routes")

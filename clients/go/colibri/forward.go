@@ -2,6 +2,7 @@ package colibri
 
 import (
 	"context"
+	"math"
 	"time"
 
 	pb "github.com/colibri-moe/colibri/clients/go/colibriv1"
@@ -128,6 +129,13 @@ func (c *Client) ForwardAsync(ctx context.Context, args *ForwardArgs) <-chan Asy
 func (c *Client) request(ctx context.Context, a *ForwardArgs) (*pb.ForwardRequest, error) {
 	if a == nil {
 		return nil, errorf(codes.InvalidArgument, "ForwardArgs is nil")
+	}
+	// The wire's fields are int32: a wider value is refused, not wrapped.
+	if a.Layer < math.MinInt32 || a.Layer > math.MaxInt32 {
+		return nil, errorf(codes.InvalidArgument, "layer %d does not fit the request's int32", a.Layer)
+	}
+	if a.Routes != nil && (a.Routes.TopK < math.MinInt32 || a.Routes.TopK > math.MaxInt32) {
+		return nil, errorf(codes.InvalidArgument, "routes top_k %d does not fit the request's int32", a.Routes.TopK)
 	}
 	req := &pb.ForwardRequest{
 		Layer:         int32(a.Layer),
