@@ -101,9 +101,13 @@ std::vector<TimingSpan> TimingSpans(const ForwardOutput& out) {
   }
   // Node calls are timed from the start of the backend's call: after the queue.
   const int64_t sent = t.route_nanos + t.queue_nanos;
+  // A merged call's node calls carry the other callers' tokens too: which
+  // experts they went to (with LUT routing, a function of their token ids)
+  // is theirs, so a merged caller sees only the calls' sizes.
+  const bool merged = t.merged_callers > 1;
   for (const NodeCallRecord& c : out.backend.calls) {
-    const std::string detail = absl::StrCat("experts ", c.experts_list, " rows ", c.rows, c.attempt > 0 ? " retry" : "",
-                                            c.hedge ? " hedge" : "");
+    const std::string detail = absl::StrCat(merged ? "merged call" : absl::StrCat("experts ", c.experts_list), " rows ",
+                                            c.rows, c.attempt > 0 ? " retry" : "", c.hedge ? " hedge" : "");
     spans.push_back({absl::StrCat("node:", c.node), sent + c.start_nanos, c.end_nanos - c.start_nanos, detail, c.rows,
                      c.bytes_sent, c.bytes_received});
     spans.push_back({absl::StrCat("node_compute:", c.node), sent + c.end_nanos - c.node_compute_nanos,

@@ -65,7 +65,7 @@ class RouterService final : public colibri::v1::Router::CallbackService {
 
   // Serves `router`'s model (a shared_ptr: see SwapRouter).
   RouterService(std::shared_ptr<Router> router, Options options);
-  ~RouterService() override;  // answers queued calls with UNAVAILABLE, joins the workers
+  ~RouterService() override;  // runs the calls still queued, joins the workers
 
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, const colibri::v1::ForwardRequest* request,
                                     colibri::v1::ForwardResponse* response) override;

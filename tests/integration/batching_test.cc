@@ -81,7 +81,7 @@ int MergedCallers(const v1::ForwardResponse& response) {
 // Streams of the mix from `threads` clients, every answer compared with the local one.
 struct MixedLoad : AnswerLoad {
   std::vector<std::string> local;
-  std::atomic<int> ok{0}, wrong{0}, merged{0};
+  std::atomic<int> ok{0}, wrong{0}, merged{0}, told_experts{0};
 
   void Start(int port, int threads) {
     AnswerLoad::Start(
@@ -89,7 +89,11 @@ struct MixedLoad : AnswerLoad {
         [this](int c, int i, const v1::ForwardResponse& response, bool) {
           ++ok;
           if (response.output().data() != local[(c * 5 + i) % kMix]) ++wrong;
-          if (MergedCallers(response) > 1) ++merged;
+          if (MergedCallers(response) <= 1) return;
+          ++merged;
+          for (const v1::Timing& t : response.timings()) {  // a merged call's experts are not one caller's
+            if (t.detail().find("experts") != std::string::npos) ++told_experts;
+          }
         });
   }
 };
@@ -117,6 +121,7 @@ TEST_CASE("merged calls from concurrent streams each answer the local engine's b
   CHECK(load.failed == 0);
   CHECK(load.wrong == 0);
   CHECK(load.merged > 0);
+  CHECK(load.told_experts == 0);  // a merged caller's node spans name no experts
 }
 
 TEST_CASE("callers that give up while merged fail none of the calls merged with them") {
