@@ -14,6 +14,7 @@
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_credentials.h"
 #include "runtime/grpc_services.h"
+#include "runtime/message_limits.h"
 
 namespace colibri {
 namespace expert_node {
@@ -59,10 +60,8 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::limits.max_row_indices ",
                                                    options.limits.max_row_indices, " must be in [1, 2^28]"));
   }
-  // A reply is up to max_rows f32 rows of d_model: protobuf cannot serialize
-  // a message of 2 GiB or more (gRPC would abort the process).
-  if (const int64_t most = (std::numeric_limits<int>::max() - (1 << 20)) / (d_model * 4);
-      options.limits.max_rows > most) {
+  // A reply is up to max_rows f32 rows of d_model.
+  if (const int64_t most = runtime::MaxF32RowsPerMessage(d_model); options.limits.max_rows > most) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ServerOptions::limits.max_rows ", options.limits.max_rows, ": replies of that many rows of d_model ", d_model,
         " in f32 would pass gRPC's 2 GiB message limit (at most ", most, ")"));

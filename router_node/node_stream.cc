@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
+#include "runtime/grpc_status.h"
 
 namespace colibri {
 namespace router_node {
@@ -163,9 +164,7 @@ class StreamNodeChannel::Stream final
     }
     if (!call.has_value()) return;  // ended already: its deadline passed, or it was cancelled
     if (reply.code() != 0) {
-      // A code outside gRPC's (1..16) is no StatusCode: UNKNOWN, which is not retried.
-      const int32_t code = reply.code() >= 1 && reply.code() <= 16 ? reply.code() : grpc::StatusCode::UNKNOWN;
-      call->done(grpc::Status(static_cast<grpc::StatusCode>(code), reply.message()));
+      call->done(grpc::Status(runtime::StatusCodeFromWire(reply.code()), reply.message()));
       return;
     }
     call->response->Swap(reply.mutable_response());

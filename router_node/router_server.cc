@@ -13,6 +13,7 @@
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_credentials.h"
 #include "runtime/grpc_services.h"
+#include "runtime/message_limits.h"
 
 namespace colibri {
 namespace router_node {
@@ -55,10 +56,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   options.service.metrics = &s->metrics_;
   options.service.log = log;
   const common::Manifest& m = router->manifest();
-  // A reply is up to max_tokens f32 rows of d_model: protobuf cannot
-  // serialize a message of 2 GiB or more (gRPC would abort the process).
-  if (const int64_t most = (std::numeric_limits<int>::max() - (1 << 20)) / (m.d_model * 4);
-      options.router.max_tokens > most) {
+  // A reply is up to max_tokens f32 rows of d_model.
+  if (const int64_t most = runtime::MaxF32RowsPerMessage(m.d_model); options.router.max_tokens > most) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RouterOptions::max_tokens ", options.router.max_tokens, ": replies of that many tokens of d_model ", m.d_model,
         " in f32 would pass gRPC's 2 GiB message limit (at most ", most, ")"));

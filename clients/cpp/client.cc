@@ -11,6 +11,7 @@
 #include "runtime/flags.h"
 #include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
+#include "runtime/grpc_status.h"
 
 namespace colibri {
 namespace client {
@@ -362,8 +363,7 @@ absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
     return s.ok() ? absl::UnavailableError("stream ended before the reply") : s;
   }
   if (reply.code() != 0) {
-    const int32_t code = reply.code() >= 1 && reply.code() <= 16 ? reply.code() : 2;  // else UNKNOWN
-    return absl::Status(static_cast<absl::StatusCode>(code), reply.message());
+    return absl::Status(static_cast<absl::StatusCode>(runtime::StatusCodeFromWire(reply.code())), reply.message());
   }
   return client_->ReadResponse(*request, reply.response());
 }
