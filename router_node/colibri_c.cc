@@ -427,6 +427,10 @@ colibri_status colibri_get_shared_experts(const colibri_engine* engine, int64_t*
 
 const char* colibri_last_error(const colibri_engine* /*engine*/) { return colibri::last_error; }
 
-void colibri_free(colibri_engine* engine) { delete engine; }
+void colibri_free(colibri_engine* engine) {
+  // A merged call whose callers gave up (call_timeout_ms) may still use the nodes' backend.
+  if (engine != nullptr && engine->remote.router != nullptr) colibri::router_node::AwaitIdle(engine->remote);
+  delete engine;
+}
 
 }  // extern "C"

@@ -1,6 +1,7 @@
 #include "router_node/layer_batcher.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -33,8 +34,18 @@ struct Entry {
   std::weak_ptr<Batch> batch;  // that call, while it is in flight
 };
 
-// One merged call.
+// One merged call. Counted in `alive` from its making until the last
+// thread holding it lets go: the backend may be used until then, also
+// after every caller was answered.
 struct Batch {
+  explicit Batch(std::shared_ptr<std::atomic<int64_t>> count) : alive(std::move(count)) {
+    alive->fetch_add(1, std::memory_order_relaxed);
+  }
+  ~Batch() { alive->fetch_sub(1, std::memory_order_release); }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  const std::shared_ptr<std::atomic<int64_t>> alive;
   int32_t layer = 0;
   std::vector<std::shared_ptr<Entry>> members;
   absl::Time sent;
@@ -82,7 +93,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     const bool ready =
         l.queue.size() >= l.expected || l.tokens >= options.max_tokens || now >= l.WindowEnd(options.window);
     if (!ready) return nullptr;
-    auto batch = std::make_shared<Batch>();
+    auto batch = std::make_shared<Batch>(batches);
     batch->layer = layer;
     batch->sent = now;
     int64_t tokens = 0;
@@ -186,7 +197,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
 
   // Sends a caller of a failed merged call on its own.
   void SendAlone(const std::shared_ptr<Entry>& e) {
-    auto b = std::make_shared<Batch>();
+    auto b = std::make_shared<Batch>(batches);
     b->layer = e->call.work->layer;
     b->solo = true;
     b->sent = absl::Now();
@@ -342,6 +353,8 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   common::Histogram* callers_seen = nullptr;
   common::Histogram* tokens_seen = nullptr;
   common::Histogram* queue_seen = nullptr;
+  // Merged calls alive (Batch); shared with them, which may outlive the state.
+  const std::shared_ptr<std::atomic<int64_t>> batches = std::make_shared<std::atomic<int64_t>>(0);
 
   common::Mutex mu;
   common::CondVar wake;      // the watcher: a queue, a caller's state or `stopping` changed
@@ -382,6 +395,8 @@ LayerBatcher::~LayerBatcher() {
 bool LayerBatcher::Accepts(const LayerWork& work) const {
   return work.num_tokens <= state_->options.max_tokens && !work.experts.empty() && state_->backend->Mergeable(work);
 }
+
+bool LayerBatcher::idle() const { return state_->batches->load(std::memory_order_acquire) == 0; }
 
 int64_t LayerBatcher::queued() const {
   common::MutexLock lock(&state_->mu);

@@ -76,7 +76,8 @@ struct BatchCall {
 
 class LayerBatcher {
  public:
-  // `backend` must outlive the batcher. REQUIRES: options.window > 0.
+  // `backend` must outlive the batcher and its merged calls (idle()).
+  // REQUIRES: options.window > 0.
   LayerBatcher(ExpertBackend* backend, int64_t n_layers, int64_t d_model, const BatchOptions& options);
   // Stops the batcher's threads. REQUIRES: every submitted call done (each
   // holds what owns the batcher, e.g. its router, until then).
@@ -91,6 +92,12 @@ class LayerBatcher {
   // Queues `call` (REQUIRES: Accepts(*call.work)). `done` runs on this
   // thread, the batcher's, or the one that delivers the merged call's result.
   void Submit(BatchCall call);
+
+  // Whether no merged call is alive: none is waiting to be sent, being sent
+  // or computed, or being answered. A merged call whose callers were all
+  // answered (cancelled, past their deadlines) may still use the backend:
+  // whoever owns the backend must not destroy it before this is true.
+  bool idle() const;
 
   // Callers waiting in the queues (not yet in a merged call).
   int64_t queued() const;

@@ -3,11 +3,20 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/model_dir.h"
 #include "common/status_macros.h"
 
 namespace colibri {
 namespace router_node {
+
+bool InUse(const std::shared_ptr<RemoteRouter>& version) {
+  return version.use_count() > 1 || version->router->backend_in_use();
+}
+
+void AwaitIdle(const RemoteRouter& version) {
+  while (version.router->backend_in_use()) absl::SleepFor(absl::Milliseconds(1));
+}
 
 absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, RemoteOptions remote,
                                               const RouterOptions& router) {

@@ -22,6 +22,16 @@ struct RemoteRouter {
   std::unique_ptr<Router> router;  // declared after the backend it uses: destroyed first
 };
 
+// Whether `version` may still be used: a request holds it (each holds the
+// version it started on), or a merged call its callers left still runs on
+// its backend (Router::backend_in_use). One that is not may be destroyed.
+bool InUse(const std::shared_ptr<RemoteRouter>& version);
+
+// Waits until no merged call uses `version`'s backend, for the end of a
+// server or client whose requests have all ended: such a call ends within
+// its node calls' deadlines, at once when it was cancelled.
+void AwaitIdle(const RemoteRouter& version);
+
 // `remote`'s model fields (model_id, shape) and max_message_bytes are set
 // here; `router.metrics` also goes to the backend. Errors as
 // RemoteBackend::Create and Router::Create.

@@ -141,6 +141,10 @@ class Router {
   int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
   // Calls queued to be merged with others (0 when batching is off).
   int64_t queued_calls() const { return batcher_ != nullptr ? batcher_->queued() : 0; }
+  // Whether a merged call may still use the backend although every caller
+  // was answered (LayerBatcher::idle): the backend must outlive the router
+  // until this is false.
+  bool backend_in_use() const { return batcher_ != nullptr && !batcher_->idle(); }
 
  private:
   struct Pending;  // a Forward between sending its work and aggregating

@@ -138,7 +138,7 @@ absl::Status MayLoad(const std::string& dir, const std::string& root, const std:
 bool RouterServer::ReleaseRetired() {
   std::vector<std::shared_ptr<RemoteRouter>> kept;
   for (std::shared_ptr<RemoteRouter>& r : retired_) {
-    if (r.use_count() > 1) kept.push_back(std::move(r));  // requests still hold it
+    if (InUse(r)) kept.push_back(std::move(r));
   }
   retired_ = std::move(kept);  // the others are destroyed here, on this thread
   return retired_.empty();
@@ -211,7 +211,10 @@ void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
     admin_service_.reset();
     service_.reset();  // joins the workers
     common::MutexLock lock(&load_mu_);
-    ReleaseRetired();  // no request runs any more
+    // No request runs any more; merged calls their callers left may still.
+    for (const std::shared_ptr<RemoteRouter>& r : retired_) AwaitIdle(*r);
+    retired_.clear();
+    if (remote_ != nullptr) AwaitIdle(*remote_);
   });
 }
 

@@ -40,17 +40,26 @@ struct Client::Direct {
   common::Mutex load_mu;  // one LoadModel at a time
   // The version serving, and earlier ones whose requests may still run: each
   // request holds the version it started on (RouterService::router()); a
-  // retired one is destroyed by LoadModel once nothing else holds it, never
-  // on a request's callback thread (which its own backend runs).
+  // retired one is destroyed by LoadModel once nothing uses it
+  // (router_node::InUse), never on a request's callback thread (which its
+  // own backend runs).
   std::shared_ptr<router_node::RemoteRouter> current ABSL_GUARDED_BY(load_mu);
   std::vector<std::shared_ptr<router_node::RemoteRouter>> retired ABSL_GUARDED_BY(load_mu);
   std::unique_ptr<router_node::RouterService> service;  // declared last: destroyed before the versions
 
-  // Destroys the retired versions no request holds; true if none is left.
+  // Once every request has ended (~Client waits for them).
+  ~Direct() {
+    service.reset();
+    common::MutexLock lock(&load_mu);
+    for (const auto& r : retired) router_node::AwaitIdle(*r);
+    if (current != nullptr) router_node::AwaitIdle(*current);
+  }
+
+  // Destroys the retired versions nothing uses; true if none is left.
   bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu) {
     std::vector<std::shared_ptr<router_node::RemoteRouter>> kept;
     for (std::shared_ptr<router_node::RemoteRouter>& r : retired) {
-      if (r.use_count() > 1) kept.push_back(std::move(r));
+      if (router_node::InUse(r)) kept.push_back(std::move(r));
     }
     retired = std::move(kept);
     return retired.empty();

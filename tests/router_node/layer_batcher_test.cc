@@ -321,6 +321,35 @@ TEST_CASE("a merged caller cancelled or past its deadline is answered at once an
   CHECK(c4.result->timings.merged_callers == 2);
 }
 
+TEST_CASE("a merged call its callers left uses the backend until it ends, and the router says so") {
+  Fixture f;
+  const Request first = MakeRequest(f.manifest(), 0, 2, common::RoutingMode::kLut, DType::kF32, DType::kF32, 21);
+  const Request next = MakeRequest(f.manifest(), 0, 1, common::RoutingMode::kLut, DType::kF32, DType::kF32, 22);
+  CHECK_FALSE(f.merged->backend_in_use());
+  // `first` is held in the backend on its own thread; `next` queues behind
+  // it, then goes from the batcher's thread and is held there in turn.
+  f.gated->Arm();
+  Caller c0, c1;
+  c0.Start(*f.merged, first.in);
+  REQUIRE(Eventually([&] { return f.gated->holding(); }));
+  c1.Start(*f.merged, next.in);
+  REQUIRE(Eventually([&] { return f.merged->queued_calls() == 1; }));
+  f.gated->Arm();
+  f.gated->Release();
+  c0.finished.WaitForNotification();
+  REQUIRE(c0.result.ok());
+  REQUIRE(Eventually([&] { return f.gated->holding(); }));
+  c1.control.Cancel();
+  REQUIRE(Eventually([&] { return c1.done(); }));
+  CHECK(c1.result.status().code() == absl::StatusCode::kCancelled);
+  // Every caller is answered, but the backend still computes `next`: it
+  // must not be destroyed yet.
+  CHECK(f.gated->holding());
+  CHECK(f.merged->backend_in_use());
+  f.gated->Release();
+  CHECK(Eventually([&] { return !f.merged->backend_in_use(); }));
+}
+
 TEST_CASE("a merged call that fails is sent again caller by caller: each failure is the caller's own") {
   Fixture f;
   const common::Manifest& m = f.manifest();
