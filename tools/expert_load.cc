@@ -1,9 +1,11 @@
 #include "tools/expert_load.h"
 
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
@@ -28,9 +30,13 @@ absl::Status AddLoadFile(const std::string& path, ExpertLoad* load) {
     if (std::regex_match(line, m, metric)) {
       const std::string labels = m[1];
       if (!std::regex_search(labels, l, layer_label) || !std::regex_search(labels, e, expert_label)) continue;
-      layer = std::stoll(l[1]);
-      expert = std::stoll(e[1]);
-      count = std::stod(m[2]);
+      if (!absl::SimpleAtoi(l[1].str(), &layer) || !absl::SimpleAtoi(e[1].str(), &expert) ||
+          !absl::SimpleAtod(m[2].str(), &count) || !std::isfinite(count)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("load file ", path, " line ", number, ": a layer, expert or count that is not a number"));
+      }
+      // A shared expert (id n_experts and up) gets every token: nothing to place or prune.
+      if (expert >= static_cast<int64_t>((*load)[0].size())) continue;
     } else if (line.rfind("colibri_", 0) == 0) {
       continue;  // another metric of the page
     } else {

@@ -25,8 +25,9 @@ namespace tools {
 
 using ExpertLoad = std::vector<std::vector<double>>;  // [layer][routed expert]: token slots
 
-// Adds the file's counts to `load` (sized [n_layers][n_experts]). NOT_FOUND
-// if unreadable; INVALID_ARGUMENT naming the line for a malformed line or a
+// Adds the file's counts to `load` (sized [n_layers][n_experts]); a metric
+// sample of a shared expert (expert >= n_experts) is skipped. NOT_FOUND if
+// unreadable; INVALID_ARGUMENT naming the line for a malformed line or a
 // layer/expert outside `load`, or for a file with no count at all.
 absl::Status AddLoadFile(const std::string& path, ExpertLoad* load);
 

@@ -121,6 +121,10 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
   rep.n_experts_before = E;
   rep.n_experts_after = n_keep;
 
+  if (std::error_code ec; std::filesystem::equivalent(o.model_dir, o.out_dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--out ", o.out_dir, " is the model directory itself: write the pruned model elsewhere"));
+  }
   COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o.out_dir, o.overwrite));
   common::Manifest out = m;
   out.n_experts = n_keep;

@@ -31,7 +31,9 @@ done
 sockets=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l)
 [ "$sockets" -ge 1 ] || sockets=1
 nodes=${nodes:-$sockets}
-experts=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["n_experts"])' "$model/manifest.json")
+# Every expert, the shared ones (ids n_experts and up) included, is split over the nodes.
+experts=$(/usr/bin/python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))
+print(m["n_experts"] + m.get("shared_experts", {}).get("count", 0))' "$model/manifest.json")
 [ "$nodes" -le "$experts" ] || { echo "run-local: more nodes ($nodes) than experts ($experts)" >&2; exit 2; }
 
 find_bin() { for d in "$bin/expert_node" "$bin/router_node" "$bin"; do [ -x "$d/$1" ] && { echo "$d/$1"; return; }; done; command -v "$1"; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deploy/examples: run-local.sh brings up a router and expert nodes on this
-# host (one per socket, or --nodes N) until the router serves every expert,
+# host (one per socket, or --nodes N) until the router serves every expert
+# (a shared one included),
 # then stops them; the systemd units name binaries and flags that exist
 # (systemd-analyze verify where systemd is installed).
 # Usage: deploy_examples.sh BUILD_DIR SOURCE_DIR
@@ -11,7 +12,9 @@ tmp=$(mktemp -d)
 trap 'pkill -KILL -f "$tmp/" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 64 --d_ff 96 --layers 2 --experts 4 --vocab 50 >/dev/null
+# With a shared expert: it must be served too (the router serves only when every expert has a node).
+"$build/tools/colibri-synth" --out "$tmp/ckpt" --naming qwen2_moe --d_model 64 --d_ff 96 --shared_d_ff 64 --layers 2 \
+  --experts 4 --vocab 50 >/dev/null
 "$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type bf16 --progress=false >/dev/null
 echo "--- run-local.sh with 2 nodes"
 COLIBRI_BUILD_DIR=$build bash "$src/deploy/examples/run-local.sh" --model "$tmp/model" --nodes 2 --router_port 0 \

@@ -65,6 +65,9 @@ expect_fail "TLS between the router and the expert nodes is required" '{}' "$tmp
 expect_fail "TLS for the router's clients is required" 'tls: {nodes: {secretName: n}}' "$tmp/empty.yaml"
 expect_fail "model.pvc or model.hostPath is required" 'model: {hostPath: ""}'
 expect_fail "give either pvc or hostPath, not both" 'model: {pvc: claim}'
+printf 'model: {pvc: claim, hostPath: ""}\n' > "$tmp/pvc.yaml"  # deploy/README.md's install: --set model.hostPath=
+render -f "$tmp/plaintext.yaml" -f "$tmp/pvc.yaml" > /dev/null || fail "a pvc with hostPath emptied does not render"
+echo "ok: a pvc in place of the default hostPath renders"
 expect_fail "is more than model.nExperts" 'experts: {shards: 9}'
 expect_fail "one --experts spec per shard" 'experts: {assignment: explicit, shardExperts: ["0-3"]}'
 expect_fail "must be even or explicit" 'experts: {assignment: random}'

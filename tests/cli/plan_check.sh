@@ -61,6 +61,17 @@ plan --nodes 3 --node_memory "$memory" --router "$router" >"$tmp/live.txt" || fa
 grep -q "busiest node" "$tmp/live.txt" || fail "no plan from the live router"
 echo "ok: planned from the live router's load"
 
+# A saved /metrics page counts the shared expert (id 8) too: its samples are skipped.
+cat >"$tmp/metrics.txt" <<'METRICS'
+colibri_router_expert_tokens_total{expert="0",layer="0"} 500
+colibri_router_expert_tokens_total{expert="8",layer="0"} 1000
+colibri_router_expert_tokens_total{expert="3",layer="1"} 400
+colibri_router_expert_tokens_total{expert="8",layer="1"} 1000
+METRICS
+plan --nodes 3 --node_memory "$memory" --load "$tmp/metrics.txt" >"$tmp/by_metrics.txt" ||
+  { cat "$tmp/by_metrics.txt"; fail "no plan from a /metrics page with the shared expert's samples"; }
+echo "ok: planned from a saved /metrics page"
+
 printf '# address memory host\n%s %s a\n%s %s a\n%s %s b\n' \
   "${addresses%%,*}" "$memory" "$(cut -d, -f2 <<<"$addresses")" "$memory" "${addresses##*,}" "$memory" \
   >"$tmp/nodes.txt"
@@ -83,6 +94,8 @@ refuse "load once" --nodes 2 --node_memory "$need"
 refuse "load once" --nodes 2 --node_memory "$need" --calibration "$tmp/calib.safetensors" --load "$tmp/nodes.txt"
 echo "0 1 oops" >"$tmp/bad_load.txt"
 refuse "line 1" --nodes 2 --node_memory "$need" --load "$tmp/bad_load.txt"
+printf 'colibri_router_expert_tokens_total{expert="1",layer="99999999999999999999"} 5\n' >"$tmp/huge_load.txt"
+refuse "not a number" --nodes 2 --node_memory "$need" --load "$tmp/huge_load.txt"
 echo "127.0.0.1:1" >"$tmp/bad_nodes.txt"
 refuse "address memory" --node_file "$tmp/bad_nodes.txt" --calibration "$tmp/calib.safetensors"
 refuse "gets no expert" --nodes 20 --node_memory "$need" --max_replicas 1 --calibration "$tmp/calib.safetensors"

@@ -100,6 +100,11 @@ refuse "no load" --keep_top 3
 refuse "line 1" --load "$tmp/in.safetensors" --keep_top 3
 printf '0 9 5\n' >"$tmp/bad_load.txt"
 refuse "outside the model" --load "$tmp/bad_load.txt" --keep_top 3
+if "$build/tools/colibri-prune" --model "$tmp/f32" --out "$tmp/./f32/" --overwrite --load "$tmp/metrics.txt" \
+  --keep_top 3 2>"$tmp/err" >/dev/null; then fail "pruned a model into its own directory"; fi
+grep -q "is the model directory" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
+"$build/tools/colibri-validate" "$tmp/f32" >/dev/null || fail "a refused prune into the model's own directory harmed it"
+echo "ok: refused ($(cat "$tmp/err"))"
 "$build/tools/colibri-synth" --out "$tmp/v3" --naming deepseek_v3 --norm_topk_prob --d_model 64 --d_ff 32 \
   --shared_d_ff 32 --layers 2 --dense_layers 1 --experts 8 --top_k 2 --n_group 4 --topk_group 2 --vocab 50 \
   --dtype f32 --seed 3 >/dev/null
