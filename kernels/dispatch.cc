@@ -4,10 +4,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -195,6 +197,19 @@ absl::StatusOr<Isa> ParseIsa(const std::string& name) {
 
 namespace {
 
+// COLIBRI_MAX_ISA, read once; an unknown name is ignored, said on stderr.
+std::optional<Isa> IsaCap() {
+  static const std::optional<Isa> cap = []() -> std::optional<Isa> {
+    const char* name = std::getenv("COLIBRI_MAX_ISA");
+    if (name == nullptr || *name == '\0') return std::nullopt;
+    absl::StatusOr<Isa> parsed = ParseIsa(name);
+    if (parsed.ok()) return *parsed;
+    std::fprintf(stderr, "colibri: ignoring COLIBRI_MAX_ISA: %s\n", std::string(parsed.status().message()).c_str());
+    return std::nullopt;
+  }();
+  return cap;
+}
+
 // What DetectIsa found, once: the ISA and, below avx512_amx, why the AMX
 // tile kernels are not used.
 struct Detection {
@@ -227,6 +242,10 @@ Detection Detect() {
     return below(Isa::kAvx512, "the CPU has AMX but not AVX512_BF16 and AVX512_VNNI");
   }
   if (!cpu_amx) return below(Isa::kAvx512Bf16, "");
+  // Capped below AMX: no tile state is asked for and no tile instruction runs.
+  if (const std::optional<Isa> cap = IsaCap(); cap.has_value() && *cap < Isa::kAvx512Amx) {
+    return {Isa::kAvx512Bf16, absl::StrCat("not probed: COLIBRI_MAX_ISA caps the kernels at ", IsaName(*cap))};
+  }
   // XCR0 bits 17 and 18: the tile configuration and data the OS saves.
   if ((xcr0 & (3u << 17)) != (3u << 17)) return {Isa::kAvx512Bf16, "the OS does not enable the AMX state (XCR0)"};
   if (!AmxTilesGranted()) return {Isa::kAvx512Bf16, "Linux refused the tile state (arch_prctl)"};
@@ -290,18 +309,7 @@ const KernelTable& KernelsFor(Isa isa) {
 }
 
 Isa SelectedIsa() {
-  static const Isa selected = [] {
-    Isa isa = DetectIsa();
-    if (const char* cap = std::getenv("COLIBRI_MAX_ISA"); cap != nullptr && *cap != '\0') {
-      auto parsed = ParseIsa(cap);
-      if (!parsed.ok()) {
-        std::fprintf(stderr, "colibri: ignoring COLIBRI_MAX_ISA: %s\n", std::string(parsed.status().message()).c_str());
-      } else if (*parsed < isa) {
-        isa = *parsed;
-      }
-    }
-    return isa;
-  }();
+  static const Isa selected = std::min(DetectIsa(), IsaCap().value_or(Isa::kAvx512Amx));
   return selected;
 }
 

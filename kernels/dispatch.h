@@ -33,7 +33,9 @@ absl::StatusOr<Isa> ParseIsa(const std::string& name);  // INVALID_ARGUMENT nami
 // The best ISA this CPU and OS support. Where the CPU has AMX, the first
 // call asks Linux for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM,
 // process-wide) and runs the AMX tile kernels' self-checks below; where
-// either fails it says why on stderr once and returns kAvx512Bf16.
+// either fails it says why on stderr once and returns kAvx512Bf16. With
+// COLIBRI_MAX_ISA below avx512_amx it does neither (kAvx512Bf16 at most):
+// the cap also keeps the tile instructions from running at all.
 Isa DetectIsa();
 
 // Why the AMX tile kernels are not in use ("the CPU has no AMX", "Linux

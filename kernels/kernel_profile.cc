@@ -3,6 +3,7 @@
 #include <cpuid.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +24,7 @@
 #include "absl/types/span.h"
 #include "common/half.h"
 #include "common/model_dir.h"
+#include "common/status_macros.h"
 #include "common/user_cache.h"
 #include "common/weight_matrix.h"
 #include "kernels/expert_executor.h"
@@ -171,10 +173,28 @@ int64_t MeasureThreshold(Timer& timer, const common::ExpertWeights& expert, cons
   return Threshold(counts, wins);
 }
 
-std::string ReadAll(int fd) {
+// The text of the regular file open at `fd` (from its start), or an error
+// for anything else (a FIFO would block, a device never end) or a file too
+// large to be a profile.
+absl::StatusOr<std::string> ReadAll(int fd, const std::string& path) {
+  constexpr off_t kMaxBytes = 1 << 20;
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return absl::UnavailableError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) return absl::UnavailableError(absl::StrCat(path, " is not a regular file"));
+  if (st.st_size > kMaxBytes) {
+    return absl::UnavailableError(absl::StrCat(path, " holds ", st.st_size, " bytes: not a kernel profile"));
+  }
   std::string text;
   char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
+  for (off_t at = 0;;) {
+    const ssize_t n = pread(fd, buffer, sizeof(buffer), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+    if (n == 0 || at + n > kMaxBytes) break;
+    text.append(buffer, n);
+    at += n;
+  }
   return text;
 }
 
@@ -188,12 +208,14 @@ std::string CachePath() {
                       vnni ? "+avxvnni" : "", ".txt");
 }
 
-// The text of `path` opened read-only (no lock); nullopt if it cannot be opened.
-std::optional<std::string> ReadOnly(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string text = ReadAll(fd);
-  close(fd);
+// The text of `path` opened read-only, under a shared lock (a process
+// measuring holds the exclusive one); an error if it cannot be opened or read.
+absl::StatusOr<std::string> ReadOnly(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  flock(fd, LOCK_SH);  // best effort: a file that cannot be locked is read as it is
+  absl::StatusOr<std::string> text = ReadAll(fd, path);
+  close(fd);  // also drops the lock
   return text;
 }
 
@@ -201,7 +223,7 @@ std::optional<std::string> ReadOnly(const std::string& path) {
 // in `path` where it holds one for this CPU, else the defaults. Never
 // measured or written.
 KernelProfile CachedOrDefaultProfile(const std::string& path, Isa isa) {
-  if (const std::optional<std::string> text = ReadOnly(path); text.has_value()) {  // "" opens nothing
+  if (const absl::StatusOr<std::string> text = ReadOnly(path); text.ok()) {  // "" opens nothing
     auto cached = ParseProfile(*text, isa);
     if (cached.ok()) {
       cached->source = absl::StrCat("cached in ", path);
@@ -215,17 +237,16 @@ KernelProfile CachedOrDefaultProfile(const std::string& path, Isa isa) {
 
 }  // namespace
 
-absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa) {
+absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa, ProfileFile whose) {
   std::error_code ignored;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0 && (errno == EROFS || errno == EACCES)) {
     // A profile pinned on a read-only mount (a Kubernetes ConfigMap): used as
     // it is, never measured over.
     const int error = errno;
-    const std::optional<std::string> text = ReadOnly(path);
-    if (!text.has_value())
-      return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
+    const absl::StatusOr<std::string> text = ReadOnly(path);
+    if (!text.ok()) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
     auto pinned = ParseProfile(*text, isa);
     if (!pinned.ok()) {
       return absl::UnavailableError(
@@ -241,12 +262,16 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
   } closer{fd};
   if (flock(fd, LOCK_EX) != 0)
     return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
-  const std::string text = ReadAll(fd);
+  COLIBRI_ASSIGN_OR_RETURN(const std::string text, ReadAll(fd, path));
   if (!text.empty()) {
     auto cached = ParseProfile(text, isa);
     if (cached.ok()) {
       cached->source = absl::StrCat("cached in ", path);
       return cached;
+    }
+    if (whose == ProfileFile::kChosen) {
+      return absl::UnavailableError(absl::StrCat(path, " (COLIBRI_KERNEL_PROFILE) is not a profile for this CPU: ",
+                                                 cached.status().message(), "; left as it is"));
     }
     std::fprintf(stderr, "colibri: re-measuring the kernel profile: %s: %s\n", path.c_str(),
                  std::string(cached.status().message()).c_str());
@@ -255,7 +280,12 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
   const std::string out = SerializeProfile(profile);
   if (ftruncate(fd, 0) != 0 || pwrite(fd, out.data(), out.size(), 0) != static_cast<ssize_t>(out.size()) ||
       fsync(fd) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+    // Measured once is enough: this process uses it, and the others measure
+    // for themselves rather than read part of it.
+    profile.source = absl::StrCat("measured, not cached (cannot write ", path, ": ", std::strerror(errno), ")");
+    if (ftruncate(fd, 0) != 0) profile.source += "; the file may hold part of it";
+    std::fprintf(stderr, "colibri: kernel profile %s\n", profile.source.c_str());
+    return profile;
   }
   profile.source = absl::StrCat("measured, cached in ", path);
   return profile;
@@ -581,7 +611,8 @@ const KernelProfile& SelectedProfile() {
     if (!kTimingBuild) return CachedOrDefaultProfile(path, isa);
     absl::Status why = absl::UnavailableError("neither HOME nor XDG_CACHE_HOME is set");
     if (!path.empty()) {
-      auto loaded = LoadOrMeasureProfile(path, isa);
+      const bool chosen = std::getenv("COLIBRI_KERNEL_PROFILE") != nullptr;  // CachePath() took it
+      auto loaded = LoadOrMeasureProfile(path, isa, chosen ? ProfileFile::kChosen : ProfileFile::kCache);
       if (loaded.ok()) return *loaded;
       why = loaded.status();
     }

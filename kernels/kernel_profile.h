@@ -95,13 +95,21 @@ std::string SerializeProfile(const KernelProfile& profile);
 // INVALID_ARGUMENT naming the bad line; a profile of another ISA is refused.
 absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa);
 
-// Reads the profile of `isa` cached at `path`, or (no file, an unreadable
-// one or one of another ISA) measures it and writes it there, holding an
-// exclusive lock on the file throughout so concurrent processes measure once.
-// A file that can only be read (a read-only mount) is used as written if it
-// parses as a profile of `isa`. UNAVAILABLE naming the path where it cannot
-// be opened, locked or written, or is read-only and not such a profile.
-absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa);
+// Whose file a profile is read from: the per-CPU cache, or one an operator
+// named (COLIBRI_KERNEL_PROFILE), which is never measured over.
+enum class ProfileFile { kCache, kChosen };
+
+// Reads the profile of `isa` cached at `path`, or (no file or an empty one;
+// for kCache also one that is not a profile of `isa`) measures it and writes
+// it there, holding an exclusive lock on the file throughout so concurrent
+// processes measure once. A file that can only be read (a read-only mount)
+// is used as written if it parses as a profile of `isa`. UNAVAILABLE naming
+// the path where it cannot be opened, locked or read (not a regular file, or
+// over 1 MiB), is read-only and not such a profile, or is kChosen and not
+// such a profile (left as it is). A profile measured but not written is
+// returned (its source says so), the file emptied.
+absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa,
+                                                   ProfileFile whose = ProfileFile::kCache);
 
 // One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4
 // vpdpbusd; oneDNN never; int8 on int8 tiles from 64 rows (8 with records),

@@ -230,6 +230,15 @@ TEST_CASE("the kernel profile is measured once and then read from its cache file
   REQUIRE(fourth.ok());
   CHECK(fourth->source == "measured, cached in " + path);
   CHECK(ParseProfile(ReadFile(path), isa).ok());
+  // One an operator named is never measured over: a typo must not lose a
+  // pinned choice, nor processes at two ISAs sharing it overwrite each other.
+  std::ofstream(path, std::ios::trunc) << "garbage\n";
+  auto chosen = LoadOrMeasureProfile(path, isa, ProfileFile::kChosen);
+  REQUIRE_FALSE(chosen.ok());
+  CHECK(chosen.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(chosen.status().message()), Catch::Contains(path + " (COLIBRI_KERNEL_PROFILE)"));
+  CHECK(ReadFile(path) == "garbage\n");
+  CHECK(LoadOrMeasureProfile(dir / "chosen.txt", isa, ProfileFile::kChosen).ok());  // absent: measured and written
 }
 
 TEST_CASE("a cache file that cannot be opened is an error naming it") {
@@ -240,6 +249,12 @@ TEST_CASE("a cache file that cannot be opened is an error naming it") {
   REQUIRE_FALSE(loaded.ok());
   CHECK(loaded.status().code() == absl::StatusCode::kUnavailable);
   CHECK_THAT(std::string(loaded.status().message()), Catch::Contains("cannot open " + path));
+  // A FIFO would block the read forever.
+  const std::string fifo = dir / "fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0644) == 0);
+  auto from_fifo = LoadOrMeasureProfile(fifo, SelectedIsa());
+  REQUIRE_FALSE(from_fifo.ok());
+  CHECK_THAT(std::string(from_fifo.status().message()), Catch::Contains(fifo + " is not a regular file"));
 }
 
 TEST_CASE("a profile that can only be read is used as written, and refused if it is not one") {
