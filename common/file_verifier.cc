@@ -1,13 +1,16 @@
 #include "common/file_verifier.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -33,11 +36,34 @@ struct Remembered {
 using Cache = std::map<std::string, Remembered>;  // by path relative to the model directory
 
 // Reads the cache; a missing file is an empty cache, a malformed one is
-// ignored with a note (it is rewritten on save).
+// ignored with a note (it is rewritten on save), and so is anything but a
+// regular file of at most kMaxCacheBytes (a model directory may come from
+// anyone: a FIFO there would block the load, /dev/zero exhaust memory).
 Cache ReadCache(const std::string& path, std::string* note) {
+  constexpr off_t kMaxCacheBytes = 64 << 20;
   Cache cache;
-  std::ifstream in(path);
-  if (!in) return cache;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) *note = absl::StrCat(path, " cannot be opened (ignored): ", std::strerror(errno));
+    return cache;
+  }
+  struct stat st;
+  std::string text;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxCacheBytes) {
+    *note = absl::StrCat(path, " is not a regular file of at most 64 MiB (ignored)");
+  } else {
+    text.resize(st.st_size);
+    size_t got = 0;
+    for (ssize_t n; got < text.size() && (n = ::pread(fd, &text[got], text.size() - got, got)) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;
+      got += n;
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  if (text.empty()) return cache;
+  std::istringstream in(text);
   std::string line;
   if (!std::getline(in, line) || line != kCacheHeader) {
     *note = absl::StrCat(path, " is not a verified-files cache (ignored)");
@@ -58,25 +84,32 @@ Cache ReadCache(const std::string& path, std::string* note) {
 }
 
 // Writes to a temporary file and renames it over `path`, so a reader sees
-// the old list or the new one, never a part.
+// the old list or the new one, never a part. The temporary file is created
+// anew (O_EXCL, not following a symlink planted under its name).
 bool WriteCache(const std::string& path, const Cache& cache, std::string* note) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kCacheHeader << "\n";
-    for (const auto& [relative, r] : cache) {
-      const FileIdentity& id = r.identity;
-      out << r.checksum << ' ' << id.device << ' ' << id.inode << ' ' << id.size << ' ' << id.mtime_ns << ' '
-          << id.ctime_ns << ' ' << relative << "\n";
-    }
-    out.flush();
-    if (!out) {
-      *note = absl::StrCat("cannot write ", tmp, " (verified files not remembered)");
-      std::filesystem::remove(tmp, ec);
-      return false;
-    }
+  std::string text = absl::StrCat(kCacheHeader, "\n");
+  for (const auto& [relative, r] : cache) {
+    const FileIdentity& id = r.identity;
+    absl::StrAppend(&text, r.checksum, " ", id.device, " ", id.inode, " ", id.size, " ", id.mtime_ns, " ",
+                    id.ctime_ns, " ", relative, "\n");
+  }
+  ::unlink(tmp.c_str());  // one left by an earlier process of this pid (removes a symlink, not its target)
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  bool written = fd >= 0;
+  for (size_t at = 0; written && at < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    written = n > 0;
+    if (written) at += n;
+  }
+  if (fd >= 0 && ::close(fd) != 0) written = false;
+  if (!written) {
+    *note = absl::StrCat("cannot write ", tmp, " (verified files not remembered)");
+    if (fd >= 0) ::unlink(tmp.c_str());
+    return false;
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     *note = absl::StrCat("cannot rename ", tmp, " to ", path, " (verified files not remembered)");

@@ -1,9 +1,14 @@
 #include "common/file_verifier.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -110,6 +115,35 @@ TEST_CASE("the verified-files cache can be turned off, moved, and survives a dam
   const VerifyReport unwritable = Verify(dir / "model", {1, dir / "model/manifest.json/x"});
   CHECK(unwritable.files_hashed == 8);
   CHECK(unwritable.cache_note.find("cannot") != std::string::npos);
+}
+
+TEST_CASE("a cache file planted in a model directory cannot block the load or redirect the write") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
+  WaitPastRacyWindow();
+  const std::string cache = dir / (std::string("model/") + kVerifiedCacheFileName);
+  const std::string victim = dir / "victim.txt";
+  std::ofstream(victim) << "precious\n";
+
+  // A FIFO would block a read forever: ignored with a note, replaced by the cache.
+  REQUIRE(mkfifo(cache.c_str(), 0644) == 0);
+  const VerifyReport fifo = Verify(dir / "model", {1, ""});
+  CHECK(fifo.files_hashed == 8);
+  CHECK(fifo.cache_note.find("not a regular file") != std::string::npos);
+  CHECK(std::filesystem::is_regular_file(cache));
+
+  // Symlinks, at the cache's name or at its temporary file's, are not followed.
+  std::filesystem::remove(cache);
+  std::filesystem::create_symlink(victim, cache);
+  std::filesystem::create_symlink(victim, cache + ".tmp." + std::to_string(getpid()));
+  const VerifyReport linked = Verify(dir / "model", {1, ""});
+  CHECK(linked.files_hashed == 8);
+  CHECK(linked.cache_note.find("cannot be opened") != std::string::npos);
+  CHECK_FALSE(std::filesystem::is_symlink(cache));
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "precious\n");
+  CHECK(Verify(dir / "model", {1, ""}).files_remembered == 8);
 }
 
 TEST_CASE("a remembered file whose manifest checksum changed is hashed again") {
