@@ -93,8 +93,8 @@ bool WriteCache(const std::string& path, const Cache& cache, std::string* note) 
   std::string text = absl::StrCat(kCacheHeader, "\n");
   for (const auto& [relative, r] : cache) {
     const FileIdentity& id = r.identity;
-    absl::StrAppend(&text, r.checksum, " ", id.device, " ", id.inode, " ", id.size, " ", id.mtime_ns, " ",
-                    id.ctime_ns, " ", relative, "\n");
+    absl::StrAppend(&text, r.checksum, " ", id.device, " ", id.inode, " ", id.size, " ", id.mtime_ns, " ", id.ctime_ns,
+                    " ", relative, "\n");
   }
   ::unlink(tmp.c_str());  // one left by an earlier process of this pid (removes a symlink, not its target)
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);

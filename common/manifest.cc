@@ -1,5 +1,6 @@
 #include "common/manifest.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -18,6 +19,33 @@ using Json = nlohmann::json;
 int FormatVersionOf(const Manifest& m) {
   if (m.routing.logit_bias || m.routing.weight_at_input || !m.activation.plain() || m.expert_biases) return 3;
   return m.n_shared_experts > 0 || !m.routing.plain() ? 2 : 1;
+}
+
+constexpr size_t kMaxManifestBytes = 64 << 20;  // a manifest of 15 000 files is ~2 MB
+constexpr int kMaxManifestDepth = 16;           // the format nests 3 levels
+
+// The deepest nesting of [ and { outside strings.
+int JsonDepth(absl::string_view json) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : json) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 }  // namespace
@@ -89,6 +117,14 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("bad manifest ", path, ": ", why));
   };
+  // Bounds first: the parser builds the whole document, ~80 bytes per
+  // nested bracket, so a hostile one could exhaust memory before failing.
+  if (json.size() > kMaxManifestBytes) {
+    return bad(absl::StrCat(json.size(), " bytes, more than a manifest may hold (", kMaxManifestBytes, ")"));
+  }
+  if (const int depth = JsonDepth(json); depth > kMaxManifestDepth) {
+    return bad(absl::StrCat("nested ", depth, " levels deep, more than a manifest may be (", kMaxManifestDepth, ")"));
+  }
   Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
   auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t* out) -> absl::Status {

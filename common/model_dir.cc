@@ -228,6 +228,7 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
                            SectionData(lut, lut_layout, "weights", DType::kF32, m.vocab_size, m.top_k, entries * 4));
   routing->lut_ids = reinterpret_cast<const int32_t*>(ids);
   routing->lut_weights = reinterpret_cast<const float*>(weights);
+  std::vector<int64_t> last_token(m.n_experts, -1);  // per expert: the last token routed to it
   for (uint64_t i = 0; i < entries; ++i) {
     if (routing->lut_ids[i] < 0 || routing->lut_ids[i] >= m.n_experts) {
       return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
@@ -239,12 +240,12 @@ absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t laye
                                                      " has route weight ", routing->lut_weights[i],
                                                      " (must be finite and >= 0)"));
     }
-    for (uint64_t j = i - i % m.top_k; j < i; ++j) {
-      if (routing->lut_ids[j] == routing->lut_ids[i]) {
-        return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
-                                                       " routes to expert ", routing->lut_ids[i], " twice"));
-      }
+    const int64_t token = static_cast<int64_t>(i / m.top_k);
+    if (last_token[routing->lut_ids[i]] == token) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", token,
+                                                     " routes to expert ", routing->lut_ids[i], " twice"));
     }
+    last_token[routing->lut_ids[i]] = token;
   }
   return routing;
 }

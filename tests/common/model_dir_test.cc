@@ -209,6 +209,13 @@ TEST_CASE("a manifest with an unknown version, a missing field or an escaping pa
   WriteText(path, absl::StrReplaceAll(good, {{"\"source\": \"embedding\"", "\"source\": [1]"}}));
   CHECK(ModelDir::Open(dir / "model").ok());  // informational field of the wrong type: ignored
 
+  // Bounded before parsing: deep nesting (the parser builds it all first).
+  WriteText(path, absl::StrReplaceAll(
+                      good, {{"\"source\": \"embedding\"", absl::StrCat("\"source\": ", std::string(100000, '['))}}));
+  CHECK(Contains(ModelDir::Open(dir / "model").status(), "nested 100002 levels deep"));
+  WriteText(path, absl::StrReplaceAll(good, {{"\"source\": \"embedding\"", "\"source\": \"[[[[[[[[[[[[[[[[[[[[\""}}));
+  CHECK(ModelDir::Open(dir / "model").ok());  // brackets in a string are not nesting
+
   // Shared experts need format_version 2, a count that fits, and their files listed.
   const std::string shared = "\"shared_experts\": {\"count\": 1, \"d_ff\": 32, \"gated\": false},\n  \"top_k\"";
   WriteText(path, absl::StrReplaceAll(good, {{"\"top_k\"", shared}}));
