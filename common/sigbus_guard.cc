@@ -60,6 +60,7 @@ int SigbusGuard::Register(const void* data, size_t size) {
   InstallHandler();
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
   for (int i = 0; i < kSlots; ++i) {
+    if (g_slots[i].begin.load(std::memory_order_relaxed) != 0) continue;  // taken: no write to its line
     uintptr_t expected = 0;
     // Claim the slot (0 -> 1), fill it, then publish begin (release): the
     // handler reads begin first (acquire) and skips slots being claimed.

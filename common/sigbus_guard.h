@@ -24,7 +24,7 @@ namespace common {
 
 class SigbusGuard {
  public:
-  static constexpr int kSlots = 4096;
+  static constexpr int kSlots = 65536;  // 1.5 MiB; a node of 48 layers x 256 experts maps 12 288 files
 
   // The slot guarding [data, data + size), or -1 if every slot is taken.
   static int Register(const void* data, size_t size);

@@ -13,6 +13,7 @@
 #include "common/anonymous_memory.h"
 #include "common/file_verifier.h"
 #include "common/parallel_for.h"
+#include "common/sigbus_guard.h"
 #include "common/status_macros.h"
 #include "kernels/dispatch.h"
 #include "kernels/expert_executor.h"
@@ -252,6 +253,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
   // StoreOptions::q8_records, where the kernels have int8 tiles for the weights (else said in the log).
   const bool records = options_.q8_records;
   std::atomic<bool> records_refused{false};
+  std::atomic<int64_t> unguarded{0};  // files past the SIGBUS guard's slots
   // Copies are independent per expert: on verify_threads threads.
   const absl::Status placed = ParallelFor(loaded.size(), options_.verify_threads, [&](size_t i) -> absl::Status {
     common::ExpertWeights& weights = *loaded[i];
@@ -260,7 +262,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     } else {
       // Served from the page cache: a file truncated in place must fail the
       // calls that read it (DATA_LOSS), not kill the node with SIGBUS.
-      weights.file->Guard();
+      if (!weights.file->Guard()) unguarded.fetch_add(1, std::memory_order_relaxed);
     }
     if (records) {
       const absl::Status built =
@@ -276,6 +278,10 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     return absl::OkStatus();
   });
   if (!placed.ok()) return placed;
+  if (unguarded.load() > 0 && log_ != nullptr) {
+    *log_ << unguarded.load() << " expert files are not guarded against truncation (every one of the "
+          << common::SigbusGuard::kSlots << " guard slots is taken): a file truncated in place kills the node\n";
+  }
   std::vector<std::pair<const uint8_t*, size_t>> ranges;
   for (std::unique_ptr<common::ExpertWeights>& weights : loaded) {
     ranges.push_back(Backing(*weights));
