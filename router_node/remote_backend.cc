@@ -57,6 +57,14 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   if (options.n_layers < 1 || options.n_experts < 1 || options.d_model < 1) {
     return absl::InvalidArgumentError("RemoteOptions: model shape not set");
   }
+  for (const auto& [name, duration] :
+       {std::pair{"node_timeout", options.node_timeout}, std::pair{"health_interval", options.health_interval},
+        std::pair{"health_timeout", options.health_timeout}}) {
+    if (duration <= absl::ZeroDuration()) {  // 0 would take every node out at its first call or check
+      return absl::InvalidArgumentError(
+          absl::StrCat("RemoteOptions::", name, " ", absl::FormatDuration(duration), " must be positive"));
+    }
+  }
   // A message over the size limit breaks a whole stream (every call on it),
   // where it fails one unary call: stream calls stay far below the limit
   // (a reply can be top_k rows per token, in f32, for a bf16 request).

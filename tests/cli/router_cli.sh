@@ -39,6 +39,9 @@ expect_exit 1 "not host:port" --model "$tmp/model" --experts_at nohostport
 expect_exit 1 "(--max_tokens)" --local "$tmp/model" --max_tokens 0
 expect_exit 1 "(--max_tokens) 16777216: replies of that many tokens of d_model 64 in f32 would pass gRPC's 2 GiB message limit (at most 8384511)" \
   --local "$tmp/model" --max_tokens 16777216
+expect_exit 1 "(--node_timeout_ms) 0 must be positive" --model "$tmp/model" --experts_at 127.0.0.1:1 --node_timeout_ms 0
+expect_exit 1 "(--health_interval_ms) -5ms must be positive" --model "$tmp/model" --experts_at 127.0.0.1:1 \
+  --health_interval_ms -5
 expect_exit 1 "(--node_tls_ca)" --model "$tmp/model" --experts_at 127.0.0.1:1 --node_tls_cert "$tmp/x.crt" \
   --node_tls_key "$tmp/x.key"
 
