@@ -7,10 +7,14 @@
 #                          the process's stderr if it exits or takes > 60 s.
 #                          It looks every $proc_poll_s seconds (default 0.1;
 #                          a benchmark timing starts sets it smaller).
+#   proc_track PID...      background jobs (clients, samplers) that proc_stop_all
+#                          also ends (SIGTERM, not waited for, not printed).
 #   proc_stop_all          SIGTERM to every started process, waits (SIGKILL after
 #                          10 s) and prints each one's exit status.
 proc_pids=()
 proc_names=()
+proc_tracked=()
+proc_track() { proc_tracked+=("$@"); }
 proc_init() {
   proc_logs=$(mktemp -d)
   trap 'proc_stop_all; rm -rf "$proc_logs"' EXIT
@@ -36,6 +40,8 @@ proc_start() {
 }
 proc_stop_all() {
   local i p status
+  for p in "${proc_tracked[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  proc_tracked=()
   for p in "${proc_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for i in "${!proc_pids[@]}"; do
     p=${proc_pids[$i]}

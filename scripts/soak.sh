@@ -81,6 +81,7 @@ p4=$!
   --metrics "$(metrics_port router),$(metrics_port node_a),$(metrics_port node_b)" --seconds "$seconds" \
   --d_model 256 --max_tokens 4096 > "$work/abuse.txt" 2>&1 &
 p5=$!
+proc_track "$monitor" "$p1" "$p2" "$p3" "$p4" "$p5"  # a failure or Ctrl-C ends them too
 status=0
 for p in $p1 $p2 $p3 $p4; do wait "$p" || status=1; done
 abuse_status=0
