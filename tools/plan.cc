@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,6 +34,13 @@ absl::Status WriteOutputs(const std::string& dir, const std::vector<PlanNode>& n
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  // What an earlier plan wrote there and this one may not: a stale
+  // cluster.txt would send a router to the old nodes.
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename();
+    if (name == "cluster.txt" || absl::EndsWith(name, ".experts")) std::filesystem::remove(it->path(), ec);
+  }
   std::string shards, cluster, values;
   bool all_addresses = true;
   absl::StrAppend(&values,

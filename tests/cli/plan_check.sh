@@ -80,6 +80,9 @@ plan --node_file "$tmp/nodes.txt" --calibration "$tmp/calib.safetensors" --out "
 proc_start router2 "$build/router_node/colibri-router" --model "$tmp/model" \
   --cluster_file "$tmp/withaddr/cluster.txt" --listen 127.0.0.1:0
 echo "ok: a node file with addresses gives a cluster file the router takes"
+plan --nodes 3 --node_memory "$memory" --calibration "$tmp/calib.safetensors" --out "$tmp/withaddr" >/dev/null
+[ ! -e "$tmp/withaddr/cluster.txt" ] || fail "a plan without addresses left an earlier plan's cluster.txt"
+echo "ok: a plan without addresses written over it leaves no cluster file"
 
 refuse() {  # refuse TEXT ARGS...: colibri-plan ARGS fails naming TEXT
   local want=$1
