@@ -191,7 +191,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   }
   COLIBRI_ASSIGN_OR_RETURN(const common::SafetensorsTensor* embedding,
                            ckpt->Matrix(ckpt->EmbeddingName(), s.vocab_size, s.d_model));
-  COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o.out_dir, o.overwrite));
+  COLIBRI_ASSIGN_OR_RETURN(const std::unique_ptr<OutputDir> output, OutputDir::Begin(o.out_dir, o.overwrite));
   log << absl::StrFormat(
       "converting %s (%s naming, model_type %s): %d MoE layers x %d experts, d_model %d, "
       "d_ff %d, top-%d%s%s, vocab %d -> %s weights\n",
@@ -219,7 +219,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
   m.vocab_size = s.vocab_size;
   m.weight_type = o.weight_type;
   m.hf_layers = s.moe_layers;
-  m.lut_source = calibration.file ? "calibration" : "embedding";
+  m.lut_source = "embedding";  // "calibration" once a layer's LUT comes from it
   m.balance_loss_weight = o.balance_loss_weight;
   ConvertReport local;
   ConvertReport& rep = report != nullptr ? *report : local;
@@ -227,7 +227,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
 
   for (int64_t layer = 0; layer < m.n_layers; ++layer) {
     const int64_t hf = s.moe_layers[layer];
-    const std::string dir = (fs::path(o.out_dir) / common::GateFilePath(layer)).parent_path();
+    const std::string dir = (fs::path(output->path()) / common::GateFilePath(layer)).parent_path();
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
@@ -263,7 +263,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
       gate_sections.push_back(
           {"shared_gate", DType::kF32, s.n_shared_experts, s.d_model, shared_gate.data(), shared_gate.size() * 4});
     }
-    COLIBRI_ASSIGN_OR_RETURN(auto gate_file, WritePlainFile(o.out_dir, common::GateFilePath(layer),
+    COLIBRI_ASSIGN_OR_RETURN(auto gate_file, WritePlainFile(output->path(), common::GateFilePath(layer),
                                                             common::FileKind::kGate, layer, gate_sections));
     m.files.push_back(gate_file);
 
@@ -299,13 +299,14 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
         in.calibration_tokens = calibration.tokens;
         in.calibration_hidden = hidden.data();
         lr.lut_source = "calibration";
+        m.lut_source = "calibration";
       }
     }
     COLIBRI_ASSIGN_OR_RETURN(lr.lut, BuildLut(in));
     COLIBRI_ASSIGN_OR_RETURN(
         auto lut_file,
         WritePlainFile(
-            o.out_dir, common::LutFilePath(layer), common::FileKind::kLut, layer,
+            output->path(), common::LutFilePath(layer), common::FileKind::kLut, layer,
             {{"ids", DType::kI32, s.vocab_size, s.top_k, lr.lut.ids.data(), lr.lut.ids.size() * 4},
              {"weights", DType::kF32, s.vocab_size, s.top_k, lr.lut.weights.data(), lr.lut.weights.size() * 4}}));
     m.files.push_back(lut_file);
@@ -313,7 +314,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     lr.lut.weights.clear();
 
     for (int64_t e = 0; e < s.n_experts + s.n_shared_experts; ++e) {  // the shared expert last
-      COLIBRI_ASSIGN_OR_RETURN(auto file, WriteExpertFile(*ckpt, o.out_dir, hf, layer, e, o.weight_type, &lr));
+      COLIBRI_ASSIGN_OR_RETURN(auto file, WriteExpertFile(*ckpt, output->path(), hf, layer, e, o.weight_type, &lr));
       m.files.push_back(file);
       rep.bytes += file.size;
       if (o.progress) {
@@ -326,7 +327,7 @@ absl::Status ConvertCheckpoint(const ConvertOptions& o, std::ostream& log, Conve
     PrintLayer(lr, o.weight_type, log);
     rep.layers.push_back(std::move(lr));
   }
-  COLIBRI_RETURN_IF_ERROR(WriteManifest(o.out_dir, m));
+  COLIBRI_RETURN_IF_ERROR(output->Commit(m));
   rep.files = static_cast<int64_t>(m.files.size()) + 1;
   log << absl::StrFormat("wrote %d files (%.1f MiB of weights) to %s in %.2f s\n", rep.files, rep.bytes / 1048576.0,
                          o.out_dir, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -1,5 +1,7 @@
 #include "tools/model_writer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -63,36 +65,78 @@ absl::StatusOr<common::ManifestFile> WritePlainFile(const std::string& out_dir, 
   return w->Close(rel);
 }
 
-absl::Status PrepareOutputDir(const std::string& out_dir, bool overwrite) {
-  std::error_code ec;
-  const fs::path out(out_dir);
-  if (fs::exists(out / common::kManifestFileName, ec) && !overwrite) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(out_dir, " already holds a model directory; pass --overwrite to replace it"));
-  }
-  fs::create_directories(out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
-  fs::remove(out / common::kManifestFileName, ec);
-  std::vector<fs::path> stale;
-  for (auto it = fs::directory_iterator(out, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename();
-    if (name.rfind("layer_", 0) == 0 && it->is_directory(ec)) stale.push_back(it->path());
-  }
-  for (const fs::path& p : stale) fs::remove_all(p, ec);
-  return absl::OkStatus();
-}
+namespace {
 
-absl::Status WriteManifest(const std::string& out_dir, const common::Manifest& manifest) {
+// Writes `manifest` as dir/manifest.json (through a temporary file and a rename).
+absl::Status WriteManifest(const std::string& dir, const common::Manifest& manifest) {
   const std::string text = common::ManifestToJson(manifest);
-  const std::string tmp = absl::StrCat(out_dir, "/", common::kManifestFileName, ".tmp");
+  const std::string tmp = absl::StrCat(dir, "/", common::kManifestFileName, ".tmp");
   {
     COLIBRI_ASSIGN_OR_RETURN(auto w, HashingWriter::Create(tmp));
     COLIBRI_RETURN_IF_ERROR(w->Write(text.data(), text.size()));
     COLIBRI_RETURN_IF_ERROR(w->Close(common::kManifestFileName).status());
   }
   std::error_code ec;
-  fs::rename(tmp, absl::StrCat(out_dir, "/", common::kManifestFileName), ec);
+  fs::rename(tmp, absl::StrCat(dir, "/", common::kManifestFileName), ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// The layer directories in `dir`.
+std::vector<fs::path> LayerDirs(const fs::path& dir) {
+  std::vector<fs::path> layers;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename();
+    if (name.rfind("layer_", 0) == 0 && it->is_directory(ec)) layers.push_back(it->path());
+  }
+  return layers;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Begin(const std::string& out_dir, bool overwrite) {
+  std::error_code ec;
+  const fs::path out(out_dir);
+  if (fs::exists(out / common::kManifestFileName, ec) && !overwrite) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(out_dir, " already holds a model directory; pass --overwrite to replace it"));
+  }
+  // Beside out_dir (one file system: the moves are renames), not inside it.
+  const std::string staging =
+      absl::StrCat(out.has_filename() ? out.string() : out.parent_path().string(), ".partial-", ::getpid());
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", staging, ": ", ec.message()));
+  return std::unique_ptr<OutputDir>(new OutputDir(out_dir, staging));
+}
+
+OutputDir::~OutputDir() {
+  std::error_code ec;
+  fs::remove_all(staging_, ec);
+}
+
+absl::Status OutputDir::Commit(const common::Manifest& manifest) {
+  COLIBRI_RETURN_IF_ERROR(WriteManifest(staging_, manifest));
+  std::error_code ec;
+  const fs::path out(out_dir_);
+  fs::create_directories(out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir_, ": ", ec.message()));
+  auto failed = [&](const std::string& what) {
+    return absl::InternalError(absl::StrCat("cannot ", what, ": ", ec.message()));
+  };
+  fs::remove(out / common::kManifestFileName, ec);
+  if (ec) return failed(absl::StrCat("remove ", (out / common::kManifestFileName).string()));
+  for (const fs::path& old : LayerDirs(out)) {
+    fs::remove_all(old, ec);
+    if (ec) return failed(absl::StrCat("remove ", old.string()));
+  }
+  for (const fs::path& layer : LayerDirs(staging_)) {
+    fs::rename(layer, out / layer.filename(), ec);
+    if (ec) return failed(absl::StrCat("move ", layer.string(), " into ", out_dir_));
+  }
+  fs::rename(fs::path(staging_) / common::kManifestFileName, out / common::kManifestFileName, ec);
+  if (ec) return failed(absl::StrCat("move the manifest into ", out_dir_));
   return absl::OkStatus();
 }
 

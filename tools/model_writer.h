@@ -3,9 +3,10 @@
 
 // Writing a model directory (docs/MODEL_FORMAT.md), shared by the tools that
 // make one (colibri-convert, colibri-prune): files written sequentially and
-// hashed as they go, small gate/LUT files from memory, the output directory
-// prepared, and manifest.json written last through a rename so an
-// interrupted run never leaves a loadable directory. Errors are INTERNAL
+// hashed as they go, small gate/LUT files from memory, and the directory
+// written beside the output and moved in whole at the end, manifest.json
+// last, so an interrupted or failed run never leaves a loadable directory
+// of mixed parts nor destroys the one there. Errors are INTERNAL
 // naming the path (FAILED_PRECONDITION for an existing model without
 // overwrite). Thread-compatible.
 
@@ -57,12 +58,31 @@ absl::StatusOr<common::ManifestFile> WritePlainFile(const std::string& out_dir, 
                                                     common::FileKind kind, int64_t layer,
                                                     const std::vector<PlainSection>& plain);
 
-// Creates `out_dir`; refuses one that holds a model unless `overwrite`, and
-// then removes its manifest and layer directories first.
-absl::Status PrepareOutputDir(const std::string& out_dir, bool overwrite);
+// A model directory being written. Everything goes to a staging directory
+// beside it (path(): `out_dir`.partial-<pid>); Commit moves the result into
+// `out_dir`. Until then `out_dir` is as it was, so a run that fails halfway
+// (a bad tensor in the last layer) leaves the model an earlier run wrote
+// there; destroyed without Commit, the staging directory is removed.
+class OutputDir {
+ public:
+  // Refuses an `out_dir` that holds a model unless `overwrite`.
+  static absl::StatusOr<std::unique_ptr<OutputDir>> Begin(const std::string& out_dir, bool overwrite);
+  ~OutputDir();
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
 
-// Writes `manifest` as out_dir/manifest.json (through a temporary file and a rename).
-absl::Status WriteManifest(const std::string& out_dir, const common::Manifest& manifest);
+  // Where the files go until Commit.
+  const std::string& path() const { return staging_; }
+  // Writes `manifest` (through a temporary file and a rename), then
+  // replaces out_dir's model: its manifest goes first, then its layer
+  // directories; the new layer directories move in, the manifest last.
+  // Other files in out_dir are kept.
+  absl::Status Commit(const common::Manifest& manifest);
+
+ private:
+  OutputDir(std::string out_dir, std::string staging) : out_dir_(std::move(out_dir)), staging_(std::move(staging)) {}
+  const std::string out_dir_, staging_;
+};
 
 }  // namespace tools
 }  // namespace colibri

@@ -125,7 +125,7 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
     return absl::InvalidArgumentError(
         absl::StrCat("--out ", o.out_dir, " is the model directory itself: write the pruned model elsewhere"));
   }
-  COLIBRI_RETURN_IF_ERROR(PrepareOutputDir(o.out_dir, o.overwrite));
+  COLIBRI_ASSIGN_OR_RETURN(const std::unique_ptr<OutputDir> dir, OutputDir::Begin(o.out_dir, o.overwrite));
   common::Manifest out = m;
   out.n_experts = n_keep;
   out.files.clear();
@@ -140,7 +140,7 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
     }
     std::error_code ec;
     std::filesystem::create_directories(
-        std::filesystem::path(absl::StrCat(o.out_dir, "/", common::LutFilePath(layer))).parent_path(), ec);
+        std::filesystem::path(absl::StrCat(dir->path(), "/", common::LutFilePath(layer))).parent_path(), ec);
 
     // Gate: the kept rows (and bias entries); the shared gate as it is.
     const common::LayerRouting& r = *routing[layer];
@@ -155,7 +155,7 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
       gate_sections.push_back({"shared_gate", DType::kF32, m.n_shared_experts, m.d_model, r.shared_gate,
                                static_cast<size_t>(m.n_shared_experts * m.d_model * 4)});
     }
-    COLIBRI_ASSIGN_OR_RETURN(auto gate_file, WritePlainFile(o.out_dir, common::GateFilePath(layer),
+    COLIBRI_ASSIGN_OR_RETURN(auto gate_file, WritePlainFile(dir->path(), common::GateFilePath(layer),
                                                             common::FileKind::kGate, layer, gate_sections));
     out.files.push_back(gate_file);
 
@@ -193,17 +193,17 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
       }
     }
     COLIBRI_ASSIGN_OR_RETURN(
-        auto lut_file, WritePlainFile(o.out_dir, common::LutFilePath(layer), common::FileKind::kLut, layer,
+        auto lut_file, WritePlainFile(dir->path(), common::LutFilePath(layer), common::FileKind::kLut, layer,
                                       {{"ids", DType::kI32, m.vocab_size, K, ids.data(), ids.size() * 4},
                                        {"weights", DType::kF32, m.vocab_size, K, weights.data(), weights.size() * 4}}));
     out.files.push_back(lut_file);
 
     for (int64_t j = 0; j < n_keep; ++j) {
-      COLIBRI_ASSIGN_OR_RETURN(auto file, CopyExpert(*model, layer, lr.kept[j], j, o.out_dir));
+      COLIBRI_ASSIGN_OR_RETURN(auto file, CopyExpert(*model, layer, lr.kept[j], j, dir->path()));
       out.files.push_back(file);
     }
     for (int64_t s = 0; s < m.n_shared_experts; ++s) {
-      COLIBRI_ASSIGN_OR_RETURN(auto file, CopyExpert(*model, layer, E + s, n_keep + s, o.out_dir));
+      COLIBRI_ASSIGN_OR_RETURN(auto file, CopyExpert(*model, layer, E + s, n_keep + s, dir->path()));
       out.files.push_back(file);
     }
 
@@ -227,7 +227,7 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
     }
     log << "\n";
   }
-  COLIBRI_RETURN_IF_ERROR(WriteManifest(o.out_dir, out));
+  COLIBRI_RETURN_IF_ERROR(dir->Commit(out));
   log << absl::StrFormat("wrote %s: %d layers x %d routed experts (was %d)%s\n", o.out_dir, L, n_keep, E,
                          m.n_shared_experts > 0 ? absl::StrCat(" + ", m.n_shared_experts, " shared") : "");
   return absl::OkStatus();

@@ -422,6 +422,53 @@ TEST_CASE("converting over an existing model needs overwrite") {
   const absl::Status s = ConvertCheckpoint(o, log);
   CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(Contains(s, "--overwrite"));
+
+  // A conversion that fails in its last layer leaves the model there whole.
+  const std::string model_id = [&] {
+    auto model = common::ModelDir::Open(dir / "model");
+    REQUIRE(model.ok());
+    return (*model)->model_id();
+  }();
+  std::string dropped;
+  std::vector<common::SafetensorsWriter::Spec> specs;
+  std::vector<std::vector<uint8_t>> data;
+  {
+    auto file = common::SafetensorsFile::Open(dir / "ckpt/model.safetensors");
+    REQUIRE(file.ok());
+    for (const auto& t : (*file)->tensors()) {
+      if (t.name.find("layers.1.") != std::string::npos && t.name.find("experts") != std::string::npos)
+        dropped = t.name;
+    }
+    for (const auto& t : (*file)->tensors()) {
+      if (t.name == dropped) continue;
+      specs.push_back({t.name, t.dtype, t.shape});
+      data.emplace_back(t.data, t.data + t.nbytes);
+    }
+  }
+  REQUIRE_FALSE(dropped.empty());
+  std::filesystem::create_directories(dir / "broken");
+  std::filesystem::copy_file(dir / "ckpt/config.json", dir / "broken/config.json");
+  auto w = common::SafetensorsWriter::Create(dir / "broken/model.safetensors", specs);
+  REQUIRE(w.ok());
+  for (const auto& bytes : data) REQUIRE((*w)->Append(bytes.data(), bytes.size()).ok());
+  REQUIRE((*w)->Close().ok());
+  o.checkpoint_dir = dir / "broken";
+  o.overwrite = true;
+  CHECK(Contains(ConvertCheckpoint(o, log), dropped));
+  auto kept = common::ModelDir::Open(dir / "model");
+  REQUIRE(kept.ok());
+  CHECK((*kept)->model_id() == model_id);
+  CHECK((*kept)->LoadExpert(1, 3, /*verify_checksum=*/true).ok());
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
+  }
+  // With --overwrite and a good checkpoint, the model is replaced.
+  o.checkpoint_dir = dir / "ckpt";
+  o.weight_type = DType::kInt8;
+  REQUIRE(ConvertCheckpoint(o, log).ok());
+  auto replaced = common::ModelDir::Open(dir / "model");
+  REQUIRE(replaced.ok());
+  CHECK((*replaced)->manifest().weight_type == DType::kInt8);
 }
 
 // A one-layer Mixtral-naming checkpoint whose gate favours expert 0: every
