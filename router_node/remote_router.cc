@@ -27,8 +27,10 @@ absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, Remo
   remote.n_experts = m.n_experts;
   remote.n_shared_experts = m.n_shared_experts;
   remote.d_model = m.d_model;
-  // A node's reply holds up to top_k + shared rows per token, f32.
-  remote.max_message_bytes = router.max_tokens * m.d_model * 4 * (m.top_k + m.n_shared_experts) + (1 << 20);
+  // A node's reply holds up to top_k + shared rows per token, f32. (Tokens
+  // clamped to Router::Create's range, which refuses any other value.)
+  const int64_t tokens = std::clamp<int64_t>(router.max_tokens, 1, int64_t{1} << 24);
+  remote.max_message_bytes = tokens * m.d_model * 4 * (m.top_k + m.n_shared_experts) + (1 << 20);
   remote.metrics = router.metrics;
   RemoteRouter r;
   COLIBRI_ASSIGN_OR_RETURN(r.backend, RemoteBackend::Create(remote));
