@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checksum.h"
 #include "common/parallel_for.h"
+#include "common/small_file.h"
 #include "common/user_cache.h"
 
 namespace colibri {
@@ -37,33 +38,16 @@ using Cache = std::map<std::string, Remembered>;  // by path relative to the mod
 
 // Reads the cache; a missing file is an empty cache, a malformed one is
 // ignored with a note (it is rewritten on save), and so is anything but a
-// regular file of at most kMaxCacheBytes (a model directory may come from
-// anyone: a FIFO there would block the load, /dev/zero exhaust memory).
+// regular file of at most 64 MiB, or a symlink (a model directory may come
+// from anyone: a FIFO there would block the load, /dev/zero exhaust memory).
 Cache ReadCache(const std::string& path, std::string* note) {
-  constexpr off_t kMaxCacheBytes = 64 << 20;
   Cache cache;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno != ENOENT) *note = absl::StrCat(path, " cannot be opened (ignored): ", std::strerror(errno));
+  const absl::StatusOr<std::string> text = ReadSmallFile(path, {/*max_bytes=*/64 << 20, /*follow_symlinks=*/false});
+  if (!text.ok()) {
+    if (!absl::IsNotFound(text.status())) *note = absl::StrCat(text.status().message(), " (ignored)");
     return cache;
   }
-  struct stat st;
-  std::string text;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxCacheBytes) {
-    *note = absl::StrCat(path, " is not a regular file of at most 64 MiB (ignored)");
-  } else {
-    text.resize(st.st_size);
-    size_t got = 0;
-    for (ssize_t n; got < text.size() && (n = ::pread(fd, &text[got], text.size() - got, got)) != 0;) {
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) break;
-      got += n;
-    }
-    text.resize(got);
-  }
-  ::close(fd);
-  if (text.empty()) return cache;
-  std::istringstream in(text);
+  std::istringstream in(*text);
   std::string line;
   if (!std::getline(in, line) || line != kCacheHeader) {
     *note = absl::StrCat(path, " is not a verified-files cache (ignored)");

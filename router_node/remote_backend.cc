@@ -1,14 +1,15 @@
 #include "router_node/remote_backend.h"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/small_file.h"
 #include "common/status_macros.h"
 #include "router_node/node_stream.h"
 #include "router_node/remote_backend_internal.h"
@@ -28,16 +29,15 @@ struct RemoteBackend::ChannelSetup {
 namespace {
 
 absl::StatusOr<std::vector<std::string>> ReadClusterFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cluster file ", path, ": cannot open"));
+  absl::StatusOr<std::string> text = common::ReadSmallFile(path);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("cluster file ", text.status().message()));
   std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view s = line;
+  for (absl::string_view s : absl::StrSplit(*text, '\n')) {
     s = s.substr(0, s.find('#'));
     s = absl::StripAsciiWhitespace(s);
     if (!s.empty()) out.emplace_back(s);
   }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("cluster file ", path, " lists no address"));
   return out;
 }
 

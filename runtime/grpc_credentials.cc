@@ -1,22 +1,18 @@
 #include "runtime/grpc_credentials.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "common/small_file.h"
 
 namespace colibri {
 namespace runtime {
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& option) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(option, ": cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (text.str().find("-----BEGIN") == std::string::npos) {
+  absl::StatusOr<std::string> text = common::ReadSmallFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(option, ": cannot read ", text.status().message()));
+  if (text->find("-----BEGIN") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(option, ": ", path, " is not a PEM file"));
   }
-  return text.str();
+  return text;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFiles(const std::string& cert,
