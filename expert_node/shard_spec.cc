@@ -1,7 +1,7 @@
 #include "expert_node/shard_spec.h"
 
 #include <algorithm>
-#include <set>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -14,6 +14,8 @@ namespace expert_node {
 namespace {
 
 constexpr int64_t kMaxIndex = 1 << 20;
+// A plan's spec for DeepSeek-V3 (58 layers, 32 listed experts each) is ~8 KB.
+constexpr size_t kMaxSpecBytes = 256 << 10;
 
 absl::Status Bad(absl::string_view spec, absl::string_view part, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("bad shard spec '", spec, "': '", part, "' ", why));
@@ -25,6 +27,10 @@ absl::StatusOr<ShardSpec> ShardSpec::Parse(absl::string_view text) {
   ShardSpec spec;
   spec.text_ = std::string(absl::StripAsciiWhitespace(text));
   if (spec.text_.empty() || spec.text_ == "all") return spec;
+  if (spec.text_.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard spec of ", spec.text_.size(), " bytes: more than the ", kMaxSpecBytes, " one may have"));
+  }
   auto parse_ranges = [&](absl::string_view list, std::vector<Range>* out) -> absl::Status {
     for (absl::string_view item : absl::StrSplit(list, ',')) {
       item = absl::StripAsciiWhitespace(item);
@@ -61,7 +67,7 @@ absl::StatusOr<ShardSpec> ShardSpec::Parse(absl::string_view text) {
 }
 
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ShardSpec::Resolve(int64_t n_layers, int64_t n_experts) const {
-  std::set<std::pair<int64_t, int64_t>> pairs;
+  std::vector<char> selected(n_layers * n_experts, 0);  // [layer][expert]
   const std::vector<Clause> all = {Clause{}};
   for (const Clause& c : clauses_.empty() ? all : clauses_) {
     const std::vector<Range> layers = c.layers.empty() ? std::vector<Range>{{0, n_layers - 1}} : c.layers;
@@ -77,13 +83,17 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ShardSpec::Resolve(int6
                                                          " but the model has ", n_experts, " experts per layer"));
         }
         for (int64_t layer = l.first; layer <= l.last; ++layer) {
-          for (int64_t expert = e.first; expert <= e.last; ++expert) pairs.insert({layer, expert});
+          std::fill_n(selected.begin() + layer * n_experts + e.first, e.last - e.first + 1, 1);
         }
       }
     }
   }
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (int64_t i = 0; i < n_layers * n_experts; ++i) {
+    if (selected[i]) pairs.push_back({i / n_experts, i % n_experts});
+  }
   if (pairs.empty()) return absl::InvalidArgumentError(absl::StrCat("shard spec '", text_, "' selects nothing"));
-  return std::vector<std::pair<int64_t, int64_t>>(pairs.begin(), pairs.end());
+  return pairs;
 }
 
 }  // namespace expert_node

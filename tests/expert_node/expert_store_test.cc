@@ -48,6 +48,12 @@ TEST_CASE("shard specs select experts per layer and refuse what the model lacks"
   CHECK(out.status().message().find("layer 5") != absl::string_view::npos);
   auto experts = ShardSpec::Parse("9")->Resolve(2, 4);
   CHECK(experts.status().message().find("expert 9") != absl::string_view::npos);
+  // A spec that would take hours to resolve (a Reload's field is the caller's) is refused by size.
+  std::string huge;
+  while (huge.size() <= (256 << 10)) huge += "layer:0-1;";
+  auto refused = ShardSpec::Parse(huge);
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(refused.status().message().find("more than the 262144 one may have") != absl::string_view::npos);
 }
 
 TEST_CASE("the store loads its shard and refuses experts it does not own, naming them") {
