@@ -17,7 +17,7 @@ void ParseRows(const v1::Tensor& t, int64_t d_model, ComputeInput* in) {
   in->num_rows = t.shape(0);
   in->rows.resize(count);
   if (t.dtype() == v1::DATA_TYPE_F32) {
-    std::memcpy(in->rows.data(), t.data().data(), count * 4);
+    if (count > 0) std::memcpy(in->rows.data(), t.data().data(), count * 4);  // no rows: no buffer to copy to
     return;
   }
   for (int64_t i = 0; i < count; ++i) {
