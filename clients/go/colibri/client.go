@@ -28,6 +28,7 @@ import (
 
 	pb "github.com/colibri-moe/colibri/clients/go/colibriv1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
@@ -108,6 +109,12 @@ func Dial(target string, opts Options) (*Client, error) {
 	dialOpts := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{}),
 			grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
+		// Reconnect within seconds of a router's return: gRPC's default
+		// backoff grows to 2 minutes, and calls fail at once meanwhile.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: 20 * time.Second,
+		}),
 	}
 	if opts.TLS == nil {
 		dialOpts = append(dialOpts, grpc.WithInsecure())

@@ -121,6 +121,29 @@ func TestUnpackRefusesMalformedTensors(t *testing.T) {
 	}
 }
 
+func TestRepliesThatDoNotAnswerTheRequestAreInternal(t *testing.T) {
+	req := &pb.ForwardRequest{Hidden: PackF32(make([]float32, 6), 2, 3)}
+	reply := func(tokens, d int64, routes *pb.Routes) *pb.ForwardResponse {
+		return &pb.ForwardResponse{Output: PackF32(make([]float32, tokens*d), tokens, d), Routes: routes}
+	}
+	if _, err := result(reply(2, 3, &pb.Routes{TopK: 1, ExpertIds: []int32{0, 1}, Weights: []float32{1, 1}}),
+		req, "r"); err != nil {
+		t.Fatalf("a matching reply: %v", err)
+	}
+	cases := map[string]*pb.ForwardResponse{
+		"fewer rows":     reply(1, 3, nil),
+		"other d_model":  reply(2, 2, nil),
+		"short routes":   reply(2, 3, &pb.Routes{TopK: 2, ExpertIds: []int32{0, 1}, Weights: []float32{1, 1}}),
+		"negative top_k": reply(2, 3, &pb.Routes{TopK: -1}),
+	}
+	for name, resp := range cases {
+		var e *Error
+		if _, err := result(resp, req, "r"); !errors.As(err, &e) || e.Code != codes.Internal {
+			t.Errorf("%s: got %v, want codes.Internal", name, err)
+		}
+	}
+}
+
 func TestDialRefusesUnreadableTLSFiles(t *testing.T) {
 	_, err := Dial("127.0.0.1:1", Options{TLS: &TLSOptions{CAFile: "/nonexistent/ca.crt"}})
 	wantCode(t, err, codes.InvalidArgument, "CA file")

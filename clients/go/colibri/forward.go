@@ -109,7 +109,7 @@ func (c *Client) Forward(ctx context.Context, args *ForwardArgs) (*ForwardResult
 	if err != nil {
 		return nil, toError(err)
 	}
-	return result(resp, args.RequestID)
+	return result(resp, req, args.RequestID)
 }
 
 // ForwardAsync runs Forward in its own goroutine and delivers its outcome on
@@ -182,18 +182,25 @@ func (c *Client) request(ctx context.Context, a *ForwardArgs) (*pb.ForwardReques
 	return req, nil
 }
 
-// result unpacks a reply; a malformed one is codes.Internal.
-func result(resp *pb.ForwardResponse, requestID string) (*ForwardResult, error) {
+// result unpacks the reply to req; one that does not answer it (another
+// shape than req's rows, routes of other lengths) is codes.Internal, so a
+// caller may index the output by the rows it sent.
+func result(resp *pb.ForwardResponse, req *pb.ForwardRequest, requestID string) (*ForwardResult, error) {
 	out, err := Unpack(resp.Output)
 	if err != nil {
 		return nil, errorf(codes.Internal, "router reply: output: %v", err)
 	}
-	shape := resp.Output.Shape
-	if len(shape) != 2 {
-		return nil, errorf(codes.Internal, "router reply: output shape %v is not [T, d_model]", shape)
+	shape, asked := resp.Output.Shape, req.Hidden.GetShape()
+	if len(shape) != 2 || len(asked) != 2 || shape[0] != asked[0] || shape[1] != asked[1] {
+		return nil, errorf(codes.Internal, "router reply: output shape %v for hidden states of shape %v", shape, asked)
 	}
 	r := &ForwardResult{Output: out, Tokens: int(shape[0]), DModel: int(shape[1]), RequestID: requestID}
 	if rt := resp.Routes; rt != nil {
+		slots := int64(rt.TopK) * shape[0]
+		if rt.TopK < 0 || int64(len(rt.ExpertIds)) != slots || int64(len(rt.Weights)) != slots {
+			return nil, errorf(codes.Internal, "router reply: routes of top_k %d with %d ids and %d weights for %d tokens",
+				rt.TopK, len(rt.ExpertIds), len(rt.Weights), shape[0])
+		}
 		r.Routes = &Routes{TopK: int(rt.TopK), ExpertIDs: rt.ExpertIds, Weights: rt.Weights}
 	}
 	for _, t := range resp.Timings {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"time"
 
 	pb "github.com/colibri-moe/colibri/clients/go/colibriv1"
 	"google.golang.org/grpc/codes"
@@ -48,9 +49,12 @@ func (s *Session) Forward(args *ForwardArgs) (*ForwardResult, error) {
 		return nil, err
 	}
 	if err := s.stream.Send(req); err != nil {
-		// io.EOF means the stream ended; Recv tells why.
+		// io.EOF means the stream ended; Recv tells why (nil or io.EOF: it
+		// ended normally, or with a reply nobody asked for).
 		if err == io.EOF {
-			_, err = s.stream.Recv()
+			if _, err = s.stream.Recv(); err == nil || err == io.EOF {
+				err = errorf(codes.Unavailable, "the router ended the stream")
+			}
 		}
 		return nil, s.fail(err)
 	}
@@ -66,12 +70,16 @@ func (s *Session) Forward(args *ForwardArgs) (*ForwardResult, error) {
 			reply.RequestId, req.RequestId))
 	}
 	if reply.Code != int32(codes.OK) {
-		return nil, &Error{Code: codes.Code(reply.Code), Message: reply.Message}
+		code := codes.Unknown // a code out of range is not passed on as one
+		if reply.Code > 0 && reply.Code <= int32(codes.Unauthenticated) {
+			code = codes.Code(reply.Code)
+		}
+		return nil, &Error{Code: code, Message: reply.Message}
 	}
 	if reply.Response == nil {
 		return nil, errorf(codes.Internal, "router reply: OK without a response")
 	}
-	return result(reply.Response, reply.RequestId)
+	return result(reply.Response, req, reply.RequestId)
 }
 
 // fail marks the stream broken with err (as an *Error) and returns it.
@@ -84,12 +92,21 @@ func (s *Session) fail(err error) error {
 	return err
 }
 
-// Close half-closes the stream, waits for the router to end it and returns
-// the stream's status (nil when it ended normally or had already failed).
+// How long Close waits for the router to end the stream.
+const closeWait = 10 * time.Second
+
+// Close half-closes the stream, waits for the router to end it (up to 10 s)
+// and returns the stream's status (nil when it ended normally or had
+// already failed). A Forward in flight on another goroutine is cancelled
+// (codes.Canceled), not waited for: a stalled router cannot hold Close.
 func (s *Session) Close() error {
-	s.mu.Lock()
+	if !s.mu.TryLock() {
+		s.cancel()
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	defer s.cancel()
+	defer time.AfterFunc(closeWait, s.cancel).Stop()
 	if s.broken != nil {
 		return nil
 	}
