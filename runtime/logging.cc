@@ -15,7 +15,34 @@ namespace colibri {
 namespace runtime {
 namespace {
 
-// A JSON string literal of `s` (RFC 8259 escapes; other bytes as they are).
+// The length of the well-formed UTF-8 sequence at p (at most `left` bytes),
+// 0 if there is none (RFC 3629: no overlong forms, surrogates or values past
+// U+10FFFF).
+size_t Utf8Length(const unsigned char* p, size_t left) {
+  const unsigned char c = p[0];
+  size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  }
+  if (len == 0 || len > left || p[1] < lo || p[1] > hi) return 0;
+  for (size_t i = 2; i < len; ++i) {
+    if (p[i] < 0x80 || p[i] > 0xbf) return 0;
+  }
+  return len;
+}
+
+// A JSON string literal of `s` (RFC 8259 escapes); a byte that is not part
+// of well-formed UTF-8 (a peer's message may hold anything) becomes U+FFFD,
+// so every line stays valid JSON.
 std::string JsonString(const char* s, size_t n) {
   std::string out = "\"";
   for (size_t i = 0; i < n; ++i) {
@@ -29,8 +56,13 @@ std::string JsonString(const char* s, size_t n) {
       default:
         if (c < 0x20) {
           absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
+        } else if (c < 0x80) {
           out += static_cast<char>(c);
+        } else if (const size_t len = Utf8Length(reinterpret_cast<const unsigned char*>(s) + i, n - i); len > 0) {
+          out.append(s + i, len);
+          i += len - 1;
+        } else {
+          out += "\\ufffd";
         }
     }
   }

@@ -63,11 +63,13 @@ grep -q "^I.*draining and stopping" "$tmp/err" || fail "no INFO line for the dra
 echo "--- --log_format json: one object per line, levels; a bad format is refused"
 if "$build/expert_node/colibri-expert" --model "$tmp/model" --log_format xml 2>"$tmp/err"; then fail "took --log_format xml"; fi
 grep -q -- "--log_format 'xml'" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
-cp -r "$tmp/model" "$tmp/model2"
+# A directory name that is not UTF-8: the reload error names it, and the line must stay JSON.
+model2="$tmp/model"$'\xff'"2"
+cp -r "$tmp/model" "$model2"
 # The background job truncates out/err itself, after the fork: remove the first
 # run's files so the wait below cannot read its "listening" line.
 rm -f "$tmp/out" "$tmp/err"
-"$build/expert_node/colibri-expert" --model "$tmp/model2" --listen 127.0.0.1:0 --residency=paged --log_format json \
+"$build/expert_node/colibri-expert" --model "$model2" --listen 127.0.0.1:0 --residency=paged --log_format json \
   >"$tmp/out" 2>"$tmp/err" &
 pid=$!
 for _ in $(seq 1 100); do
@@ -76,7 +78,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 grep -q "listening on port" "$tmp/out" || fail "no port printed (json)"
-rm "$tmp/model2/manifest.json"  # the SIGHUP reload now fails: an ERROR line
+rm "$model2/manifest.json"  # the SIGHUP reload now fails: an ERROR line
 kill -HUP "$pid"
 for _ in $(seq 1 100); do grep -q "SIGHUP reload" "$tmp/err" && break; sleep 0.1; done
 kill -TERM "$pid"
@@ -84,7 +86,7 @@ wait "$pid" || fail "exit status $? after SIGTERM (json)"
 pid=""
 /usr/bin/python3 - "$tmp/err" <<'PY' || fail "stderr is not one JSON object per line with the expected levels"
 import json, sys
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+lines = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
 assert all({"time", "level", "thread", "file", "line", "message"} <= set(l) for l in lines), lines
 levels = {l["level"] for l in lines if "SIGHUP reload" in l["message"]}
 assert levels == {"ERROR"}, lines
