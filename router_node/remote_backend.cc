@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -316,7 +317,7 @@ void RemoteBackend::HealthRound() {
     }
     if (was_live != node.live && options_.log != nullptr) {
       *options_.log << (node.live ? "" : "WARNING: ") << "node " << node.address
-                    << (node.live ? " is live" : " is down: ") << error << std::endl;
+                    << (node.live ? " is live" : " is down: ") << absl::CEscape(error) << std::endl;
     }
   }
   if (options_.metrics != nullptr) {
@@ -343,7 +344,10 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     node->live = false;
     node->last_error = error;
   }
-  if (options_.log != nullptr) *options_.log << "WARNING: node " << node->address << " is down: " << error << std::endl;
+  // The node's own words, escaped: a newline in them must not start a log line of its own.
+  if (options_.log != nullptr) {
+    *options_.log << "WARNING: node " << node->address << " is down: " << absl::CEscape(error) << std::endl;
+  }
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_router_failovers_total", "Nodes taken out of the map after a failed call.")
         ->Increment();
