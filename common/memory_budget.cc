@@ -8,31 +8,31 @@ namespace colibri {
 namespace common {
 
 MemoryBudget::Reservation::Reservation(Reservation&& other) noexcept
-    : budget_(std::exchange(other.budget_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : in_use_(std::move(other.in_use_)), bytes_(std::exchange(other.bytes_, 0)) {}
 
 MemoryBudget::Reservation& MemoryBudget::Reservation::operator=(Reservation&& other) noexcept {
   if (this != &other) {
-    if (budget_ != nullptr) budget_->in_use_.fetch_sub(bytes_, std::memory_order_relaxed);
-    budget_ = std::exchange(other.budget_, nullptr);
+    if (in_use_ != nullptr) in_use_->fetch_sub(bytes_, std::memory_order_relaxed);
+    in_use_ = std::move(other.in_use_);
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
 }
 
 MemoryBudget::Reservation::~Reservation() {
-  if (budget_ != nullptr) budget_->in_use_.fetch_sub(bytes_, std::memory_order_relaxed);
+  if (in_use_ != nullptr) in_use_->fetch_sub(bytes_, std::memory_order_relaxed);
 }
 
 absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(int64_t bytes, const std::string& what) {
-  int64_t current = in_use_.load(std::memory_order_relaxed);
+  int64_t current = in_use_->load(std::memory_order_relaxed);
   do {
     if (limit_ > 0 && current + bytes > limit_) {
       return absl::ResourceExhaustedError(absl::StrCat(what, " needs ~", bytes, " bytes; ", current, " of the ", limit_,
                                                        "-byte budget for requests in flight are in use (", option_,
                                                        "); retry later or send smaller requests"));
     }
-  } while (!in_use_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
-  return Reservation(this, bytes);
+  } while (!in_use_->compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
+  return Reservation(in_use_, bytes);
 }
 
 }  // namespace common

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,7 +20,9 @@ namespace common {
 
 class MemoryBudget {
  public:
-  // Holds bytes of the budget until destroyed (or moved from).
+  // Holds bytes of the budget until destroyed (or moved from). It may
+  // outlive the budget (it shares the budget's count): work that ends after
+  // its server (a merged call its callers left) still gives its bytes back.
   class Reservation {
    public:
     Reservation() = default;
@@ -29,8 +32,9 @@ class MemoryBudget {
 
    private:
     friend class MemoryBudget;
-    Reservation(MemoryBudget* budget, int64_t bytes) : budget_(budget), bytes_(bytes) {}
-    MemoryBudget* budget_ = nullptr;
+    Reservation(std::shared_ptr<std::atomic<int64_t>> in_use, int64_t bytes)
+        : in_use_(std::move(in_use)), bytes_(bytes) {}
+    std::shared_ptr<std::atomic<int64_t>> in_use_;
     int64_t bytes_ = 0;
   };
 
@@ -39,16 +43,16 @@ class MemoryBudget {
   MemoryBudget(int64_t limit_bytes, std::string option) : limit_(limit_bytes), option_(std::move(option)) {}
 
   // RESOURCE_EXHAUSTED naming `what`, the sizes and the option when `bytes`
-  // more would exceed the limit. The budget must outlive the reservation.
+  // more would exceed the limit.
   absl::StatusOr<Reservation> Reserve(int64_t bytes, const std::string& what);
 
-  int64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
+  int64_t in_use() const { return in_use_->load(std::memory_order_relaxed); }
   int64_t limit() const { return limit_; }
 
  private:
   const int64_t limit_;
   const std::string option_;
-  std::atomic<int64_t> in_use_{0};
+  const std::shared_ptr<std::atomic<int64_t>> in_use_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace common

@@ -208,6 +208,7 @@ struct Router::Pending {
   // Merged calls: the client's bf16 rows, copied (the caller may be answered
   // — and its request freed — while the merged call still reads them).
   std::vector<uint16_t> x_bf16;
+  std::shared_ptr<void> hold;  // ForwardInput::hold
 };
 
 absl::Status Router::CheckShape(const ForwardInput& in) const {
@@ -339,6 +340,7 @@ ForwardOutput Router::Aggregate(Pending& p) {
 void Router::ForwardAsync(const ForwardInput& in, CallControl& control,
                           std::function<void(absl::StatusOr<ForwardOutput>)> done) {
   auto p = std::make_shared<Pending>();
+  p->hold = in.hold;
   absl::Status s = Prepare(in, p.get());
   if (!s.ok()) return done(std::move(s));
   p->dispatch = std::chrono::steady_clock::now();

@@ -53,6 +53,10 @@ struct ForwardInput {
   // The caller's label for logs and traces, passed on to every node call: at
   // most kMaxRequestIdBytes.
   std::string request_id;
+  // Kept by the router for as long as it holds anything of the call, which a
+  // merged call (RouterOptions::batching) does after a caller that gave up
+  // was answered: a server's memory reservation for the call goes here.
+  std::shared_ptr<void> hold;
 };
 inline constexpr size_t kMaxRequestIdBytes = 256;
 

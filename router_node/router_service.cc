@@ -347,6 +347,9 @@ void RouterService::RunAdmitted(std::shared_ptr<Admitted> a, const v1::ForwardRe
     return done(late);
   }
   Router& core = *a->router;
+  // The reservation lasts as long as the router holds the call (a merged
+  // call may hold its rows after it was answered), not only until `done`.
+  a->in.hold = std::make_shared<common::MemoryBudget::Reservation>(std::move(a->held));
   const ForwardInput& in = a->in;  // both owned by `a`, which the callback owns from here
   core.ForwardAsync(
       in, control,
@@ -354,7 +357,7 @@ void RouterService::RunAdmitted(std::shared_ptr<Admitted> a, const v1::ForwardRe
         if (out.ok()) Respond(request, a->in, a->router->manifest().d_model, *out, response);
         // Nothing of the service is touched once `done` runs: it may end the service (a
         // proxyless client destroyed by its caller as soon as its last call is answered).
-        a->held = common::MemoryBudget::Reservation();
+        a->in.hold.reset();  // the router's own reference may last longer
         a->router.reset();
         done(out.ok() ? absl::OkStatus() : out.status());
       });

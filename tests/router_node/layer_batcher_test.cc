@@ -321,10 +321,13 @@ TEST_CASE("a merged caller cancelled or past its deadline is answered at once an
   CHECK(c4.result->timings.merged_callers == 2);
 }
 
-TEST_CASE("a merged call its callers left uses the backend until it ends, and the router says so") {
+TEST_CASE("a merged call its callers left uses the backend and holds their ForwardInput::hold until it ends") {
   Fixture f;
   const Request first = MakeRequest(f.manifest(), 0, 2, common::RoutingMode::kLut, DType::kF32, DType::kF32, 21);
-  const Request next = MakeRequest(f.manifest(), 0, 1, common::RoutingMode::kLut, DType::kF32, DType::kF32, 22);
+  Request next = MakeRequest(f.manifest(), 0, 1, common::RoutingMode::kLut, DType::kF32, DType::kF32, 22);
+  auto hold = std::make_shared<int>(0);  // a server's memory reservation, say
+  const std::weak_ptr<int> held = hold;
+  next.in.hold = std::move(hold);
   CHECK_FALSE(f.merged->backend_in_use());
   // `first` is held in the backend on its own thread; `next` queues behind
   // it, then goes from the batcher's thread and is held there in turn.
@@ -342,12 +345,15 @@ TEST_CASE("a merged call its callers left uses the backend until it ends, and th
   c1.control.Cancel();
   REQUIRE(Eventually([&] { return c1.done(); }));
   CHECK(c1.result.status().code() == absl::StatusCode::kCancelled);
+  next.in.hold.reset();
   // Every caller is answered, but the backend still computes `next`: it
-  // must not be destroyed yet.
+  // must not be destroyed yet, and what `next` holds is held.
   CHECK(f.gated->holding());
   CHECK(f.merged->backend_in_use());
+  CHECK_FALSE(held.expired());
   f.gated->Release();
   CHECK(Eventually([&] { return !f.merged->backend_in_use(); }));
+  CHECK(held.expired());
 }
 
 TEST_CASE("a merged call that fails is sent again caller by caller: each failure is the caller's own") {
