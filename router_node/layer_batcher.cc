@@ -34,18 +34,25 @@ struct Entry {
   std::weak_ptr<Batch> batch;  // that call, while it is in flight
 };
 
-// One merged call. Counted in `alive` from its making until the last
-// thread holding it lets go: the backend may be used until then, also
-// after every caller was answered.
-struct Batch {
-  explicit Batch(std::shared_ptr<std::atomic<int64_t>> count) : alive(std::move(count)) {
-    alive->fetch_add(1, std::memory_order_relaxed);
+// Adds one to `count` for its own lifetime.
+struct Counted {
+  explicit Counted(std::shared_ptr<std::atomic<int64_t>> c) : count(std::move(c)) {
+    count->fetch_add(1, std::memory_order_relaxed);
   }
-  ~Batch() { alive->fetch_sub(1, std::memory_order_release); }
-  Batch(const Batch&) = delete;
-  Batch& operator=(const Batch&) = delete;
+  ~Counted() { count->fetch_sub(1, std::memory_order_release); }
+  Counted(const Counted&) = delete;
+  Counted& operator=(const Counted&) = delete;
+  const std::shared_ptr<std::atomic<int64_t>> count;
+};
 
-  const std::shared_ptr<std::atomic<int64_t>> alive;
+// One merged call. Counted from its making until the last thread holding
+// it lets go and its members are gone (`alive` is declared first, so it is
+// destroyed last): the backend may be used until then, also after every
+// caller was answered.
+struct Batch {
+  explicit Batch(std::shared_ptr<std::atomic<int64_t>> count) : alive(std::move(count)) {}
+
+  const Counted alive;
   int32_t layer = 0;
   std::vector<std::shared_ptr<Entry>> members;
   absl::Time sent;
