@@ -611,7 +611,8 @@ const KernelProfile& SelectedProfile() {
     if (!kTimingBuild) return CachedOrDefaultProfile(path, isa);
     absl::Status why = absl::UnavailableError("neither HOME nor XDG_CACHE_HOME is set");
     if (!path.empty()) {
-      const bool chosen = std::getenv("COLIBRI_KERNEL_PROFILE") != nullptr;  // CachePath() took it
+      const char* env = std::getenv("COLIBRI_KERNEL_PROFILE");
+      const bool chosen = env != nullptr && *env != '\0';  // as CachePath() takes it
       auto loaded = LoadOrMeasureProfile(path, isa, chosen ? ProfileFile::kChosen : ProfileFile::kCache);
       if (loaded.ok()) return *loaded;
       why = loaded.status();

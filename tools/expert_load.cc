@@ -14,7 +14,7 @@
 namespace colibri {
 namespace tools {
 
-absl::Status AddLoadFile(const std::string& path, ExpertLoad* load) {
+absl::Status AddLoadFile(const std::string& path, int64_t shared_experts, ExpertLoad* load) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the load file ", path));
   const std::regex metric(R"(^colibri_router_expert_tokens_total\{(.*)\}\s+([0-9.eE+]+)\s*$)");
@@ -36,7 +36,8 @@ absl::Status AddLoadFile(const std::string& path, ExpertLoad* load) {
             absl::StrCat("load file ", path, " line ", number, ": a layer, expert or count that is not a number"));
       }
       // A shared expert (id n_experts and up) gets every token: nothing to place or prune.
-      if (expert >= static_cast<int64_t>((*load)[0].size())) continue;
+      const int64_t routed = static_cast<int64_t>((*load)[0].size());
+      if (expert >= routed && expert < routed + shared_experts) continue;
     } else if (line.rfind("colibri_", 0) == 0) {
       continue;  // another metric of the page
     } else {

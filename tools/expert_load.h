@@ -26,10 +26,10 @@ namespace tools {
 using ExpertLoad = std::vector<std::vector<double>>;  // [layer][routed expert]: token slots
 
 // Adds the file's counts to `load` (sized [n_layers][n_experts]); a metric
-// sample of a shared expert (expert >= n_experts) is skipped. NOT_FOUND if
-// unreadable; INVALID_ARGUMENT naming the line for a malformed line or a
-// layer/expert outside `load`, or for a file with no count at all.
-absl::Status AddLoadFile(const std::string& path, ExpertLoad* load);
+// sample of one of the `shared_experts` (ids n_experts and up) is skipped.
+// NOT_FOUND if unreadable; INVALID_ARGUMENT naming the line for a malformed
+// line or a layer/expert outside the model, or for a file with no count.
+absl::Status AddLoadFile(const std::string& path, int64_t shared_experts, ExpertLoad* load);
 
 // Calibration records routed through each layer's gate: the records' hidden
 // states (f32) and their routes, per layer (empty for a layer the file has

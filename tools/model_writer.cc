@@ -1,5 +1,6 @@
 #include "tools/model_writer.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -82,6 +84,9 @@ absl::Status WriteManifest(const std::string& dir, const common::Manifest& manif
   return absl::OkStatus();
 }
 
+constexpr char kStagingPrefix[] = ".colibri-partial-";    // + pid: the model being written
+constexpr char kPreviousPrefix[] = ".colibri-previous-";  // + pid: the one it replaces, while it does
+
 // The layer directories in `dir`.
 std::vector<fs::path> LayerDirs(const fs::path& dir) {
   std::vector<fs::path> layers;
@@ -98,13 +103,29 @@ std::vector<fs::path> LayerDirs(const fs::path& dir) {
 absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Begin(const std::string& out_dir, bool overwrite) {
   std::error_code ec;
   const fs::path out(out_dir);
-  if (fs::exists(out / common::kManifestFileName, ec) && !overwrite) {
+  const bool has_model = fs::exists(out / common::kManifestFileName, ec);
+  if (has_model && !overwrite) {
     return absl::FailedPreconditionError(
         absl::StrCat(out_dir, " already holds a model directory; pass --overwrite to replace it"));
   }
-  // Beside out_dir (one file system: the moves are renames), not inside it.
-  const std::string staging =
-      absl::StrCat(out.has_filename() ? out.string() : out.parent_path().string(), ".partial-", ::getpid());
+  fs::create_directories(out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  // What runs that were killed left: their staging directories, and the
+  // previous model's parts once a model is in place again.
+  for (auto it = fs::directory_iterator(out, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename();
+    for (const char* prefix : {kStagingPrefix, kPreviousPrefix}) {
+      int pid = 0;
+      if (name.rfind(prefix, 0) != 0 || !absl::SimpleAtoi(name.substr(std::strlen(prefix)), &pid)) continue;
+      const bool dead = ::kill(pid, 0) != 0 && errno == ESRCH;
+      if (dead && (prefix == kStagingPrefix || has_model)) {
+        std::error_code ignored;
+        fs::remove_all(it->path(), ignored);
+      }
+    }
+  }
+  // Inside out_dir: one file system, so every move is a rename.
+  const std::string staging = (out / absl::StrCat(kStagingPrefix, ::getpid())).string();
   fs::remove_all(staging, ec);
   fs::create_directories(staging, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", staging, ": ", ec.message()));
@@ -118,25 +139,33 @@ OutputDir::~OutputDir() {
 
 absl::Status OutputDir::Commit(const common::Manifest& manifest) {
   COLIBRI_RETURN_IF_ERROR(WriteManifest(staging_, manifest));
+  const fs::path out(out_dir_), staging(staging_), manifest_name(common::kManifestFileName);
+  const fs::path previous = out / absl::StrCat(kPreviousPrefix, ::getpid());
   std::error_code ec;
-  const fs::path out(out_dir_);
-  fs::create_directories(out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir_, ": ", ec.message()));
-  auto failed = [&](const std::string& what) {
-    return absl::InternalError(absl::StrCat("cannot ", what, ": ", ec.message()));
+  fs::remove_all(previous, ec);
+  fs::create_directories(previous, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", previous.string(), ": ", ec.message()));
+  // Moves made so far, undone in reverse if a later one fails: the model
+  // that was there is put back.
+  std::vector<std::pair<fs::path, fs::path>> done;
+  auto move = [&](const fs::path& from, const fs::path& to) {
+    fs::rename(from, to, ec);
+    if (!ec) done.push_back({from, to});
+    return !ec;
   };
-  fs::remove(out / common::kManifestFileName, ec);
-  if (ec) return failed(absl::StrCat("remove ", (out / common::kManifestFileName).string()));
-  for (const fs::path& old : LayerDirs(out)) {
-    fs::remove_all(old, ec);
-    if (ec) return failed(absl::StrCat("remove ", old.string()));
+  bool moved = true;
+  if (fs::exists(out / manifest_name)) moved = move(out / manifest_name, previous / manifest_name);
+  for (const fs::path& old : LayerDirs(out)) moved = moved && move(old, previous / old.filename());
+  for (const fs::path& layer : LayerDirs(staging)) moved = moved && move(layer, out / layer.filename());
+  moved = moved && move(staging / manifest_name, out / manifest_name);
+  if (!moved) {
+    const std::string why = ec.message();
+    for (auto it = done.rbegin(); it != done.rend(); ++it) fs::rename(it->second, it->first, ec);
+    fs::remove_all(previous, ec);
+    return absl::InternalError(
+        absl::StrCat("cannot move the new model into ", out_dir_, " (", why, "); the model there is as it was"));
   }
-  for (const fs::path& layer : LayerDirs(staging_)) {
-    fs::rename(layer, out / layer.filename(), ec);
-    if (ec) return failed(absl::StrCat("move ", layer.string(), " into ", out_dir_));
-  }
-  fs::rename(fs::path(staging_) / common::kManifestFileName, out / common::kManifestFileName, ec);
-  if (ec) return failed(absl::StrCat("move the manifest into ", out_dir_));
+  fs::remove_all(previous, ec);
   return absl::OkStatus();
 }
 

@@ -59,10 +59,12 @@ absl::StatusOr<common::ManifestFile> WritePlainFile(const std::string& out_dir, 
                                                     const std::vector<PlainSection>& plain);
 
 // A model directory being written. Everything goes to a staging directory
-// beside it (path(): `out_dir`.partial-<pid>); Commit moves the result into
-// `out_dir`. Until then `out_dir` is as it was, so a run that fails halfway
-// (a bad tensor in the last layer) leaves the model an earlier run wrote
-// there; destroyed without Commit, the staging directory is removed.
+// inside it (path(): `out_dir`/.colibri-partial-<pid>, on the same file
+// system, so moves are renames); Commit moves the result in. Until then the
+// model in `out_dir` is as it was, so a run that fails halfway (a bad tensor
+// in the last layer) leaves the model an earlier run wrote there; destroyed
+// without Commit, the staging directory is removed. Begin removes what
+// killed runs left (their pids are gone).
 class OutputDir {
  public:
   // Refuses an `out_dir` that holds a model unless `overwrite`.
@@ -74,9 +76,11 @@ class OutputDir {
   // Where the files go until Commit.
   const std::string& path() const { return staging_; }
   // Writes `manifest` (through a temporary file and a rename), then
-  // replaces out_dir's model: its manifest goes first, then its layer
-  // directories; the new layer directories move in, the manifest last.
-  // Other files in out_dir are kept.
+  // replaces out_dir's model: its manifest and layer directories move aside
+  // (.colibri-previous-<pid>), the new layer directories move in, the
+  // manifest last, and the old parts are removed. If a move fails, the moves
+  // made are undone: the old model is back (INTERNAL says so). Other files
+  // in out_dir are kept.
   absl::Status Commit(const common::Manifest& manifest);
 
  private:

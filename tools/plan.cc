@@ -39,8 +39,12 @@ absl::Status WriteOutputs(const std::string& dir, const std::vector<PlanNode>& n
   for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
        it.increment(ec)) {
     const std::string name = it->path().filename();
-    if (name == "cluster.txt" || absl::EndsWith(name, ".experts")) std::filesystem::remove(it->path(), ec);
+    if (name != "cluster.txt" && !absl::EndsWith(name, ".experts")) continue;
+    if (std::error_code removed; !std::filesystem::remove(it->path(), removed) && removed) {
+      return absl::InternalError(absl::StrCat("cannot remove ", it->path().string(), ": ", removed.message()));
+    }
   }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
   std::string shards, cluster, values;
   bool all_addresses = true;
   absl::StrAppend(&values,
@@ -145,7 +149,7 @@ absl::Status MakePlan(const PlanToolOptions& o, std::ostream& log, Placement* pl
   }
   if (!o.load_path.empty()) {
     load.assign(L, std::vector<double>(E, 0.0));
-    COLIBRI_RETURN_IF_ERROR(AddLoadFile(o.load_path, &load));
+    COLIBRI_RETURN_IF_ERROR(AddLoadFile(o.load_path, m.n_shared_experts, &load));
   } else if (!o.calibration_path.empty()) {
     std::vector<std::unique_ptr<common::LayerRouting>> routing(L);
     for (int64_t layer = 0; layer < L; ++layer) {

@@ -85,7 +85,7 @@ absl::Status PruneModel(const PruneOptions& o, std::ostream& log, PruneReport* r
 
   ExpertLoad load(L, std::vector<double>(E, 0.0));
   if (!o.load_path.empty()) {
-    COLIBRI_RETURN_IF_ERROR(AddLoadFile(o.load_path, &load));
+    COLIBRI_RETURN_IF_ERROR(AddLoadFile(o.load_path, m.n_shared_experts, &load));
   } else {
     AddRoutes(calibration, &load);
   }

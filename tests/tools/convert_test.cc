@@ -459,9 +459,12 @@ TEST_CASE("converting over an existing model needs overwrite") {
   REQUIRE(kept.ok());
   CHECK((*kept)->model_id() == model_id);
   CHECK((*kept)->LoadExpert(1, 3, /*verify_checksum=*/true).ok());
-  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
-    CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "model")) {
+    CHECK(entry.path().filename().string().rfind(".colibri-", 0) == std::string::npos);  // no staging left
   }
+  // A killed run's staging directory is removed by the next run.
+  const std::string stale = dir / "model/.colibri-partial-999999999";
+  std::filesystem::create_directories(stale);
   // With --overwrite and a good checkpoint, the model is replaced.
   o.checkpoint_dir = dir / "ckpt";
   o.weight_type = DType::kInt8;
@@ -469,6 +472,10 @@ TEST_CASE("converting over an existing model needs overwrite") {
   auto replaced = common::ModelDir::Open(dir / "model");
   REQUIRE(replaced.ok());
   CHECK((*replaced)->manifest().weight_type == DType::kInt8);
+  CHECK_FALSE(std::filesystem::exists(stale));
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "model")) {
+    CHECK(entry.path().filename().string().rfind(".colibri-", 0) == std::string::npos);
+  }
 }
 
 // A one-layer Mixtral-naming checkpoint whose gate favours expert 0: every

@@ -100,14 +100,19 @@ const closeWait = 10 * time.Second
 // already failed). A Forward in flight on another goroutine is cancelled
 // (codes.Canceled), not waited for: a stalled router cannot hold Close.
 func (s *Session) Close() error {
+	cancelled := false
 	if !s.mu.TryLock() {
 		s.cancel()
+		cancelled = true
 		s.mu.Lock()
 	}
 	defer s.mu.Unlock()
 	defer s.cancel()
 	defer time.AfterFunc(closeWait, s.cancel).Stop()
-	if s.broken != nil {
+	if s.broken != nil || cancelled {
+		// Failed or closed already, or ended by this Close's cancel: nothing
+		// left to drain.
+		s.broken = errorf(codes.FailedPrecondition, "session is closed")
 		return nil
 	}
 	s.broken = errorf(codes.FailedPrecondition, "session is closed")
