@@ -160,7 +160,15 @@ absl::Status OutputDir::Commit(const common::Manifest& manifest) {
   moved = moved && move(staging / manifest_name, out / manifest_name);
   if (!moved) {
     const std::string why = ec.message();
-    for (auto it = done.rbegin(); it != done.rend(); ++it) fs::rename(it->second, it->first, ec);
+    bool restored = true;
+    for (auto it = done.rbegin(); it != done.rend(); ++it) {
+      fs::rename(it->second, it->first, ec);
+      restored = restored && !ec;
+    }
+    if (!restored) {  // what could not go back stays where it is, named
+      return absl::InternalError(absl::StrCat("cannot move the new model into ", out_dir_, " (", why,
+                                              "), nor all of the old one back: its parts are in ", previous.string()));
+    }
     fs::remove_all(previous, ec);
     return absl::InternalError(
         absl::StrCat("cannot move the new model into ", out_dir_, " (", why, "); the model there is as it was"));
