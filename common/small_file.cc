@@ -25,12 +25,16 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const SmallFi
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
+  return ReadSmallFd(fd, path, options.max_bytes);
+}
+
+absl::StatusOr<std::string> ReadSmallFd(int fd, const std::string& path, int64_t max_bytes) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return absl::UnavailableError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
-  if (st.st_size > options.max_bytes) {
+  if (st.st_size > max_bytes) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, " holds ", st.st_size, " bytes, more than the ", options.max_bytes, " it may"));
+        absl::StrCat(path, " holds ", st.st_size, " bytes, more than the ", max_bytes, " it may"));
   }
   std::string text(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;

@@ -24,6 +24,10 @@ struct SmallFileOptions {
 // cannot be opened or read. Messages name the path and the reason.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const SmallFileOptions& options = {});
 
+// The same for a file the caller has open (e.g. under a lock it holds), read
+// from its start whatever the descriptor's offset; `path` names it in errors.
+absl::StatusOr<std::string> ReadSmallFd(int fd, const std::string& path, int64_t max_bytes);
+
 }  // namespace common
 }  // namespace colibri
 

@@ -586,38 +586,40 @@ grpc::ServerUnaryReactor* ExpertService::ReloadAs(grpc::CallbackServerContext* c
     Finish(reactor, "Reload", runtime::ToGrpcStatus(s));
     return reactor;
   }
-  common::MutexLock lock(&mu_);
-  if (stopping_) {
-    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down"));
-    return reactor;
-  }
-  if (reload_running_) {
-    Finish(reactor, "Reload", grpc::Status(grpc::StatusCode::ABORTED, "another reload is in progress"));
-    return reactor;
-  }
-  // The previous reload thread has cleared reload_running_ and takes mu_ no more: joining is quick.
-  if (reload_thread_.joinable()) reload_thread_.join();
-  reload_running_ = true;
-  // Loading takes seconds: never on a gRPC thread, never on the compute thread.
-  reload_thread_ = std::thread([this, reactor, response, input] {
-    absl::Status s;
-    if (input.drop_model_id.empty()) {
-      s = ReloadNow(input.model_dir, input.shard, input.keep_previous);
+  grpc::Status refused;  // decided under mu_, answered after it: Finish runs no code of ours under the lock
+  {
+    common::MutexLock lock(&mu_);
+    if (stopping_) {
+      refused = grpc::Status(grpc::StatusCode::UNAVAILABLE, "expert node is shutting down");
+    } else if (reload_running_) {
+      refused = grpc::Status(grpc::StatusCode::ABORTED, "another reload is in progress");
     } else {
-      s = store_->Drop(input.drop_model_id);
-      UpdateWeightGauges();
+      // The previous reload thread has cleared reload_running_ and takes mu_ no more: joining is quick.
+      if (reload_thread_.joinable()) reload_thread_.join();
+      reload_running_ = true;
+      // Loading takes seconds: never on a gRPC thread, never on the compute thread.
+      reload_thread_ = std::thread([this, reactor, response, input] {
+        absl::Status s;
+        if (input.drop_model_id.empty()) {
+          s = ReloadNow(input.model_dir, input.shard, input.keep_previous);
+        } else {
+          s = store_->Drop(input.drop_model_id);
+          UpdateWeightGauges();
+        }
+        {
+          common::MutexLock guard(&mu_);
+          reload_running_ = false;
+        }
+        if (s.ok()) {
+          const std::shared_ptr<const WeightSet> set = store_->Current();
+          response->set_weights_version(set->version());
+          response->set_model_id(set->model().model_id());
+        }
+        Finish(reactor, "Reload", runtime::ToGrpcStatus(s));
+      });
     }
-    {
-      common::MutexLock guard(&mu_);
-      reload_running_ = false;
-    }
-    if (s.ok()) {
-      const std::shared_ptr<const WeightSet> set = store_->Current();
-      response->set_weights_version(set->version());
-      response->set_model_id(set->model().model_id());
-    }
-    Finish(reactor, "Reload", runtime::ToGrpcStatus(s));
-  });
+  }
+  if (!refused.ok()) Finish(reactor, "Reload", refused);
   return reactor;
 }
 

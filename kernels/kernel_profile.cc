@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,7 @@
 #include "absl/types/span.h"
 #include "common/half.h"
 #include "common/model_dir.h"
+#include "common/small_file.h"
 #include "common/status_macros.h"
 #include "common/user_cache.h"
 #include "common/weight_matrix.h"
@@ -40,6 +42,7 @@ using common::DType;
 // Bumped whenever the candidates, their speed or the way they are timed
 // change, so a cache written by another version is not read.
 constexpr int kProfileVersion = 10;
+constexpr int64_t kMaxProfileBytes = 1 << 20;  // a profile is a few KiB: anything larger is not one
 
 // Whether this build's timings say anything about the host: sanitizers and
 // -O0 slow the hand-written kernels many times over and leave oneDNN (a
@@ -173,39 +176,20 @@ int64_t MeasureThreshold(Timer& timer, const common::ExpertWeights& expert, cons
   return Threshold(counts, wins);
 }
 
-// The text of the regular file open at `fd` (from its start), or an error
-// for anything else (a FIFO would block, a device never end) or a file too
-// large to be a profile.
-absl::StatusOr<std::string> ReadAll(int fd, const std::string& path) {
-  constexpr off_t kMaxBytes = 1 << 20;
-  struct stat st;
-  if (fstat(fd, &st) != 0)
-    return absl::UnavailableError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return absl::UnavailableError(absl::StrCat(path, " is not a regular file"));
-  if (st.st_size > kMaxBytes) {
-    return absl::UnavailableError(absl::StrCat(path, " holds ", st.st_size, " bytes: not a kernel profile"));
+// Where the profile lives: the file COLIBRI_KERNEL_PROFILE names (the
+// operator's, kChosen), else one per CPU and ISA in the user's cache
+// (kCache); an empty path where there is no cache directory.
+std::pair<std::string, ProfileFile> ProfilePath() {
+  if (const char* path = std::getenv("COLIBRI_KERNEL_PROFILE"); path != nullptr && *path != '\0') {
+    return {path, ProfileFile::kChosen};
   }
-  std::string text;
-  char buffer[4096];
-  for (off_t at = 0;;) {
-    const ssize_t n = pread(fd, buffer, sizeof(buffer), at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-    if (n == 0 || at + n > kMaxBytes) break;
-    text.append(buffer, n);
-    at += n;
-  }
-  return text;
-}
-
-std::string CachePath() {
-  if (const char* path = std::getenv("COLIBRI_KERNEL_PROFILE"); path != nullptr && *path != '\0') return path;
   const std::string dir = common::UserCacheDir();
-  if (dir.empty()) return "";
+  if (dir.empty()) return {"", ProfileFile::kCache};
   // A VM may hide AVX-VNNI from a CPU that has it: the avx2 kernels differ by it.
   const bool vnni = SelectedIsa() == Isa::kAvx2 && HasAvxVnni();
-  return absl::StrCat(dir, "/kernels-v", kProfileVersion, "-", CpuSignature(), "-", IsaName(SelectedIsa()),
-                      vnni ? "+avxvnni" : "", ".txt");
+  return {absl::StrCat(dir, "/kernels-v", kProfileVersion, "-", CpuSignature(), "-", IsaName(SelectedIsa()),
+                       vnni ? "+avxvnni" : "", ".txt"),
+          ProfileFile::kCache};
 }
 
 // The text of `path` opened read-only, under a shared lock (a process
@@ -214,7 +198,7 @@ absl::StatusOr<std::string> ReadOnly(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   flock(fd, LOCK_SH);  // best effort: a file that cannot be locked is read as it is
-  absl::StatusOr<std::string> text = ReadAll(fd, path);
+  absl::StatusOr<std::string> text = common::ReadSmallFd(fd, path, kMaxProfileBytes);
   close(fd);  // also drops the lock
   return text;
 }
@@ -262,7 +246,7 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
   } closer{fd};
   if (flock(fd, LOCK_EX) != 0)
     return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
-  COLIBRI_ASSIGN_OR_RETURN(const std::string text, ReadAll(fd, path));
+  COLIBRI_ASSIGN_OR_RETURN(const std::string text, common::ReadSmallFd(fd, path, kMaxProfileBytes));
   if (!text.empty()) {
     auto cached = ParseProfile(text, isa);
     if (cached.ok()) {
@@ -602,7 +586,7 @@ std::string CpuSignature() {
 const KernelProfile& SelectedProfile() {
   static const KernelProfile selected = [] {
     const Isa isa = SelectedIsa();
-    const std::string path = CachePath();
+    const auto [path, whose] = ProfilePath();
     if (path == "off") {
       KernelProfile p = DefaultProfile(isa);
       p.source = "defaults (COLIBRI_KERNEL_PROFILE=off)";
@@ -611,9 +595,7 @@ const KernelProfile& SelectedProfile() {
     if (!kTimingBuild) return CachedOrDefaultProfile(path, isa);
     absl::Status why = absl::UnavailableError("neither HOME nor XDG_CACHE_HOME is set");
     if (!path.empty()) {
-      const char* env = std::getenv("COLIBRI_KERNEL_PROFILE");
-      const bool chosen = env != nullptr && *env != '\0';  // as CachePath() takes it
-      auto loaded = LoadOrMeasureProfile(path, isa, chosen ? ProfileFile::kChosen : ProfileFile::kCache);
+      auto loaded = LoadOrMeasureProfile(path, isa, whose);
       if (loaded.ok()) return *loaded;
       why = loaded.status();
     }

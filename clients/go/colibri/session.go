@@ -109,13 +109,11 @@ func (s *Session) Close() error {
 	defer s.mu.Unlock()
 	defer s.cancel()
 	defer time.AfterFunc(closeWait, s.cancel).Stop()
-	if s.broken != nil || cancelled {
-		// Failed or closed already, or ended by this Close's cancel: nothing
-		// left to drain.
-		s.broken = errorf(codes.FailedPrecondition, "session is closed")
+	drained := s.broken != nil || cancelled // failed or closed already, or ended by this Close's cancel
+	s.broken = errorf(codes.FailedPrecondition, "session is closed")
+	if drained {
 		return nil
 	}
-	s.broken = errorf(codes.FailedPrecondition, "session is closed")
 	if err := s.stream.CloseSend(); err != nil {
 		return toError(err)
 	}
