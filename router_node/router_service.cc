@@ -60,20 +60,23 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
     absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(*request_, control_);
     if (!admitted.ok()) return Done(admitted.status());
     if (!service_->Submit([this, a = *std::move(admitted)]() mutable {
-          service_->RunAdmitted(std::move(a), *request_, control_, response_, [this](absl::Status s) { Done(s); });
+          service_->RunAdmitted(std::move(a), *request_, control_, response_,
+                                [this](absl::Status s, std::shared_ptr<void> held) { Done(s, std::move(held)); });
         })) {
       Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
     }
   }
 
   void OnCancel() override { control_.Cancel(); }
-  void OnDone() override { delete this; }
+  void OnDone() override { delete this; }  // the reply is sent (or the call is over): `held_` goes with it
 
  private:
   void Run() {
-    service_->StartForward(*request_, control_, response_, [this](absl::Status s) { Done(s); });
+    service_->StartForward(*request_, control_, response_,
+                           [this](absl::Status s, std::shared_ptr<void> held) { Done(s, std::move(held)); });
   }
-  void Done(const absl::Status& s) {
+  void Done(const absl::Status& s, std::shared_ptr<void> held = nullptr) {
+    held_ = std::move(held);
     service_->CountCall("Forward", s.code());
     Finish(runtime::ToGrpcStatus(s));
   }
@@ -82,6 +85,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   const v1::ForwardRequest* const request_;
   v1::ForwardResponse* const response_;
   CallControl control_;
+  std::shared_ptr<void> held_;  // the call's memory reservation, until the reply is sent
 };
 
 }  // namespace
@@ -121,12 +125,13 @@ class RouterService::StreamReactor final
     if (cancelled) control->Cancel();
     if (service_->RunsInline(request_)) return Run(*control, nullptr);
     absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(request_, *control);
-    if (!admitted.ok()) return Done(admitted.status());
+    if (!admitted.ok()) return Done(admitted.status(), nullptr);
     if (!service_->Submit([this, control, a = *std::move(admitted)]() mutable { Run(*control, std::move(a)); })) {
-      Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
+      Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"), nullptr);
     }
   }
   void OnWriteDone(bool ok) override {
+    reply_held_.reset();  // see Done: written or failed, the reply's memory is free to reuse
     if (!ok) {
       EndLoop(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
     } else {
@@ -184,7 +189,7 @@ class RouterService::StreamReactor final
 
   // Runs request_: admitted already if it waited for a worker, else admitted here.
   void Run(CallControl& control, std::shared_ptr<RouterService::Admitted> admitted) {
-    auto done = [this](absl::Status s) { Done(s); };
+    auto done = [this](absl::Status s, std::shared_ptr<void> held) { Done(s, std::move(held)); };
     if (admitted == nullptr) {
       service_->StartForward(request_, control, reply_.mutable_response(), std::move(done));
     } else {
@@ -192,13 +197,15 @@ class RouterService::StreamReactor final
     }
   }
   // The request's end: its control is dropped (it lives in current_ until
-  // here), and its reply written.
-  void Done(const absl::Status& s) {
+  // here), and its reply written; the call's reservation is kept until the
+  // write is done (OnWriteDone), as the request and reply live until then.
+  void Done(const absl::Status& s, std::shared_ptr<void> held) {
     std::shared_ptr<CallControl> control;
     {
       common::MutexLock lock(&mu_);
       control.swap(current_);
     }
+    reply_held_ = std::move(held);
     Reply(s);
   }
   void Reply(const absl::Status& s) {
@@ -214,6 +221,7 @@ class RouterService::StreamReactor final
   const absl::Time deadline_;
   v1::ForwardRequest request_;
   v1::ForwardStreamResponse reply_;
+  std::shared_ptr<void> reply_held_;  // the reservation of the request whose reply is being written
   common::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<CallControl> current_ ABSL_GUARDED_BY(mu_);  // the request being run
@@ -331,20 +339,20 @@ absl::StatusOr<std::shared_ptr<RouterService::Admitted>> RouterService::Admit(co
 }
 
 void RouterService::StartForward(const v1::ForwardRequest& request, CallControl& control, v1::ForwardResponse* response,
-                                 std::function<void(absl::Status)> done) {
+                                 Done done) {
   absl::StatusOr<std::shared_ptr<Admitted>> admitted = Admit(request, control);
-  if (!admitted.ok()) return done(admitted.status());
+  if (!admitted.ok()) return done(admitted.status(), nullptr);
   RunAdmitted(*std::move(admitted), request, control, response, std::move(done));
 }
 
 void RouterService::RunAdmitted(std::shared_ptr<Admitted> a, const v1::ForwardRequest& request, CallControl& control,
-                                v1::ForwardResponse* response, std::function<void(absl::Status)> done) {
+                                v1::ForwardResponse* response, Done done) {
   absl::Status late;
   if (control.cancelled()) late = absl::CancelledError("cancelled before it ran");
   if (late.ok() && absl::Now() > control.deadline()) late = absl::DeadlineExceededError("deadline passed while queued");
   if (!late.ok()) {
     a.reset();  // its memory given back before `done`, which may end the service
-    return done(late);
+    return done(late, nullptr);
   }
   Router& core = *a->router;
   // The reservation lasts as long as the router holds the call (a merged
@@ -357,9 +365,11 @@ void RouterService::RunAdmitted(std::shared_ptr<Admitted> a, const v1::ForwardRe
         if (out.ok()) Respond(request, a->in, a->router->manifest().d_model, *out, response);
         // Nothing of the service is touched once `done` runs: it may end the service (a
         // proxyless client destroyed by its caller as soon as its last call is answered).
-        a->in.hold.reset();  // the router's own reference may last longer
+        // The reservation outlives it (MemoryBudget), and the router's own reference may
+        // last longer than the caller's.
+        std::shared_ptr<void> held = std::move(a->in.hold);
         a->router.reset();
-        done(out.ok() ? absl::OkStatus() : out.status());
+        done(out.ok() ? absl::OkStatus() : out.status(), std::move(held));
       });
 }
 

@@ -93,13 +93,18 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // per-route replies, the f32 sum and the encoded output.
   static int64_t Footprint(int64_t hidden_bytes, int64_t values, const common::Manifest& m);
 
+  // A request's end: its status, and the memory reservation of the call
+  // (null if none was made), which the caller keeps until it has written the
+  // reply (the request and reply are in that memory) — a client that never
+  // reads its replies holds the budget, not memory outside it.
+  using Done = std::function<void(absl::Status status, std::shared_ptr<void> held)>;
   // Starts one request on the calling thread (parse, route, send) and ends
-  // with done(status) once `response` is filled, on this thread or on the
+  // with done(status, held) once `response` is filled, on this thread or on the
   // thread of the last node reply. `request`, `control` and `response` must
   // live until `done` runs; nothing of the service is touched once `done`
   // has been called, so it may destroy the service. Used by both RPCs.
   void StartForward(const colibri::v1::ForwardRequest& request, CallControl& control,
-                    colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
+                    colibri::v1::ForwardResponse* response, Done done);
   // StartForward in two steps, for a request that waits for a worker: Admit
   // parses and checks it against the model version it will run on and
   // reserves its memory (so that waiting requests count against the budget);
@@ -110,7 +115,7 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   absl::StatusOr<std::shared_ptr<Admitted>> Admit(const colibri::v1::ForwardRequest& request,
                                                   const CallControl& control);
   void RunAdmitted(std::shared_ptr<Admitted> admitted, const colibri::v1::ForwardRequest& request, CallControl& control,
-                   colibri::v1::ForwardResponse* response, std::function<void(absl::Status)> done);
+                   colibri::v1::ForwardResponse* response, Done done);
   // GetModelInfo's and GetClusterStatus's answers (`admin`: node addresses
   // and errors), for callers without a server (a proxyless client).
   void FillModelInfo(colibri::v1::GetModelInfoResponse* response) const;

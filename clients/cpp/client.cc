@@ -68,7 +68,9 @@ struct Client::Direct {
   // Runs one request; `done` gets the status once `response` is filled.
   void Start(const v1::ForwardRequest& request, router_node::CallControl& control, v1::ForwardResponse* response,
              std::function<void(absl::Status)> done) {
-    service->StartForward(request, control, response, std::move(done));
+    // The reply is the caller's as soon as it is filled: nothing to keep the reservation for.
+    service->StartForward(request, control, response,
+                          [done = std::move(done)](absl::Status s, std::shared_ptr<void>) { done(s); });
   }
 };
 

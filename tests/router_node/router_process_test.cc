@@ -228,6 +228,44 @@ TEST_CASE("Forward calls beyond the router's memory budget are refused, smaller 
   for (int i = 0; i < 3; ++i) CHECK(Call(*stub, Request(0, {1, 2}, 1), &response).ok());
 }
 
+TEST_CASE("a reply the client does not read keeps its call's memory in the router's budget") {
+  Model model(common::DType::kF32);
+  // One call of 60 000 tokens reserves 11.5 MB of hidden states and several
+  // times that of work space (RouterService::Footprint): one fits, two do not.
+  constexpr int kTokens = 60000;
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=150000000"});
+  auto connect = [&] {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);         // the replies are over gRPC's default 4 MiB
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // a fixed window: a reply not read stays with the sender
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 65536);
+    return v1::Router::NewStub(
+        grpc::CreateCustomChannel(Address(router.port), grpc::InsecureChannelCredentials(), args));
+  };
+  auto stub = connect();
+  const v1::ForwardRequest big = Request(0, std::vector<int32_t>(kTokens, 3), 1);
+  v1::ForwardResponse response;
+  const grpc::Status first = Call(*stub, big, &response);
+  INFO(first.error_message());
+  REQUIRE(first.ok());
+  // An 11.5 MB reply on a stream nobody reads stays in the router, past
+  // HTTP/2's flow-control window: its call's reservation with it.
+  grpc::ClientContext stream_context;
+  auto stream_stub = connect();
+  auto stream = stream_stub->ForwardStream(&stream_context);
+  REQUIRE(stream->Write(big));
+  auto refused = [&] { return Call(*stub, big, &response).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED; };
+  REQUIRE(WaitFor(refused));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // answered long since: still held
+  CHECK(refused());
+  v1::ForwardStreamResponse reply;
+  REQUIRE(stream->Read(&reply));
+  CHECK(reply.code() == 0);
+  CHECK(WaitFor([&] { return Call(*stub, big, &response).ok(); }));
+  stream->WritesDone();
+  CHECK(stream->Finish().ok());
+}
+
 TEST_CASE("a deadline centuries away is served as no deadline") {
   Model model(common::DType::kF32);
   Proc router = StartRouter({"--local=" + model.path, "--threads=1"});
