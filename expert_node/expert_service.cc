@@ -534,6 +534,12 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   if (admin) response->set_model_dir(store_->model_dir());
   v1::OwnedExperts* owned = nullptr;
   for (const auto& [layer, expert] : set->owned()) {
+    // An expert whose weight file shrank under the node fails its calls (DATA_LOSS) until a
+    // reload: not offered, so that routers send its rows to intact replicas meanwhile.
+    if (const auto weights = set->Find(layer, expert);
+        weights.ok() && (*weights)->file != nullptr && (*weights)->file->faulted()) {
+      continue;
+    }
     if (owned == nullptr || owned->layer() != layer) {
       owned = response->add_owned();
       owned->set_layer(static_cast<int32_t>(layer));

@@ -69,6 +69,9 @@ struct StreamNodeChannel::State {
   uint64_t generation ABSL_GUARDED_BY(mu) = 0;
 };
 
+// How long a stream whose read failed waits for its status before it is cancelled.
+constexpr auto kCancelAfterFailedRead = std::chrono::milliseconds(200);
+
 // One ComputeStream. Writes come from any thread, one at a time (a queue
 // behind the one in progress). A hold keeps the stream open for them until
 // it has ended (a read or write failed) with no write in progress. Deleted
@@ -140,13 +143,22 @@ class StreamNodeChannel::Stream final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      // A reply that could not be parsed fails the read without ending the
-      // RPC: cancel it, so OnDone follows and ends the calls on it.
-      context_.TryCancel();
+      // The read fails when the stream ends, and when a reply could not be
+      // parsed, which does not end the RPC: then it must be cancelled, so
+      // that OnDone follows and ends the calls on it. Not at once: a cancel
+      // would overtake the status of a stream that is ending (a node without
+      // ComputeStream answers UNIMPLEMENTED, which turns its calls into unary
+      // ones), so the cancel waits a moment for OnDone, which stops it.
       bool release = false;
       bool unref = false;
       {
         common::MutexLock lock(&state_->mu);
+        cancel_armed_ = true;
+        refs_.fetch_add(1, std::memory_order_relaxed);  // the alarm's
+        cancel_alarm_.Set(std::chrono::system_clock::now() + kCancelAfterFailedRead, [this](bool fired) {
+          if (fired) context_.TryCancel();
+          Unref();
+        });
         unref = EndLocked();
         if (writing_ == nullptr) release = ReleaseLocked();
       }
@@ -175,8 +187,10 @@ class StreamNodeChannel::Stream final
     std::vector<State::Pending> orphans;
     bool refused = false;
     bool unref = false;
+    bool stop_alarm = false;
     {
       common::MutexLock lock(&state_->mu);
+      stop_alarm = cancel_armed_;
       unref = EndLocked();
       if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) state_->refused = true;
       refused = state_->refused;
@@ -198,6 +212,7 @@ class StreamNodeChannel::Stream final
             absl::StrCat("the stream to the expert node ended before the answer (", status.error_message(), ")")));
       }
     }
+    if (stop_alarm) cancel_alarm_.Cancel();  // its callback drops its reference
     if (unref) Unref();
     Unref();  // gRPC's
   }
@@ -245,6 +260,8 @@ class StreamNodeChannel::Stream final
   std::deque<Outgoing> queued_ ABSL_GUARDED_BY(state_->mu);
   bool ended_ ABSL_GUARDED_BY(state_->mu) = false;
   bool released_ ABSL_GUARDED_BY(state_->mu) = false;
+  grpc::Alarm cancel_alarm_;                               // OnReadDone(false)'s cancel, set at most once
+  bool cancel_armed_ ABSL_GUARDED_BY(state_->mu) = false;  // cancel_alarm_ is set
 };
 
 namespace {

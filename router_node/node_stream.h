@@ -15,7 +15,9 @@
 // (the node died or restarted), its calls without an answer end UNAVAILABLE,
 // for the caller to retry. A node that does not serve ComputeStream
 // (UNIMPLEMENTED: an older build) gets that stream's calls again as unary
-// calls, and every later one. Thread-safe.
+// calls, and every later one. A reply that cannot be parsed ends the
+// stream (cancelled 200 ms after the failed read, unless it ended by
+// then) and its calls UNAVAILABLE. Thread-safe.
 
 #include <grpcpp/grpcpp.h>
 

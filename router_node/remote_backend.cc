@@ -339,8 +339,12 @@ void RemoteBackend::HealthRound() {
 void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::string& error) {
   {
     common::MutexLock lock(&node->mu);
-    ++node->downs;
+    // Only a live node's fall voids the probes out (HealthRound): a call sent
+    // before the node was taken out and failing since is no newer news than
+    // a probe, and voiding probes for it would keep a node that was only slow
+    // out for as long as such calls keep timing out.
     if (!node->live) return;
+    ++node->downs;
     node->live = false;
     node->last_error = error;
   }

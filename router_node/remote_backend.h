@@ -21,7 +21,7 @@
 // node timeout, not the client's), RESOURCE_EXHAUSTED, ABORTED,
 // FAILED_PRECONDITION (a stale map), CANCELLED (by the node, not the client)
 // or DATA_LOSS is retried once, for just its experts, on other replicas (not
-// the failed node or that call's hedges), within the client's deadline; any
+// the failed node or that call's failed hedges), within the client's deadline; any
 // other code from a node becomes INTERNAL. With hedge_after > 0, the work of a
 // first-attempt call not answered within it is also sent to other replicas;
 // the first complete answer is used and the others are cancelled. Cancelling

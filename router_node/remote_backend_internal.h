@@ -34,7 +34,7 @@ struct RemoteBackend::Node {
 
   common::Mutex mu;
   bool live ABSL_GUARDED_BY(mu) = false;
-  uint64_t downs ABSL_GUARDED_BY(mu) = 0;  // MarkDown calls so far
+  uint64_t downs ABSL_GUARDED_BY(mu) = 0;  // times MarkDown took the node out
   std::string last_error ABSL_GUARDED_BY(mu) = "not checked yet";
   std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
   uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;

@@ -482,7 +482,11 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) backend_->MarkDown(c.node_ref, detail);
       excluded_.insert(c.node);
     }
-    for (const Call* h : r.hedges) excluded_.insert(h->node);
+    // Every hedge has ended (Settled): those that failed are not tried again;
+    // one that answered is a node that works, and may take the retry.
+    for (const Call* h : r.hedges) {
+      if (!h->status.ok()) excluded_.insert(h->node);
+    }
     failed->insert(failed->end(), c.plan.works.begin(), c.plan.works.end());
     if (first_failure_.empty()) first_failure_ = absl::StrCat("first try failed on ", what);
     retry_failure_ = what;

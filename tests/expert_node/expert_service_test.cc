@@ -702,6 +702,15 @@ TEST_CASE("a weight file truncated under a node serving from the page cache fail
   v1::ComputeRequest only0 = Request(rows);
   only0.mutable_experts()->RemoveLast();
   CHECK(Call(node, only0, &response).ok());
+  // GetNodeInfo no longer offers expert 1: a router sends its rows to a replica.
+  auto owned = [&] {
+    grpc::ClientContext context;
+    v1::GetNodeInfoResponse info;
+    REQUIRE(node.stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());
+    REQUIRE(info.owned_size() == 1);
+    return std::vector<int32_t>(info.owned(0).experts().begin(), info.owned(0).experts().end());
+  };
+  CHECK(owned() == std::vector<int32_t>{0});
   // With the file written back and a reload, expert 1 is served again.
   {
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
@@ -711,6 +720,7 @@ TEST_CASE("a weight file truncated under a node serving from the page cache fail
   grpc::ClientContext context;
   REQUIRE(node.admin->Reload(&context, v1::ReloadRequest(), &reloaded).ok());
   CHECK(Call(node, Request(rows), &response).ok());
+  CHECK(owned() == std::vector<int32_t>{0, 1});
 }
 
 TEST_CASE("Reload on the data port is refused: admin calls need the admin listener") {

@@ -283,6 +283,55 @@ TEST_CASE("a health probe sent before a call took its node out does not bring th
   CHECK(c.live(0));
 }
 
+TEST_CASE("a call failing on a node already out does not void the probe that brings it back", "[remote_dispatch]") {
+  // n0 alone holds experts 2 and 3: both layer calls below send it work.
+  Cluster c({{0, 1, 2, 3}, {0, 1}});
+  c.nodes[0]->Script({{FakeNode::kHang}, {FakeNode::kHang}});
+  Layer first, second;
+  Pending p1, p2;
+  p1.Start(c, first);
+  c.clock.Advance(absl::Milliseconds(50));
+  p2.Start(c, second);
+  c.clock.Advance(absl::Milliseconds(50));  // the first call's node timeout: n0 is out
+  REQUIRE(p1.result.has_value());
+  REQUIRE(!c.live(0));
+  c.nodes[0]->HoldInfo();
+  struct Release {
+    FakeNode* node;
+    ~Release() { node->ReleaseInfo(); }
+  } release{c.nodes[0].get()};
+  std::thread round([&] { c.backend->CheckNow(); });
+  while (c.nodes[0]->held_info() == 0) std::this_thread::yield();
+  c.clock.Advance(absl::Milliseconds(50));  // the second call's node timeout, n0 being out already
+  REQUIRE(p2.result.has_value());
+  c.nodes[0]->ReleaseInfo();  // the probe, sent after n0 went out, says "live"
+  round.join();
+  CHECK(c.live(0));
+}
+
+TEST_CASE("a hedge that answered stays a candidate for the retry of its race", "[remote_dispatch]") {
+  // n0 holds every expert and takes the layer's one call; n1 holds experts
+  // 0-1, n2 and n3 experts 2-3.
+  Cluster c({{0, 1, 2, 3}, {0, 1}, {2, 3}, {2, 3}}, absl::Milliseconds(10));
+  c.nodes[0]->Script({{FakeNode::kHang}});
+  c.nodes[2]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+  c.nodes[3]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  c.clock.Advance(absl::Milliseconds(10));  // hedges: n1 answers for experts 0-1, n2 or n3 fails 2-3
+  CHECK(c.nodes[1]->calls() == 1);
+  CHECK(!p.result.has_value());
+  c.clock.Advance(absl::Milliseconds(90));  // n0's node timeout: the race is lost, the retry planned
+  REQUIRE(p.result.has_value());
+  // Experts 0-1 went back to n1 (it answered); 2-3 to the node not tried yet, which failed too.
+  CHECK(c.nodes[1]->calls() == 2);
+  CHECK(c.nodes[2]->calls() + c.nodes[3]->calls() == 2);
+  CHECK(p.result->code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(p.result->message()), Catch::Contains("failed on every replica tried"));
+  CHECK(c.live(1));
+}
+
 TEST_CASE("a node a failed call took out is probed again at once and is back when it answers", "[remote_dispatch]") {
   // The watcher runs on the real clock: wait (bounded) for what it does.
   const auto wait_for = [](const std::function<bool()>& done) {
