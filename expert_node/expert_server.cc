@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
 
   runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
+  runtime::LimitSyncThreads(builder);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
   const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);

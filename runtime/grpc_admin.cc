@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/grpc_services.h"
 
 namespace colibri {
 namespace runtime {
@@ -38,6 +39,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartAdminServer(const std::string
                                                                grpc::Service* service, int* port,
                                                                const std::string& prefix) {
   grpc::ServerBuilder builder;
+  LimitSyncThreads(builder);
   builder.AddListeningPort(listen, std::move(credentials), port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

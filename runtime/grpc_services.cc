@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include "grpc/health/v1/health.pb.h"
 
@@ -14,6 +15,12 @@ void EnableStandardServices() {
   // Touching the generated descriptor links health.pb.cc in and registers
   // its file with the generated pool, which the reflection service reads.
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
+}
+
+void LimitSyncThreads(grpc::ServerBuilder& builder) {
+  grpc::ResourceQuota quota("colibri-sync-handlers");
+  quota.SetMaxThreads(kMaxSyncServerThreads);
+  builder.SetResourceQuota(quota);
 }
 
 }  // namespace runtime

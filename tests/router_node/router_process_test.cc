@@ -10,6 +10,7 @@
 //    answers in order and survives a bad request.
 // Every process is killed when its ProcessGuard goes out of scope.
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -264,6 +265,57 @@ TEST_CASE("a reply the client does not read keeps its call's memory in the route
   CHECK(WaitFor([&] { return Call(*stub, big, &response).ok(); }));
   stream->WritesDone();
   CHECK(stream->Finish().ok());
+}
+
+TEST_CASE("streams held open on a synchronous service are refused past a thread cap, and the router serves on") {
+  Model model(common::DType::kF32);
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1"});
+  // Reflection runs a thread per open stream: open more than the cap
+  // (runtime::kMaxSyncServerThreads, 64) and send nothing on them.
+  constexpr int kStreams = 64 + 16;
+  grpc::GenericStub generic(grpc::CreateChannel(Address(router.port), grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> streams;
+  std::vector<grpc::Status> statuses(kStreams);
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(generic.PrepareCall(contexts.back().get(),
+                                          "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq));
+    streams.back()->StartCall(reinterpret_cast<void*>(static_cast<intptr_t>(2 * i)));
+    streams.back()->Finish(&statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(2 * i + 1)));
+  }
+  // The refused ones end at once; the others stay open until cancelled.
+  int started = 0, finished = 0, refused = 0;
+  const auto drain = [&](std::chrono::milliseconds wait) {
+    void* tag;
+    bool ok;
+    while (cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + wait) == grpc::CompletionQueue::GOT_EVENT) {
+      const intptr_t t = reinterpret_cast<intptr_t>(tag);
+      if (t % 2 == 0) {
+        ++started;
+        continue;
+      }
+      ++finished;
+      if (statuses[t / 2].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
+    }
+  };
+  drain(std::chrono::milliseconds(2000));
+  CHECK(refused >= 1);
+  CHECK(finished < kStreams);  // the streams within the cap are open
+  v1::ForwardResponse response;
+  const grpc::Status served = Call(*Connect(router.port), Request(0, {1, 2}, 1), &response);
+  INFO(served.error_message());
+  CHECK(served.ok());
+  for (auto& c : contexts) c->TryCancel();
+  while (finished < kStreams || started < kStreams) {
+    const int before = started + finished;
+    drain(std::chrono::milliseconds(5000));
+    if (started + finished == before) break;
+  }
+  CHECK(finished == kStreams);
+  cq.Shutdown();
+  drain(std::chrono::milliseconds(1000));
 }
 
 TEST_CASE("a deadline centuries away is served as no deadline") {

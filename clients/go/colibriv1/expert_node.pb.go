@@ -712,7 +712,8 @@ type GetNodeInfoResponse struct {
 	// callers only (the admin listener, or a peer named in --admin_identities).
 	ModelDir string `protobuf:"bytes,2,opt,name=model_dir,json=modelDir,proto3" json:"model_dir,omitempty"`
 	// The (layer, expert) set this node owns, one entry per layer that has at
-	// least one owned expert, ascending by layer.
+	// least one owned expert, ascending by layer. An expert whose weight file
+	// shrank under the node (Compute's DATA_LOSS) is left out until a reload.
 	Owned []*OwnedExperts `protobuf:"bytes,3,rep,name=owned,proto3" json:"owned,omitempty"`
 	// Weight storage type from the manifest: "f32", "bf16", "f16", "int8"
 	// (per-row symmetric) or "int4" (groups of 64, asymmetric).

@@ -39,10 +39,14 @@ type ExpertNodeClient interface {
 	//	RESOURCE_EXHAUSTED   request over the size limit (--max-rows, message
 	//	                     size) or the compute queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
-	//	CANCELLED            the caller cancelled; the work is dropped.
+	//	CANCELLED            the caller cancelled, or the call was abandoned
+	//	                     during compute once its deadline had passed; the
+	//	                     work is dropped.
+	//	UNAVAILABLE          the node is shutting down.
 	//	DATA_LOSS            an expert's weight file shrank while the node served
-	//	                     it from the page cache (--nomlock): the call is
-	//	                     refused until the node is reloaded.
+	//	                     it from the page cache (--nomlock): calls reading it
+	//	                     are refused until the node is reloaded, and
+	//	                     GetNodeInfo no longer lists it in `owned`.
 	Compute(ctx context.Context, in *ComputeRequest, opts ...grpc.CallOption) (*ComputeResponse, error)
 	// Compute calls over one long-lived stream: each request message is one
 	// call, answered by one response message with the same call_id, in the
@@ -189,10 +193,14 @@ type ExpertNodeServer interface {
 	//	RESOURCE_EXHAUSTED   request over the size limit (--max-rows, message
 	//	                     size) or the compute queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
-	//	CANCELLED            the caller cancelled; the work is dropped.
+	//	CANCELLED            the caller cancelled, or the call was abandoned
+	//	                     during compute once its deadline had passed; the
+	//	                     work is dropped.
+	//	UNAVAILABLE          the node is shutting down.
 	//	DATA_LOSS            an expert's weight file shrank while the node served
-	//	                     it from the page cache (--nomlock): the call is
-	//	                     refused until the node is reloaded.
+	//	                     it from the page cache (--nomlock): calls reading it
+	//	                     are refused until the node is reloaded, and
+	//	                     GetNodeInfo no longer lists it in `owned`.
 	Compute(context.Context, *ComputeRequest) (*ComputeResponse, error)
 	// Compute calls over one long-lived stream: each request message is one
 	// call, answered by one response message with the same call_id, in the

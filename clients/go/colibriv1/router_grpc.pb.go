@@ -28,7 +28,8 @@ type RouterClient interface {
 	//	                     token_ids not T long (lut mode) or an id outside
 	//	                     [0, vocab_size); client routes of the wrong length,
 	//	                     an expert id outside [0, n_experts), an expert
-	//	                     repeated for a token, a non-finite weight; an
+	//	                     repeated for a token, a non-finite weight; a
+	//	                     non-finite hidden value; an
 	//	                     unknown routing mode or output dtype. The message
 	//	                     names the field and the value.
 	//	RESOURCE_EXHAUSTED   more tokens than the router's --max_tokens, or the
@@ -172,7 +173,8 @@ type RouterServer interface {
 	//	                     token_ids not T long (lut mode) or an id outside
 	//	                     [0, vocab_size); client routes of the wrong length,
 	//	                     an expert id outside [0, n_experts), an expert
-	//	                     repeated for a token, a non-finite weight; an
+	//	                     repeated for a token, a non-finite weight; a
+	//	                     non-finite hidden value; an
 	//	                     unknown routing mode or output dtype. The message
 	//	                     names the field and the value.
 	//	RESOURCE_EXHAUSTED   more tokens than the router's --max_tokens, or the
