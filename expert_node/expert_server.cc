@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "expert_node/expert_service.h"
 #include "kernels/dispatch.h"
+#include "kernels/kernel_profile.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_credentials.h"
 #include "runtime/grpc_services.h"
@@ -73,6 +74,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                                          options.limits.max_rows, d_model);
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
+  service_options.kernel_profile = kernels::ProfileChoices(kernels::SelectedProfile());
   service_options.numa_node = options.store.numa_node;
   service_options.admin_identities = options.admin_identities;
   service_options.metrics = &s->metrics_;
@@ -90,7 +92,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
 
   runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
-  runtime::LimitSyncThreads(builder);
+  runtime::ApplyServerPolicy(builder);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
   const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);

@@ -556,6 +556,7 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   response->set_numa_node(options_.numa_node);
   response->set_threads(options_.threads);
   response->set_kernel_isa(options_.kernel_isa);
+  response->set_kernel_profile(options_.kernel_profile);
   // The engine runs with the default ExecutorOptions: the kernel profile's thresholds (0: none, sent as -1),
   // those for records where the set has them.
   const int64_t limit = kernels::RowSplitLimit({}, kernels::SelectedKernels(), m.weight_type, set->q8_records());

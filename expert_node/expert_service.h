@@ -59,6 +59,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
     int64_t max_inflight_bytes = 0;
     int threads = 0;
     std::string kernel_isa;
+    std::string kernel_profile;  // kernels::ProfileChoices of the profile in use
     int numa_node = -1;
     // Certificate identities (subject alternative names or common name) that
     // may make admin calls on the data port; needs mutual TLS to mean anything.

@@ -517,6 +517,14 @@ std::string SerializeProfile(const KernelProfile& p) {
   return out;
 }
 
+std::string ProfileChoices(const KernelProfile& p) {
+  KernelProfile choices = p;
+  choices.evidence.clear();
+  const std::string text = SerializeProfile(choices);
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  return absl::StrJoin(lines, ", ");
+}
+
 absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
   KernelProfile p = DefaultProfile(isa);
   p.source = "parsed";

@@ -103,10 +103,11 @@ enum class ProfileFile { kCache, kChosen };
 // for kCache also one that is not a profile of `isa`) measures it and writes
 // it there, holding an exclusive lock on the file throughout so concurrent
 // processes measure once. A file that can only be read (a read-only mount)
-// is used as written if it parses as a profile of `isa`. UNAVAILABLE naming
-// the path where it cannot be opened, locked or read (not a regular file, or
-// over 1 MiB), is read-only and not such a profile, or is kChosen and not
-// such a profile (left as it is). A profile measured but not written is
+// is used as written if it parses as a profile of `isa`. FAILED_PRECONDITION
+// naming the path where it is not a regular file or holds over 1 MiB;
+// UNAVAILABLE naming it where it cannot be opened, locked or read, is
+// read-only and not such a profile, or is kChosen and not such a profile
+// (left as it is). A profile measured but not written is
 // returned (its source says so), the file emptied.
 absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa,
                                                    ProfileFile whose = ProfileFile::kCache);
@@ -116,6 +117,11 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
 // int4 on int8 tiles from 16 rows (4 with records); <source>" (and "bf16 on
 // AMX tiles from N rows" at avx512_amx).
 std::string DescribeProfile(const KernelProfile& profile);
+
+// The choices alone, on one line ("isa avx512_bf16, bf16_widen 0, …"): equal
+// for two processes exactly when they run the same kernels (no evidence, no
+// source). Nodes report it (GetNodeInfo.kernel_profile) for routers to compare.
+std::string ProfileChoices(const KernelProfile& profile);
 
 // KernelsFor(profile.isa) with the profile's choice of block kernels (a
 // widened int8/int4 type also loses its int8 tiles: it takes bf16 ones).

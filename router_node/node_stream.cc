@@ -75,7 +75,8 @@ constexpr auto kCancelAfterFailedRead = std::chrono::milliseconds(200);
 // One ComputeStream. Writes come from any thread, one at a time (a queue
 // behind the one in progress). A hold keeps the stream open for them until
 // it has ended (a read or write failed) with no write in progress. Deleted
-// when both gRPC (OnDone) and the State (its `stream` pointer) let go.
+// when gRPC (OnDone), the State (its `stream` pointer) and a cancel alarm
+// set by a failed read (its callback) have all let go.
 class StreamNodeChannel::Stream final
     : public grpc::ClientBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse> {
  public:
@@ -255,7 +256,7 @@ class StreamNodeChannel::Stream final
   const std::shared_ptr<State> state_;
   grpc::ClientContext context_;
   v1::ComputeStreamResponse incoming_;  // touched only by the read reactions, one at a time
-  std::atomic<int> refs_{2};            // gRPC's and the State's
+  std::atomic<int> refs_{2};            // gRPC's and the State's, + cancel_alarm_'s while it is set
   std::unique_ptr<v1::ComputeStreamRequest> writing_ ABSL_GUARDED_BY(state_->mu);
   std::deque<Outgoing> queued_ ABSL_GUARDED_BY(state_->mu);
   bool ended_ ABSL_GUARDED_BY(state_->mu) = false;

@@ -15,6 +15,7 @@
 #include "router_node/node_stream.h"
 #include "router_node/remote_backend_internal.h"
 #include "runtime/grpc_credentials.h"
+#include "runtime/grpc_services.h"
 
 // The node set, health checks and the shard map. One layer's node calls are
 // in remote_dispatch.cc.
@@ -85,6 +86,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  runtime::ApplyChannelKeepalive(&args);  // a node gone silent is noticed and reconnected
   COLIBRI_ASSIGN_OR_RETURN(setup->credentials, runtime::ChannelCredentialsFromFiles(
                                                    options.tls_ca_file, options.tls_cert_file, options.tls_key_file,
                                                    options.tls_server_name, "RemoteOptions::", &args));
@@ -314,6 +316,7 @@ void RemoteBackend::HealthRound() {
       node.weights_version = info.weights_version();
       node.row_split_limit = info.row_split_limit();
       node.reads_kernel_rows = info.reads_kernel_rows();
+      node.kernel_profile = info.kernel_profile();
     }
     if (was_live != node.live && options_.log != nullptr) {
       *options_.log << (node.live ? "" : "WARNING: ") << "node " << node.address
@@ -324,6 +327,7 @@ void RemoteBackend::HealthRound() {
     options_.metrics->GetGauge("colibri_router_live_nodes", "Expert nodes that passed their last health check.")
         ->Set(live);
   }
+  CompareKernels(*topo);
   std::function<void(bool)> notify;
   bool serving = false;
   {
@@ -334,6 +338,43 @@ void RemoteBackend::HealthRound() {
     last_serving_ = serving;
   }
   if (notify) notify(serving);
+}
+
+void RemoteBackend::CompareKernels(const Topology& topo) {
+  // Live nodes by the kernel choices they reported (a node that reports none is left out).
+  std::map<std::string, std::vector<std::string>> nodes_by_choices;
+  for (const std::shared_ptr<Node>& node : topo.nodes) {
+    common::MutexLock lock(&node->mu);
+    if (node->live && !node->kernel_profile.empty()) {
+      nodes_by_choices[node->kernel_profile].push_back(node->address);
+    }
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics
+        ->GetGauge("colibri_router_kernel_profiles",
+                   "Distinct kernel choices among the live nodes: above 1, replicas may differ in the last bits.")
+        ->Set(static_cast<double>(nodes_by_choices.size()));
+  }
+  std::string differing;
+  if (nodes_by_choices.size() > 1) {
+    for (const auto& [choices, addresses] : nodes_by_choices) {
+      absl::StrAppend(&differing, differing.empty() ? " " : "; ", absl::StrJoin(addresses, ", "), ": ", choices);
+    }
+  }
+  {
+    common::MutexLock lock(&mu_);
+    if (differing == kernels_warned_) return;
+    kernels_warned_ = differing;
+  }
+  if (options_.log == nullptr) return;
+  if (differing.empty()) {
+    *options_.log << "the live nodes run the same kernels again" << std::endl;
+  } else {
+    *options_.log << "WARNING: the live nodes run different kernels, so replicas of an expert may answer with "
+                     "different last bits (point the nodes at one kernel profile: COLIBRI_KERNEL_PROFILE, "
+                     "docs/KERNELS.md):"
+                  << absl::CEscape(differing) << std::endl;
+  }
 }
 
 void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::string& error) {
@@ -377,6 +418,7 @@ std::vector<NodeStatusView> RemoteBackend::Nodes() const {
     v.last_error = n->last_error;
     v.owned = n->owned;
     v.weights_version = n->weights_version;
+    v.kernel_profile = n->kernel_profile;
     out.push_back(std::move(v));
   }
   return out;

@@ -131,6 +131,7 @@ struct NodeStatusView {
   int64_t calls = 0;
   int64_t failed_calls = 0;
   uint64_t weights_version = 0;
+  std::string kernel_profile;  // the node's kernel choices (GetNodeInfo), empty if unknown
 };
 
 class RemoteBackend final : public ExpertBackend {
@@ -192,6 +193,9 @@ class RemoteBackend final : public ExpertBackend {
   void HealthRound();
   void Rebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDown(const std::shared_ptr<Node>& node, const std::string& error);
+  // Logs (once per change) when the live nodes report different kernel
+  // choices, and sets the colibri_router_kernel_profiles gauge.
+  void CompareKernels(const Topology& topo);
   std::shared_ptr<const Topology> topology() const;
   // Counts a node call made (before it is sent); CallEnded counts it ended
   // and records it in the metrics.
@@ -210,6 +214,8 @@ class RemoteBackend final : public ExpertBackend {
   std::string cluster_file_seen_ ABSL_GUARDED_BY(mu_);  // ClusterFileSeen of its last read
   std::function<void(bool)> listener_ ABSL_GUARDED_BY(mu_);
   bool last_serving_ ABSL_GUARDED_BY(mu_) = false;
+  std::string kernels_warned_ ABSL_GUARDED_BY(mu_);  // the last differing kernel choices logged
+
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool recheck_ ABSL_GUARDED_BY(mu_) = false;  // a call took a node out since the last round began
 

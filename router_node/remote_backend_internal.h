@@ -40,6 +40,7 @@ struct RemoteBackend::Node {
   uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;
   int64_t row_split_limit ABSL_GUARDED_BY(mu) = 0;
   bool reads_kernel_rows ABSL_GUARDED_BY(mu) = false;
+  std::string kernel_profile ABSL_GUARDED_BY(mu);  // as the node reported it
 };
 
 struct RemoteBackend::Topology {

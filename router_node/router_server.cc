@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
 
   runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
-  runtime::LimitSyncThreads(builder);
+  runtime::ApplyServerPolicy(builder);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_tokens hidden states in f32 plus token ids and client
   // routes (4 + 8 * top_k bytes per token), and framing.

@@ -131,13 +131,14 @@ class RouterService::StreamReactor final
     }
   }
   void OnWriteDone(bool ok) override {
-    reply_held_.reset();  // see Done: written or failed, the reply's memory is free to reuse
     if (!ok) {
+      reply_held_.reset();  // see Done
       EndLoop(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
     } else {
       // Fresh messages, not Clear(): an idle stream keeps no large request's buffers.
       request_ = v1::ForwardRequest();
       reply_ = v1::ForwardStreamResponse();
+      reply_held_.reset();  // once the memory it counts is gone, before the next request may set it
       ReadNext();
     }
     Release();  // the request's
@@ -562,6 +563,7 @@ void RouterService::FillClusterStatus(v1::GetClusterStatusResponse* response, bo
       s->set_failed_calls(n.failed_calls);
       if (!n.last_error.empty()) s->set_last_error(admin ? n.last_error : "down (details: admin callers)");
       s->set_weights_version(n.weights_version);
+      s->set_kernel_profile(n.kernel_profile);
       v1::OwnedExperts* owned = nullptr;
       for (const auto& [layer, expert] : n.owned) {
         if (owned == nullptr || owned->layer() != layer) {

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartAdminServer(const std::string
                                                                grpc::Service* service, int* port,
                                                                const std::string& prefix) {
   grpc::ServerBuilder builder;
-  LimitSyncThreads(builder);
+  ApplyServerPolicy(builder);
   builder.AddListeningPort(listen, std::move(credentials), port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -17,10 +17,21 @@ void EnableStandardServices() {
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
 }
 
-void LimitSyncThreads(grpc::ServerBuilder& builder) {
+void ApplyServerPolicy(grpc::ServerBuilder& builder) {
   grpc::ResourceQuota quota("colibri-sync-handlers");
   quota.SetMaxThreads(kMaxSyncServerThreads);
   builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(kMinPingInterval.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+void ApplyChannelKeepalive(grpc::ChannelArguments* args, std::chrono::milliseconds time,
+                           std::chrono::milliseconds timeout) {
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(time.count()));
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(timeout.count()));
+  args->SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args->SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // an idle channel keeps pinging
 }
 
 }  // namespace runtime

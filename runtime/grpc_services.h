@@ -4,9 +4,13 @@
 // The standard services every Colibri server offers beside its own:
 // grpc.health.v1.Health (gRPC's built-in implementation) and server
 // reflection, so that standard tools (grpcurl, grpc_health_probe, the
-// kubelet's gRPC probe) work without .proto files.
+// kubelet's gRPC probe) work without .proto files; and the settings every
+// Colibri server and channel share (a thread cap, keepalive).
 
 #include <grpcpp/server_builder.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <chrono>
 
 namespace colibri {
 namespace runtime {
@@ -25,8 +29,29 @@ void EnableStandardServices();
 // services run on the callback API and are not counted.
 inline constexpr int kMaxSyncServerThreads = 64;
 
-// Applies kMaxSyncServerThreads to `builder` (a ResourceQuota of its own).
-void LimitSyncThreads(grpc::ServerBuilder& builder);
+// Keepalive. A peer that vanishes without closing its connections (a host
+// powered off, a network partition, a process stopped) leaves them open:
+// calls on them wait for their deadlines, and a node that comes back at the
+// same address is not reconnected until TCP gives up, ~15 minutes on Linux.
+// So channels between Colibri's processes ping every kKeepaliveTime, also
+// with no call in flight, and close the connection when a ping is not
+// answered within kKeepaliveTimeout (gRPC then reconnects); servers accept
+// pings as often as every kMinPingInterval (gRPC's default, 5 minutes,
+// answers more frequent ones with GOAWAY "too_many_pings"). The timeout is
+// generous: gRPC 1.51 reads an idle client channel only from its backup
+// poller, every 5 s, so an answer may wait that long to be seen.
+inline constexpr std::chrono::milliseconds kKeepaliveTime{30000};
+inline constexpr std::chrono::milliseconds kKeepaliveTimeout{20000};
+inline constexpr std::chrono::milliseconds kMinPingInterval{1000};
+
+// For every Colibri server: the cap on synchronous handlers' threads
+// (kMaxSyncServerThreads, a ResourceQuota of its own) and the keepalive
+// pings it accepts.
+void ApplyServerPolicy(grpc::ServerBuilder& builder);
+
+// Keepalive pings on a channel to a Colibri server.
+void ApplyChannelKeepalive(grpc::ChannelArguments* args, std::chrono::milliseconds time = kKeepaliveTime,
+                           std::chrono::milliseconds timeout = kKeepaliveTimeout);
 
 }  // namespace runtime
 }  // namespace colibri

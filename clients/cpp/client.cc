@@ -11,6 +11,7 @@
 #include "runtime/flags.h"
 #include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
+#include "runtime/grpc_services.h"
 #include "runtime/grpc_status.h"
 
 namespace colibri {
@@ -70,7 +71,10 @@ struct Client::Direct {
              std::function<void(absl::Status)> done) {
     // The reply is the caller's as soon as it is filled: nothing to keep the reservation for.
     service->StartForward(request, control, response,
-                          [done = std::move(done)](absl::Status s, std::shared_ptr<void>) { done(s); });
+                          [done = std::move(done)](absl::Status s, std::shared_ptr<void> held) {
+                            held.reset();
+                            done(s);
+                          });
   }
 };
 
@@ -206,7 +210,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  runtime::KeepCallbackQueue();  // ForwardAsync's callback may drop the channel's last owner
+  runtime::ApplyChannelKeepalive(&args);  // a router gone silent is noticed and reconnected
+  runtime::KeepCallbackQueue();           // ForwardAsync's callback may drop the channel's last owner
   auto channel = grpc::CreateCustomChannel(options.target, *credentials, args);
   std::unique_ptr<Client> client(new Client(options, v1::Router::NewStub(channel)));
   grpc::ClientContext context;

@@ -6,11 +6,14 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <thread>
 
 #include "clients/cpp/client.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
+#include "runtime/grpc_services.h"
 #include "tests/integration/cluster.h"
 
 namespace colibri {
@@ -127,6 +130,59 @@ TEST_CASE(
   CHECK(WaitFor([&] { return Call(*stub, request, &response).ok(); }));
   std::printf("SIGSTOPped replica: %d/10 calls ok (slowest %.3f s); both stopped: code %d after %.3f s\n", ok, slowest,
               static_cast<int>(s.error_code()), waited);
+}
+
+TEST_CASE("keepalive: a peer gone silent loses its connection, one that answers keeps it") {
+  Model model(common::DType::kBF16);
+  Proc node = StartNode(model.path, "all");
+  // Pings every 1.5 s, 1 s to answer (Colibri's channels: 30 s and 20 s).
+  grpc::ChannelArguments args;
+  runtime::ApplyChannelKeepalive(&args, std::chrono::milliseconds(1500), std::chrono::milliseconds(1000));
+  auto channel = grpc::CreateCustomChannel(Address(node.port), grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::ExpertNode::NewStub(channel);
+  // A stream with nothing on it; a thread blocked reading it keeps the
+  // channel read at once (an idle channel is read only every 5 s by gRPC's
+  // backup poller, longer than this test's ping timeout).
+  grpc::ClientContext stream_context;
+  auto stream = stub->ComputeStream(&stream_context);
+  std::atomic<bool> ended{false};
+  std::thread reader([&] {
+    v1::ComputeStreamResponse reply;
+    while (stream->Read(&reply)) {
+    }
+    ended = true;
+  });
+  struct Cleanup {  // whatever fails below: the node resumes, the stream ends, the reader is joined
+    Proc& node;
+    grpc::ClientContext& context;
+    std::thread& reader;
+    ~Cleanup() {
+      if (node.process != nullptr) node.process->Signal(SIGCONT);
+      context.TryCancel();
+      reader.join();
+    }
+  } cleanup{node, stream_context, reader};
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));  // pings, answered
+  CHECK(!ended);
+  CHECK(channel->GetState(false) == GRPC_CHANNEL_READY);
+  // A stopped process keeps its sockets (the kernel still acknowledges
+  // packets): only an unanswered ping shows that nobody is there.
+  node.process->Pause();
+  const auto paused = Clock::now();
+  CHECK(WaitFor([&] { return ended.load(); }));
+  const double dropped = std::chrono::duration<double>(Clock::now() - paused).count();
+  CHECK(channel->GetState(false) != GRPC_CHANNEL_READY);
+  node.process->Signal(SIGCONT);
+  CHECK(WaitFor([&] {  // reconnected
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetNodeInfoResponse response;
+    return stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &response).ok();
+  }));
+  std::printf(
+      "keepalive: a stream without data kept 4 s under 1.5 s pings; the stopped node's connection dropped "
+      "after %.2f s\n",
+      dropped);
 }
 
 TEST_CASE("restarting the router under client load: clients see UNAVAILABLE, then the same client reconnects") {

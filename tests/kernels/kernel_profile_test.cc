@@ -65,6 +65,19 @@ TEST_CASE("a kernel profile survives its file format") {
   CHECK_THAT(DescribeProfile(*amx_parsed), Catch::Contains("bf16 on AMX tiles from 32 rows"));
 }
 
+TEST_CASE("the kernel choices compare the choices alone") {
+  KernelProfile p = DefaultProfile(Isa::kAvx512Bf16);
+  KernelProfile timed = p;
+  timed.evidence = {"int8 block rows=1+8: vpdpbusd 4.8 ms, widened 6.8 ms"};
+  timed.source = "measured, cached in /somewhere";
+  CHECK(ProfileChoices(timed) == ProfileChoices(p));  // timings and source are not choices
+  CHECK_THAT(ProfileChoices(p), Catch::StartsWith("isa avx512_bf16, bf16_widen 0, "));
+  CHECK(ProfileChoices(p).find('\n') == std::string::npos);
+  KernelProfile other = p;
+  other.int4_tile_min_tokens = p.int4_tile_min_tokens + 8;
+  CHECK(ProfileChoices(other) != ProfileChoices(p));
+}
+
 TEST_CASE("the kernel description says why AMX is not used where it is not") {
   const std::string described = DescribeProfile(DefaultProfile(SelectedIsa()));
   if (SelectedIsa() == Isa::kAvx512Amx) {

@@ -142,6 +142,11 @@ class FakeNode {
     common::MutexLock lock(&mu_);
     hold_info_ = true;
   }
+  // The kernel choices GetNodeInfo reports from now on.
+  void SetKernelProfile(std::string choices) {
+    common::MutexLock lock(&mu_);
+    kernel_profile_ = std::move(choices);
+  }
   int held_info() {
     common::MutexLock lock(&mu_);
     return static_cast<int>(held_info_.size());
@@ -195,7 +200,11 @@ class FakeNode {
     FakeNode* const node_;
   };
 
-  void Info(colibri::v1::GetNodeInfoResponse* r) const {
+  void Info(colibri::v1::GetNodeInfoResponse* r) {
+    {
+      common::MutexLock lock(&mu_);
+      r->set_kernel_profile(kernel_profile_);
+    }
     r->set_model_id(model_id_);
     r->set_state(colibri::v1::LOAD_STATE_READY);
     r->set_d_model(d_model_);
@@ -313,6 +322,7 @@ class FakeNode {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   bool hold_info_ ABSL_GUARDED_BY(mu_) = false;
+  std::string kernel_profile_ ABSL_GUARDED_BY(mu_) = "isa test";
   std::vector<std::pair<colibri::v1::GetNodeInfoResponse*, router_node::NodeChannel::Done>> held_info_
       ABSL_GUARDED_BY(mu_);
 };

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "router_node/remote_backend.h"
@@ -46,6 +47,7 @@ struct Cluster {
     o.health_interval = absl::Hours(1);
     o.recheck_after = recheck_after;
     o.clock = &clock;
+    o.log = &log;
     o.connect = [this](const std::string& address) { return nodes[address[1] - '0']->Channel(); };
     auto b = RemoteBackend::Create(o);
     REQUIRE(b.ok());
@@ -54,6 +56,7 @@ struct Cluster {
   bool live(int node) const { return backend->Nodes()[node].live; }
 
   FakeClock clock;
+  std::ostringstream log;
   std::vector<std::unique_ptr<FakeNode>> nodes;
   std::unique_ptr<RemoteBackend> backend;
 };
@@ -355,6 +358,31 @@ TEST_CASE("a node a failed call took out is probed again at once and is back whe
   CHECK(!c.live(0));
   c.nodes[0]->ReleaseInfo();  // n0 answers: it was only slow
   REQUIRE(wait_for([&] { return c.live(0); }));
+}
+
+TEST_CASE("the router warns once when its live nodes report different kernel choices", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}});
+  auto warnings = [&] {
+    const std::string text = c.log.str();
+    int n = 0;
+    for (size_t at = text.find("run different kernels"); at != std::string::npos;
+         at = text.find("run different kernels", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  CHECK(warnings() == 0);  // all alike
+  c.nodes[2]->SetKernelProfile("isa other");
+  c.backend->CheckNow();
+  CHECK(warnings() == 1);
+  CHECK_THAT(c.log.str(), Catch::Contains("n2:1: isa other; n0:1, n1:1: isa test"));
+  CHECK(c.backend->Nodes()[2].kernel_profile == "isa other");
+  c.backend->CheckNow();  // the same difference: not again
+  CHECK(warnings() == 1);
+  c.nodes[2]->SetKernelProfile("");  // a node that does not say is not compared
+  c.backend->CheckNow();
+  CHECK_THAT(c.log.str(), Catch::Contains("the same kernels again"));
+  CHECK(warnings() == 1);
 }
 
 TEST_CASE("the client's deadline ends the layer, while a node timeout is the node's fault", "[remote_dispatch]") {

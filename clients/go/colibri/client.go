@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
@@ -114,6 +115,13 @@ func Dial(target string, opts Options) (*Client, error) {
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
 			MinConnectTimeout: 20 * time.Second,
+		}),
+		// A router gone silent without closing the connection (its host
+		// powered off, a partition) is noticed within 50 s and reconnected,
+		// not after TCP gives up; as Colibri's C++ channels (the router
+		// accepts pings this often).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true,
 		}),
 	}
 	if opts.TLS == nil {
