@@ -14,14 +14,30 @@ namespace colibri {
 namespace common {
 namespace {
 
+// A file's bytes as the checks read them: a mapping's, or a private copy's.
+struct FileBytes {
+  const uint8_t* data;
+  size_t size;
+  const std::string& path;
+};
+
+FileBytes BytesOf(const MappedFile& file) { return {file.data(), file.size(), file.path()}; }
+
+absl::Status CheckChecksum(const FileBytes& file, const ManifestFile& listed) {
+  const std::string actual = ChecksumBytes(file.data, file.size);
+  if (actual == listed.checksum) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("bad weight file ", file.path, ": checksum ", actual,
+                                          " does not match the manifest's ", listed.checksum));
+}
+
 // Checks that `layout` has section `name` of `dtype` holding exactly `size`
 // bytes of a [rows][cols] array, and returns a pointer to its bytes.
-absl::StatusOr<const uint8_t*> SectionData(const MappedFile& file, const WeightFileLayout& layout,
+absl::StatusOr<const uint8_t*> SectionData(const FileBytes& file, const WeightFileLayout& layout,
                                            const std::string& name, DType dtype, int64_t rows, int64_t cols,
                                            uint64_t size) {
   const Section* s = layout.Find(name);
   auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", why));
+    return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path, ": ", why));
   };
   if (s == nullptr) return bad(absl::StrCat("no section '", name, "'"));
   if (s->dtype != dtype) {
@@ -31,12 +47,12 @@ absl::StatusOr<const uint8_t*> SectionData(const MappedFile& file, const WeightF
     return bad(absl::StrCat("section '", name, "' is [", s->rows, " x ", s->cols, "] in ", s->size,
                             " bytes, expected [", rows, " x ", cols, "] in ", size));
   }
-  return file.data() + s->offset;
+  return file.data + s->offset;
 }
 
 // Section `name` as f32 [rows][cols], every element finite (a gate file's
 // gate, bias and shared_gate; an expert file's biases).
-absl::StatusOr<const float*> FiniteF32Section(const MappedFile& file, const WeightFileLayout& layout,
+absl::StatusOr<const float*> FiniteF32Section(const FileBytes& file, const WeightFileLayout& layout,
                                               const std::string& name, int64_t rows, int64_t cols) {
   COLIBRI_ASSIGN_OR_RETURN(const uint8_t* bytes,
                            SectionData(file, layout, name, DType::kF32, rows, cols, rows * cols * 4));
@@ -44,14 +60,14 @@ absl::StatusOr<const float*> FiniteF32Section(const MappedFile& file, const Weig
   for (int64_t i = 0; i < rows * cols; ++i) {
     if (!std::isfinite(values[i])) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bad weight file ", file.path(), ": ", name, " element ", i, " is not finite"));
+          absl::StrCat("bad weight file ", file.path, ": ", name, " element ", i, " is not finite"));
     }
   }
   return values;
 }
 
-absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFileLayout& layout,
-                                         const std::string& name, DType dtype, int64_t rows, int64_t cols) {
+absl::StatusOr<MatrixView> MatrixSection(const FileBytes& file, const WeightFileLayout& layout, const std::string& name,
+                                         DType dtype, int64_t rows, int64_t cols) {
   MatrixView view;
   view.layout = ComputeMatrixLayout(dtype, rows, cols);
   const MatrixLayout& l = view.layout;
@@ -63,7 +79,7 @@ absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFil
     for (int64_t i = 0; i < l.padded_rows * l.groups; ++i) {
       if (!(std::isfinite(view.scales[i]) && view.scales[i] >= 0.f)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("bad weight file ", file.path(), ": ", name, ".scales[", i, "] is negative or not finite"));
+            absl::StrCat("bad weight file ", file.path, ": ", name, ".scales[", i, "] is negative or not finite"));
       }
     }
   }
@@ -72,7 +88,7 @@ absl::StatusOr<MatrixView> MatrixSection(const MappedFile& file, const WeightFil
         view.zeros, SectionData(file, layout, name + ".zeros", DType::kU8, l.padded_rows, l.groups, l.zero_bytes));
     for (int64_t i = 0; i < l.padded_rows * l.groups; ++i) {
       if (view.zeros[i] > 15) {
-        return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path(), ": ", name, ".zeros[", i,
+        return absl::InvalidArgumentError(absl::StrCat("bad weight file ", file.path, ": ", name, ".zeros[", i,
                                                        "] = ", view.zeros[i], " is above 15"));
       }
     }
@@ -104,6 +120,63 @@ absl::Status CheckIdentity(const WeightFileLayout& layout, const std::string& pa
   return absl::OkStatus();
 }
 
+absl::Status ChangedWhileRead(const std::string& path) {
+  return absl::DataLossError(
+      absl::StrCat("weight file ", path, " shrank while it was being read (replaced in place?)"));
+}
+
+// `p`, a pointer into `file`'s mapping, rebased into `copy` of the file.
+template <typename T>
+T* Rebase(T* p, const MappedFile& file, const AnonymousMemory& copy) {
+  if (p == nullptr) return nullptr;
+  return reinterpret_cast<T*>(copy.data() + (reinterpret_cast<const uint8_t*>(p) - file.data()));
+}
+
+// Validates one layer's routing files and points `routing`'s tables into them.
+absl::Status ParseRouting(const Manifest& m, const FileBytes& gate, const FileBytes& lut, LayerRouting* routing) {
+  const int64_t layer = routing->layer;
+  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout gate_layout, ParseHeader(gate.data, gate.size, gate.path));
+  COLIBRI_RETURN_IF_ERROR(CheckIdentity(gate_layout, gate.path, FileKind::kGate, layer, -1));
+  COLIBRI_ASSIGN_OR_RETURN(routing->gate, FiniteF32Section(gate, gate_layout, "gate", m.n_experts, m.d_model));
+  if (m.routing.has_bias()) {
+    COLIBRI_ASSIGN_OR_RETURN(routing->bias, FiniteF32Section(gate, gate_layout, "bias", 1, m.n_experts));
+  }
+  if (m.shared_gate) {
+    COLIBRI_ASSIGN_OR_RETURN(routing->shared_gate,
+                             FiniteF32Section(gate, gate_layout, "shared_gate", m.n_shared_experts, m.d_model));
+  }
+
+  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout lut_layout, ParseHeader(lut.data, lut.size, lut.path));
+  COLIBRI_RETURN_IF_ERROR(CheckIdentity(lut_layout, lut.path, FileKind::kLut, layer, -1));
+  const uint64_t entries = m.vocab_size * m.top_k;
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* ids,
+                           SectionData(lut, lut_layout, "ids", DType::kI32, m.vocab_size, m.top_k, entries * 4));
+  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* weights,
+                           SectionData(lut, lut_layout, "weights", DType::kF32, m.vocab_size, m.top_k, entries * 4));
+  routing->lut_ids = reinterpret_cast<const int32_t*>(ids);
+  routing->lut_weights = reinterpret_cast<const float*>(weights);
+  std::vector<int64_t> last_token(m.n_experts, -1);  // per expert: the last token routed to it
+  for (uint64_t i = 0; i < entries; ++i) {
+    if (routing->lut_ids[i] < 0 || routing->lut_ids[i] >= m.n_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path, ": token ", i / m.top_k,
+                                                     " routes to expert ", routing->lut_ids[i], ", outside [0, ",
+                                                     m.n_experts, ")"));
+    }
+    if (!std::isfinite(routing->lut_weights[i]) || routing->lut_weights[i] < 0.f) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path, ": token ", i / m.top_k,
+                                                     " has route weight ", routing->lut_weights[i],
+                                                     " (must be finite and >= 0)"));
+    }
+    const int64_t token = static_cast<int64_t>(i / m.top_k);
+    if (last_token[routing->lut_ids[i]] == token) {
+      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path, ": token ", token,
+                                                     " routes to expert ", routing->lut_ids[i], " twice"));
+    }
+    last_token[routing->lut_ids[i]] = token;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelDir>> ModelDir::Open(const std::string& dir) {
@@ -130,16 +203,17 @@ absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFile(const std::s
   }
   COLIBRI_RETURN_IF_ERROR(ConfinedTo(dir_, path));
   COLIBRI_ASSIGN_OR_RETURN(auto file, MappedFile::Open(path));
+  // A file truncated in place while it is read (here or by the caller) then
+  // reads as zeros and turns faulted(), instead of killing the process.
+  file->Guard();
   if (file->size() != listed->size) {
     return absl::InvalidArgumentError(absl::StrCat("bad weight file ", path, ": size ", file->size(),
                                                    " bytes, manifest says ", listed->size, " (truncated?)"));
   }
   if (verify_checksum) {
-    const std::string actual = ChecksumBytes(file->data(), file->size());
-    if (actual != listed->checksum) {
-      return absl::DataLossError(absl::StrCat("bad weight file ", path, ": checksum ", actual,
-                                              " does not match the manifest's ", listed->checksum));
-    }
+    const absl::Status checked = CheckChecksum(BytesOf(*file), *listed);
+    if (file->faulted()) return ChangedWhileRead(path);
+    COLIBRI_RETURN_IF_ERROR(checked);
   }
   return file;
 }
@@ -156,9 +230,9 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
   weights->layer = layer;
   weights->expert = expert;
   COLIBRI_ASSIGN_OR_RETURN(weights->file, MapListedFile(ExpertFilePath(layer, expert), verify_checksum));
-  const MappedFile& file = *weights->file;
-  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout layout, ParseHeader(file.data(), file.size(), file.path()));
-  COLIBRI_RETURN_IF_ERROR(CheckIdentity(layout, file.path(), FileKind::kExpert, layer, expert));
+  const FileBytes file = BytesOf(*weights->file);
+  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout layout, ParseHeader(file.data, file.size, file.path));
+  COLIBRI_RETURN_IF_ERROR(CheckIdentity(layout, file.path, FileKind::kExpert, layer, expert));
   COLIBRI_ASSIGN_OR_RETURN(weights->w1, MatrixSection(file, layout, "w1", m.weight_type, d_ff, m.d_model));
   COLIBRI_ASSIGN_OR_RETURN(weights->w3, MatrixSection(file, layout, "w3", m.weight_type, d_ff, m.d_model));
   COLIBRI_ASSIGN_OR_RETURN(weights->w2, MatrixSection(file, layout, "w2", m.weight_type, m.d_model, d_ff));
@@ -169,84 +243,49 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
   }
   weights->activation = m.activation;
   weights->weight_at_input = m.routing.weight_at_input && expert < m.n_experts;
+  if (weights->file->faulted()) return ChangedWhileRead(file.path);  // zeros may have passed the checks
   return weights;
 }
 
 absl::Status CopyExpertToMemory(ExpertWeights* e, const AnonymousMemory::Options& options) {
-  const uint8_t* base = e->file->data();
-  COLIBRI_ASSIGN_OR_RETURN(auto copy, AnonymousMemory::Create(e->file->size(), options));
-  std::memcpy(copy->data(), base, e->file->size());
-  auto rebase = [&](MatrixView* m) {
-    m->data = copy->data() + (m->data - base);
-    if (m->scales != nullptr) {
-      m->scales = reinterpret_cast<const float*>(copy->data() + (reinterpret_cast<const uint8_t*>(m->scales) - base));
-    }
-    if (m->zeros != nullptr) m->zeros = copy->data() + (m->zeros - base);
-  };
-  rebase(&e->w1);
-  rebase(&e->w3);
-  rebase(&e->w2);
-  for (const float** bias : {&e->b1, &e->b3, &e->b2}) {
-    if (*bias != nullptr) {
-      *bias = reinterpret_cast<const float*>(copy->data() + (reinterpret_cast<const uint8_t*>(*bias) - base));
-    }
+  const MappedFile& file = *e->file;
+  COLIBRI_ASSIGN_OR_RETURN(auto copy, AnonymousMemory::Create(file.size(), options));
+  std::memcpy(copy->data(), file.data(), file.size());
+  if (file.faulted()) return ChangedWhileRead(file.path());
+  for (MatrixView* m : {&e->w1, &e->w3, &e->w2}) {
+    m->data = Rebase(m->data, file, *copy);
+    m->scales = Rebase(m->scales, file, *copy);
+    m->zeros = Rebase(m->zeros, file, *copy);
   }
+  for (const float** bias : {&e->b1, &e->b3, &e->b2}) *bias = Rebase(*bias, file, *copy);
   e->copy = std::move(copy);
   e->file.reset();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LayerRouting>> ModelDir::LoadRouting(int64_t layer, bool verify_checksum) const {
-  const Manifest& m = manifest_;
-  if (layer < 0 || layer >= m.n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is out of range [0, ", m.n_layers, ")"));
+  if (layer < 0 || layer >= manifest_.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is out of range [0, ", manifest_.n_layers, ")"));
   }
+  // The router keeps the tables for its lifetime: they are read from their
+  // files once, into private copies, and checked there — so a file replaced
+  // or truncated in place, then or later, changes nothing the router reads.
   auto routing = std::make_unique<LayerRouting>();
   routing->layer = layer;
-
-  COLIBRI_ASSIGN_OR_RETURN(routing->gate_file, MapListedFile(GateFilePath(layer), verify_checksum));
-  const MappedFile& gate = *routing->gate_file;
-  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout gate_layout, ParseHeader(gate.data(), gate.size(), gate.path()));
-  COLIBRI_RETURN_IF_ERROR(CheckIdentity(gate_layout, gate.path(), FileKind::kGate, layer, -1));
-  COLIBRI_ASSIGN_OR_RETURN(routing->gate, FiniteF32Section(gate, gate_layout, "gate", m.n_experts, m.d_model));
-  if (m.routing.has_bias()) {
-    COLIBRI_ASSIGN_OR_RETURN(routing->bias, FiniteF32Section(gate, gate_layout, "bias", 1, m.n_experts));
-  }
-  if (m.shared_gate) {
-    COLIBRI_ASSIGN_OR_RETURN(routing->shared_gate,
-                             FiniteF32Section(gate, gate_layout, "shared_gate", m.n_shared_experts, m.d_model));
-  }
-
-  COLIBRI_ASSIGN_OR_RETURN(routing->lut_file, MapListedFile(LutFilePath(layer), verify_checksum));
-  const MappedFile& lut = *routing->lut_file;
-  COLIBRI_ASSIGN_OR_RETURN(WeightFileLayout lut_layout, ParseHeader(lut.data(), lut.size(), lut.path()));
-  COLIBRI_RETURN_IF_ERROR(CheckIdentity(lut_layout, lut.path(), FileKind::kLut, layer, -1));
-  const uint64_t entries = m.vocab_size * m.top_k;
-  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* ids,
-                           SectionData(lut, lut_layout, "ids", DType::kI32, m.vocab_size, m.top_k, entries * 4));
-  COLIBRI_ASSIGN_OR_RETURN(const uint8_t* weights,
-                           SectionData(lut, lut_layout, "weights", DType::kF32, m.vocab_size, m.top_k, entries * 4));
-  routing->lut_ids = reinterpret_cast<const int32_t*>(ids);
-  routing->lut_weights = reinterpret_cast<const float*>(weights);
-  std::vector<int64_t> last_token(m.n_experts, -1);  // per expert: the last token routed to it
-  for (uint64_t i = 0; i < entries; ++i) {
-    if (routing->lut_ids[i] < 0 || routing->lut_ids[i] >= m.n_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
-                                                     " routes to expert ", routing->lut_ids[i], ", outside [0, ",
-                                                     m.n_experts, ")"));
+  for (auto [relative_path, copy] :
+       {std::pair{GateFilePath(layer), &routing->gate_file}, std::pair{LutFilePath(layer), &routing->lut_file}}) {
+    COLIBRI_ASSIGN_OR_RETURN(auto file, MapListedFile(relative_path, /*verify_checksum=*/false));
+    copy->assign(file->data(), file->data() + file->size());
+    if (file->faulted()) return ChangedWhileRead(file->path());
+    if (verify_checksum) {
+      COLIBRI_RETURN_IF_ERROR(
+          CheckChecksum({copy->data(), copy->size(), file->path()}, *manifest_.FindFile(relative_path)));
     }
-    if (!std::isfinite(routing->lut_weights[i]) || routing->lut_weights[i] < 0.f) {
-      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", i / m.top_k,
-                                                     " has route weight ", routing->lut_weights[i],
-                                                     " (must be finite and >= 0)"));
-    }
-    const int64_t token = static_cast<int64_t>(i / m.top_k);
-    if (last_token[routing->lut_ids[i]] == token) {
-      return absl::InvalidArgumentError(absl::StrCat("bad weight file ", lut.path(), ": token ", token,
-                                                     " routes to expert ", routing->lut_ids[i], " twice"));
-    }
-    last_token[routing->lut_ids[i]] = token;
   }
+  const std::string gate_path = absl::StrCat(dir_, "/", GateFilePath(layer));
+  const std::string lut_path = absl::StrCat(dir_, "/", LutFilePath(layer));
+  COLIBRI_RETURN_IF_ERROR(ParseRouting(manifest_, {routing->gate_file.data(), routing->gate_file.size(), gate_path},
+                                       {routing->lut_file.data(), routing->lut_file.size(), lut_path}, routing.get()));
   return routing;
 }
 

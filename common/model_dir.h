@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/anonymous_memory.h"
@@ -56,7 +57,9 @@ struct ExpertWeights {
 // the expert is unchanged. REQUIRES: `expert` still has its file.
 absl::Status CopyExpertToMemory(ExpertWeights* expert, const AnonymousMemory::Options& options);
 
-// One layer's routing tables, as views into the mappings it owns.
+// One layer's routing tables, as views into private copies of its files
+// (each read once from its file, then checked: a file replaced or truncated
+// in place, meanwhile or later, changes nothing here).
 struct LayerRouting {
   int64_t layer = 0;
   const float* gate = nullptr;         // f32 [n_experts][d_model]
@@ -64,8 +67,8 @@ struct LayerRouting {
   const float* bias = nullptr;         // f32 [n_experts] if manifest.routing.has_bias(), else null
   const int32_t* lut_ids = nullptr;    // [vocab_size][top_k], each < n_experts
   const float* lut_weights = nullptr;  // [vocab_size][top_k], finite
-  std::unique_ptr<MappedFile> gate_file;
-  std::unique_ptr<MappedFile> lut_file;
+  std::vector<uint8_t> gate_file;      // the files' bytes
+  std::vector<uint8_t> lut_file;
 };
 
 class ModelDir {
@@ -84,7 +87,10 @@ class ModelDir {
   absl::StatusOr<std::unique_ptr<LayerRouting>> LoadRouting(int64_t layer, bool verify_checksum) const;
 
   // Maps a file listed in the manifest and checks its size and, optionally,
-  // its checksum against the listing.
+  // its checksum against the listing. The mapping comes guarded
+  // (MappedFile::Guard) while guard slots are free: a file that shrinks while
+  // it is read is then DATA_LOSS here, in LoadExpert, LoadRouting and
+  // CopyExpertToMemory, and faulted() for later readers, not SIGBUS.
   absl::StatusOr<std::unique_ptr<MappedFile>> MapListedFile(const std::string& relative_path,
                                                             bool verify_checksum) const;
 

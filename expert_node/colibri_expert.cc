@@ -15,6 +15,7 @@
 #include "expert_node/expert_server.h"
 #include "kernels/kernel_profile.h"
 #include "runtime/flags.h"
+#include "runtime/grpc_services.h"
 #include "runtime/logging.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (colibri-convert's output). Required.");
@@ -70,6 +71,12 @@ ABSL_FLAG(std::vector<std::string>, admin_identities, {},
           "admin calls on --listen too, comma-separated.");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
 ABSL_FLAG(std::string, metrics_host, "", "IP address the metrics endpoint listens on (default: the host of --listen).");
+ABSL_FLAG(int, keepalive_interval_ms, colibri::runtime::kKeepaliveTime.count(),
+          "Ping clients (routers) this often, also on idle connections (at least 1000).");
+ABSL_FLAG(int, keepalive_timeout_ms, colibri::runtime::kKeepaliveTimeout.count(),
+          "Close a client's connection whose ping is not answered within this long: its calls end, and the memory "
+          "they hold is freed. At least 1000; below ~5000 an idle router's connection is closed now and then (it "
+          "reconnects).");
 ABSL_FLAG(int, inject_delay_ms, 0,
           "Fault injection for tests and benchmarks: a Compute call waits this long "
           "before it runs (a slow node); 0: off.");
@@ -88,6 +95,8 @@ namespace {
 const colibri::runtime::OptionFlags kOptionFlags = {
     {"shard spec", "--experts"},
     {"ServerOptions::limits.max_rows", "--max_rows"},
+    {"ServerOptions::keepalive.interval", "--keepalive_interval_ms"},
+    {"ServerOptions::keepalive.timeout", "--keepalive_timeout_ms"},
     {"ServerOptions::tls_cert_file", "--tls_cert"},
     {"ServerOptions::tls_key_file", "--tls_key"},
     {"ServerOptions::tls_client_ca_file", "--tls_client_ca"},
@@ -169,6 +178,8 @@ int main(int argc, char** argv) {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.keepalive.interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_keepalive_interval_ms));
+  options.keepalive.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_keepalive_timeout_ms));
   options.admin_listen = absl::GetFlag(FLAGS_admin_listen);
   options.admin_identities = absl::GetFlag(FLAGS_admin_identities);
   options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);

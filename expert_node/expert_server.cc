@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options));
   COLIBRI_RETURN_IF_ERROR(
       runtime::CheckAdminIdentities(options.admin_identities, options.tls_client_ca_file, "ServerOptions::"));
+  COLIBRI_RETURN_IF_ERROR(runtime::ValidateKeepalive(options.keepalive, "ServerOptions::"));
   if (options.memory_budget > 0 && options.store.residency != Residency::kPaged) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::memory_budget ", options.memory_budget,
                                                    " needs paged residency (StoreOptions::residency paged, not ",
@@ -92,7 +93,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
 
   runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
-  runtime::ApplyServerPolicy(builder);
+  runtime::ApplyServerPolicy(builder, options.keepalive);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
   const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);
@@ -109,7 +110,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
     s->admin_service_ = std::make_unique<AdminService>(s->service_.get());
     COLIBRI_ASSIGN_OR_RETURN(s->admin_server_,
                              runtime::StartAdminServer(options.admin_listen, credentials, s->admin_service_.get(),
-                                                       &s->admin_port_, "ServerOptions::"));
+                                                       &s->admin_port_, "ServerOptions::", options.keepalive));
   }
   // Every owned expert is mapped, verified (and locked when possible) by now.
   s->server_->GetHealthCheckService()->SetServingStatus(true);

@@ -21,6 +21,7 @@
 #include "expert_node/expert_store.h"
 #include "expert_node/paged_weights.h"
 #include "kernels/thread_pool.h"
+#include "runtime/grpc_services.h"
 #include "runtime/metrics_server.h"
 
 namespace grpc {
@@ -62,11 +63,12 @@ struct ServerOptions {
   // one of `admin_identities` (needs tls_client_ca_file).
   std::string admin_listen;
   std::vector<std::string> admin_identities;
-  bool merge_calls = true;     // ExpertService::Options::merge_calls
-  int inject_delay_ms = 0;     // fault injection: a Compute sleeps this long first ...
-  int inject_delay_every = 1;  // ... every this many calls
-  int metrics_port = -1;       // >= 0: serve Prometheus /metrics on it (0 picks a free port)
-  std::string metrics_host;    // empty: the host of `listen`
+  bool merge_calls = true;       // ExpertService::Options::merge_calls
+  int inject_delay_ms = 0;       // fault injection: a Compute sleeps this long first ...
+  int inject_delay_every = 1;    // ... every this many calls
+  int metrics_port = -1;         // >= 0: serve Prometheus /metrics on it (0 picks a free port)
+  std::string metrics_host;      // empty: the host of `listen`
+  runtime::Keepalive keepalive;  // pings to its clients (routers; runtime/grpc_services.h)
 };
 
 class ExpertServer {

@@ -18,6 +18,7 @@
 #include "kernels/kernel_profile.h"
 #include "router_node/router_server.h"
 #include "runtime/flags.h"
+#include "runtime/grpc_services.h"
 #include "runtime/logging.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -40,6 +41,9 @@ ABSL_FLAG(int, workers, 8, "Threads running Forward calls (each waits for its no
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Memory budget of the Forward calls being run (estimated from each request's size before parsing): a call "
           "beyond it gets RESOURCE_EXHAUSTED. 0: room for two requests of --max_tokens tokens.");
+ABSL_FLAG(int, send_timeout_ms, 60000,
+          "Cancel a call whose reply the client has not taken whole within this long (it stopped reading), freeing "
+          "the memory the call holds; 0: wait for the call's deadline.");
 ABSL_FLAG(int64_t, max_queued_requests, 256, "Forward calls waiting for a worker (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "Largest client request or reply; 0 derives it from the model and "
@@ -93,6 +97,12 @@ ABSL_FLAG(std::vector<std::string>, admin_identities, {},
           "admin view on --listen too, comma-separated.");
 ABSL_FLAG(int, metrics_port, -1, "Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a port; -1 off).");
 ABSL_FLAG(std::string, metrics_host, "", "IP address the metrics endpoint listens on (default: the host of --listen).");
+ABSL_FLAG(int, keepalive_interval_ms, colibri::runtime::kKeepaliveTime.count(),
+          "Ping clients and nodes this often, also on idle connections (at least 1000).");
+ABSL_FLAG(int, keepalive_timeout_ms, colibri::runtime::kKeepaliveTimeout.count(),
+          "Close a client's or node's connection whose ping is not answered within this long: its calls end, and "
+          "the memory they hold is freed (a node is reconnected). At least 1000; below ~5000 an idle gRPC C++ "
+          "client's connection is closed now and then (it reconnects at its next call).");
 ABSL_FLAG(std::string, log_format, "text",
           "Log lines on stderr: text (glog's: level, time, thread, file:line, message) or json (one object per line).");
 ABSL_FLAG(std::string, log_level, "info", "Least severe level logged: info, warning or error.");
@@ -112,6 +122,9 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"RouterServerOptions::admin_listen", "--admin_listen"},
     {"RouterServerOptions::model_root", "--model_root"},
     {"RouterServerOptions::service.admin_identities", "--admin_identities"},
+    {"RouterServerOptions::keepalive.interval", "--keepalive_interval_ms"},
+    {"RouterServerOptions::service.send_timeout", "--send_timeout_ms"},
+    {"RouterServerOptions::keepalive.timeout", "--keepalive_timeout_ms"},
     {"RemoteOptions::addresses", "--experts_at"},
     {"RemoteOptions::cluster_file", "--cluster_file"},
     {"RemoteOptions::node_stream_max_bytes", "--node_stream_max_bytes"},
@@ -170,6 +183,7 @@ int main(int argc, char** argv) {
   o.service.workers = absl::GetFlag(FLAGS_workers);
   o.service.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.service.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  o.service.send_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_send_timeout_ms));
   const char* debug = std::getenv("COLIBRI_DEBUG");
   o.service.debug = debug != nullptr && std::string(debug) != "0" && std::string(debug) != "";
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -205,6 +219,8 @@ int main(int argc, char** argv) {
   o.engine.q8_records = absl::GetFlag(FLAGS_q8_records);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  o.keepalive.interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_keepalive_interval_ms));
+  o.keepalive.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_keepalive_timeout_ms));
   o.admin_listen = absl::GetFlag(FLAGS_admin_listen);
   o.model_root = absl::GetFlag(FLAGS_model_root);
   o.service.admin_identities = absl::GetFlag(FLAGS_admin_identities);

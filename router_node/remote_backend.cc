@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
           absl::StrCat("RemoteOptions::", name, " ", absl::FormatDuration(duration), " must be positive"));
     }
   }
+  COLIBRI_RETURN_IF_ERROR(runtime::ValidateKeepalive(options.keepalive, "RemoteOptions::"));
   // A message over the size limit breaks a whole stream (every call on it),
   // where it fails one unary call: stream calls stay far below the limit
   // (a reply can be top_k rows per token, in f32, for a bf16 request).
@@ -86,7 +87,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  runtime::ApplyChannelKeepalive(&args);  // a node gone silent is noticed and reconnected
+  runtime::ApplyChannelKeepalive(&args, options.keepalive);  // a node gone silent is noticed and reconnected
   COLIBRI_ASSIGN_OR_RETURN(setup->credentials, runtime::ChannelCredentialsFromFiles(
                                                    options.tls_ca_file, options.tls_cert_file, options.tls_key_file,
                                                    options.tls_server_name, "RemoteOptions::", &args));

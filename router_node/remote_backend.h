@@ -54,6 +54,7 @@
 #include "router_node/expert_backend.h"
 #include "router_node/node_channel.h"
 #include "router_node/shard_map.h"
+#include "runtime/grpc_services.h"
 
 namespace colibri {
 namespace router_node {
@@ -113,6 +114,7 @@ struct RemoteOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+  runtime::Keepalive keepalive;                // pings on the node channels (runtime/grpc_services.h)
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the backend
   std::ostream* log = nullptr;                 // node up/down events; optional; must outlive the backend
   // Tests: how to reach a node (default: a gRPC channel with the options

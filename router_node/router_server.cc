@@ -25,6 +25,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
                                                                options.tls_client_ca_file, "RouterServerOptions::"));
   COLIBRI_RETURN_IF_ERROR(runtime::CheckAdminIdentities(options.service.admin_identities, options.tls_client_ca_file,
                                                         "RouterServerOptions::service."));
+  COLIBRI_RETURN_IF_ERROR(runtime::ValidateKeepalive(options.keepalive, "RouterServerOptions::"));
+  if (options.service.send_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("RouterServerOptions::service.send_timeout ",
+                                                   absl::FormatDuration(options.service.send_timeout),
+                                                   " is negative (0 turns it off)"));
+  }
   std::unique_ptr<RouterServer> s(new RouterServer());
   s->log_ = log;
   std::shared_ptr<Router> router;
@@ -37,6 +43,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     router = std::shared_ptr<Router>(&s->engine_->router(), [](Router*) {});  // the engine owns it
   } else {
     options.remote.log = log;
+    options.remote.keepalive = options.keepalive;
     options.router.metrics = &s->metrics_;
     COLIBRI_ASSIGN_OR_RETURN(RemoteRouter remote, MakeRemoteRouter(options.model_dir, options.remote, options.router));
     common::MutexLock lock(&s->load_mu_);
@@ -71,7 +78,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
 
   runtime::EnableStandardServices();
   grpc::ServerBuilder builder;
-  runtime::ApplyServerPolicy(builder);
+  runtime::ApplyServerPolicy(builder, options.keepalive);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   // Largest call: max_tokens hidden states in f32 plus token ids and client
   // routes (4 + 8 * top_k bytes per token), and framing.
@@ -89,7 +96,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     s->admin_service_ = std::make_unique<RouterAdminService>(s->service_.get());
     COLIBRI_ASSIGN_OR_RETURN(s->admin_server_,
                              runtime::StartAdminServer(options.admin_listen, credentials, s->admin_service_.get(),
-                                                       &s->admin_port_, "RouterServerOptions::"));
+                                                       &s->admin_port_, "RouterServerOptions::", options.keepalive));
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   if (!options.local) {

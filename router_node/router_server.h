@@ -27,6 +27,7 @@
 #include "router_node/remote_router.h"
 #include "router_node/router.h"
 #include "router_node/router_service.h"
+#include "runtime/grpc_services.h"
 #include "runtime/metrics_server.h"
 
 namespace grpc {
@@ -59,6 +60,8 @@ struct RouterServerOptions {
   std::string model_root;
   int metrics_port = -1;     // >= 0: Prometheus /metrics on it (0 picks a port)
   std::string metrics_host;  // empty: the host of `listen`
+  // Pings to clients and nodes (runtime/grpc_services.h); replaces remote.keepalive.
+  runtime::Keepalive keepalive;
 };
 
 class RouterServer {

@@ -12,6 +12,7 @@
 #include "router_node/forward_request.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_status.h"
+#include "runtime/send_timeout.h"
 
 namespace colibri {
 namespace router_node {
@@ -48,12 +49,17 @@ int64_t SlowestNodeNanos(const ForwardOutput& out) {
   return slowest;
 }
 
-// A unary Forward: cancelled with the client, deleted when gRPC is done with it.
+// A unary Forward: cancelled with the client, or when its reply is not sent
+// within the send timeout; deleted when gRPC is done with it.
 class ForwardReactor final : public grpc::ServerUnaryReactor {
  public:
   ForwardReactor(RouterService* service, grpc::CallbackServerContext* context, const v1::ForwardRequest* request,
-                 v1::ForwardResponse* response)
-      : service_(service), request_(request), response_(response), control_(DeadlineOf(context)) {}
+                 v1::ForwardResponse* response, absl::Duration send_timeout)
+      : service_(service),
+        request_(request),
+        response_(response),
+        control_(DeadlineOf(context)),
+        send_timeout_(context, send_timeout) {}
 
   void Start() {
     if (service_->RunsInline(*request_)) return Run();
@@ -78,6 +84,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   void Done(const absl::Status& s, std::shared_ptr<void> held = nullptr) {
     held_ = std::move(held);
     service_->CountCall("Forward", s.code());
+    send_timeout_.Start();
     Finish(runtime::ToGrpcStatus(s));
   }
 
@@ -86,6 +93,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   v1::ForwardResponse* const response_;
   CallControl control_;
   std::shared_ptr<void> held_;  // the call's memory reservation, until the reply is sent
+  runtime::SendTimeout send_timeout_;
 };
 
 }  // namespace
@@ -100,7 +108,7 @@ class RouterService::StreamReactor final
     : public grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse> {
  public:
   StreamReactor(RouterService* service, grpc::CallbackServerContext* context)
-      : service_(service), deadline_(DeadlineOf(context)) {}
+      : service_(service), deadline_(DeadlineOf(context)), send_timeout_(context, service->options_.send_timeout) {}
 
   // Starts the first read (after the service has registered the stream).
   void Begin() { ReadNext(); }
@@ -131,6 +139,7 @@ class RouterService::StreamReactor final
     }
   }
   void OnWriteDone(bool ok) override {
+    send_timeout_.Done();
     if (!ok) {
       reply_held_.reset();  // see Done
       EndLoop(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
@@ -215,6 +224,7 @@ class RouterService::StreamReactor final
     reply_.set_message(std::string(s.message()));
     reply_.set_request_id(request_.request_id());
     if (!s.ok()) reply_.clear_response();
+    send_timeout_.Start();
     StartWrite(&reply_);
   }
 
@@ -222,7 +232,8 @@ class RouterService::StreamReactor final
   const absl::Time deadline_;
   v1::ForwardRequest request_;
   v1::ForwardStreamResponse reply_;
-  std::shared_ptr<void> reply_held_;  // the reservation of the request whose reply is being written
+  std::shared_ptr<void> reply_held_;   // the reservation of the request whose reply is being written
+  runtime::SendTimeout send_timeout_;  // of the reply being written
   common::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<CallControl> current_ ABSL_GUARDED_BY(mu_);  // the request being run
@@ -416,7 +427,7 @@ void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::
 
 grpc::ServerUnaryReactor* RouterService::Forward(grpc::CallbackServerContext* context,
                                                  const v1::ForwardRequest* request, v1::ForwardResponse* response) {
-  auto* reactor = new ForwardReactor(this, context, request, response);
+  auto* reactor = new ForwardReactor(this, context, request, response, options_.send_timeout);
   reactor->Start();
   return reactor;
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 #include "colibri/v1/router.grpc.pb.h"
 #include "common/memory_budget.h"
 #include "common/metrics.h"
@@ -50,6 +51,11 @@ class RouterService final : public colibri::v1::Router::CallbackService {
     // request's shape before parsing it); beyond: RESOURCE_EXHAUSTED. <= 0:
     // none (RouterServer derives one from max_tokens).
     int64_t max_inflight_bytes = 0;
+    // A reply the client has not taken within this long (it stopped reading
+    // while its connection stays up) cancels its call, freeing the memory the
+    // call holds (runtime/send_timeout.h). Zero: replies wait until the call's
+    // deadline.
+    absl::Duration send_timeout = absl::Seconds(60);
     bool debug = false;                          // log every call's stage timings to `log` (COLIBRI_DEBUG=1)
     std::ostream* log = nullptr;                 // must outlive the service
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the service

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -28,8 +29,10 @@ std::vector<char*> ParseFlags(int argc, char** argv, const char* usage) {
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
   // Accept --flag-name as well as --flag_name (the spelling docs and
-  // operators often use): the name part of each flag, up to '=', gets
-  // underscores. Arguments after "--" are positional and left alone.
+  // operators often use): the name part of an argument, up to '=', gets
+  // underscores when that spells a defined flag (or --noflag of a boolean).
+  // Anything else, such as a value "-1-2" after "--flag", is left alone, and
+  // so is every argument after "--".
   static std::vector<std::string> normalized;
   normalized.assign(argv, argv + argc);
   std::vector<char*> args;
@@ -37,11 +40,14 @@ std::vector<char*> ParseFlags(int argc, char** argv, const char* usage) {
   for (int i = 0; i < argc; ++i) {
     std::string& a = normalized[i];
     if (a == "--") positional = true;
-    if (i > 0 && !positional && absl::StartsWith(a, "-") && a.size() > 2) {
-      const size_t start = a.find_first_not_of('-');
-      const size_t end = std::min(a.find('='), a.size());
-      for (size_t c = start; c < end; ++c) {
-        if (a[c] == '-') a[c] = '_';
+    const size_t start = a.find_first_not_of('-');
+    const size_t end = std::min(a.find('='), a.size());
+    if (i > 0 && !positional && start > 0 && start < end) {
+      std::string name = a.substr(start, end - start);
+      std::replace(name.begin(), name.end(), '-', '_');
+      if (absl::FindCommandLineFlag(name) != nullptr ||
+          (absl::StartsWith(name, "no") && absl::FindCommandLineFlag(name.substr(2)) != nullptr)) {
+        a.replace(start, end - start, name);
       }
     }
     args.push_back(a.data());

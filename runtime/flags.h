@@ -18,7 +18,8 @@ namespace runtime {
 // Sets the usage message, makes --help / --helpshort list the flags defined in
 // the binary's own main file (colibri-foo's flags live in colibri_foo.cc;
 // Abseil only matches files named exactly like the binary), then parses argv.
-// --flag-name is accepted for --flag_name. Returns the positional arguments
+// --flag-name is accepted for --flag_name (a defined flag's name only;
+// values are never rewritten). Returns the positional arguments
 // (pointing into storage that lives until the next call), argv[0] first. Exits like
 // absl::ParseCommandLine on --help or a malformed flag.
 //

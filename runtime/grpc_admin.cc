@@ -37,9 +37,9 @@ absl::Status CheckAdminIdentities(const std::vector<std::string>& identities, co
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartAdminServer(const std::string& listen,
                                                                std::shared_ptr<grpc::ServerCredentials> credentials,
                                                                grpc::Service* service, int* port,
-                                                               const std::string& prefix) {
+                                                               const std::string& prefix, const Keepalive& keepalive) {
   grpc::ServerBuilder builder;
-  ApplyServerPolicy(builder);
+  ApplyServerPolicy(builder, keepalive);
   builder.AddListeningPort(listen, std::move(credentials), port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/grpc_services.h"
 
 namespace colibri {
 namespace runtime {
@@ -33,7 +34,7 @@ absl::Status CheckAdminIdentities(const std::vector<std::string>& identities, co
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartAdminServer(const std::string& listen,
                                                                std::shared_ptr<grpc::ServerCredentials> credentials,
                                                                grpc::Service* service, int* port,
-                                                               const std::string& prefix);
+                                                               const std::string& prefix, const Keepalive& keepalive);
 
 }  // namespace runtime
 }  // namespace colibri

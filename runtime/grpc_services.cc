@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
 
+#include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace colibri {
@@ -17,21 +18,42 @@ void EnableStandardServices() {
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
 }
 
-void ApplyServerPolicy(grpc::ServerBuilder& builder) {
+absl::Status ValidateKeepalive(const Keepalive& keepalive, const std::string& prefix) {
+  if (keepalive.interval < kMinPingInterval || keepalive.interval > std::chrono::hours(24)) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "keepalive.interval ", keepalive.interval.count(),
+                                                   " ms is outside [", kMinPingInterval.count(), " ms, 24 h]"));
+  }
+  if (keepalive.timeout < kMinPingInterval || keepalive.timeout > std::chrono::hours(24)) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "keepalive.timeout ", keepalive.timeout.count(),
+                                                   " ms is outside [", kMinPingInterval.count(), " ms, 24 h]"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The keepalive arguments servers and channels share.
+template <typename SetInt>
+void SetKeepalive(const Keepalive& keepalive, SetInt set) {
+  set(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(keepalive.interval.count()));
+  set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(keepalive.timeout.count()));
+  set(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // an idle connection keeps being pinged
+}
+
+}  // namespace
+
+void ApplyServerPolicy(grpc::ServerBuilder& builder, const Keepalive& keepalive) {
   grpc::ResourceQuota quota("colibri-sync-handlers");
   quota.SetMaxThreads(kMaxSyncServerThreads);
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              static_cast<int>(kMinPingInterval.count()));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  SetKeepalive(keepalive, [&](const char* name, int value) { builder.AddChannelArgument(name, value); });
 }
 
-void ApplyChannelKeepalive(grpc::ChannelArguments* args, std::chrono::milliseconds time,
-                           std::chrono::milliseconds timeout) {
-  args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(time.count()));
-  args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(timeout.count()));
-  args->SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args->SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // an idle channel keeps pinging
+void ApplyChannelKeepalive(grpc::ChannelArguments* args, const Keepalive& keepalive) {
+  SetKeepalive(keepalive, [&](const char* name, int value) { args->SetInt(name, value); });
 }
 
 }  // namespace runtime

@@ -11,6 +11,9 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <chrono>
+#include <string>
+
+#include "absl/status/status.h"
 
 namespace colibri {
 namespace runtime {
@@ -31,27 +34,40 @@ inline constexpr int kMaxSyncServerThreads = 64;
 
 // Keepalive. A peer that vanishes without closing its connections (a host
 // powered off, a network partition, a process stopped) leaves them open:
-// calls on them wait for their deadlines, and a node that comes back at the
-// same address is not reconnected until TCP gives up, ~15 minutes on Linux.
-// So channels between Colibri's processes ping every kKeepaliveTime, also
-// with no call in flight, and close the connection when a ping is not
-// answered within kKeepaliveTimeout (gRPC then reconnects); servers accept
-// pings as often as every kMinPingInterval (gRPC's default, 5 minutes,
-// answers more frequent ones with GOAWAY "too_many_pings"). The timeout is
-// generous: gRPC 1.51 reads an idle client channel only from its backup
-// poller, every 5 s, so an answer may wait that long to be seen.
+// calls on them wait for their deadlines (a server's calls from a client
+// that has none, forever, with the memory they hold), and a node that comes
+// back at the same address is not reconnected until TCP gives up, ~15
+// minutes on Linux. So every Colibri server and every channel Colibri opens
+// pings its peer every `interval`, also with no call in flight, and closes
+// the connection when a ping is not answered within `timeout` (its calls end
+// UNAVAILABLE or CANCELLED; a channel then reconnects). Servers accept pings
+// as often as every kMinPingInterval (gRPC's default, 5 minutes, answers
+// more frequent ones with GOAWAY "too_many_pings"). The timeout is generous:
+// gRPC 1.51 reads an idle client channel only from its backup poller, every
+// 5 s, so an answer may wait that long to be seen.
 inline constexpr std::chrono::milliseconds kKeepaliveTime{30000};
 inline constexpr std::chrono::milliseconds kKeepaliveTimeout{20000};
 inline constexpr std::chrono::milliseconds kMinPingInterval{1000};
 
+struct Keepalive {
+  std::chrono::milliseconds interval = kKeepaliveTime;    // between pings; >= kMinPingInterval
+  std::chrono::milliseconds timeout = kKeepaliveTimeout;  // for a ping's answer
+};
+
+// INVALID_ARGUMENT naming `prefix`keepalive.interval or .timeout if either is
+// out of range: below kMinPingInterval (pings more frequent than that
+// Colibri's own servers refuse) or above a day. A timeout under ~5 s drops
+// idle gRPC C++ clients' connections now and then (see above); they
+// reconnect at their next call.
+absl::Status ValidateKeepalive(const Keepalive& keepalive, const std::string& prefix);
+
 // For every Colibri server: the cap on synchronous handlers' threads
-// (kMaxSyncServerThreads, a ResourceQuota of its own) and the keepalive
-// pings it accepts.
-void ApplyServerPolicy(grpc::ServerBuilder& builder);
+// (kMaxSyncServerThreads, a ResourceQuota of its own), the keepalive pings
+// it sends and those it accepts.
+void ApplyServerPolicy(grpc::ServerBuilder& builder, const Keepalive& keepalive = {});
 
 // Keepalive pings on a channel to a Colibri server.
-void ApplyChannelKeepalive(grpc::ChannelArguments* args, std::chrono::milliseconds time = kKeepaliveTime,
-                           std::chrono::milliseconds timeout = kKeepaliveTimeout);
+void ApplyChannelKeepalive(grpc::ChannelArguments* args, const Keepalive& keepalive = {});
 
 }  // namespace runtime
 }  // namespace colibri

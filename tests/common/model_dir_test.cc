@@ -52,6 +52,30 @@ TEST_CASE("a converted model directory opens and loads every expert and layer") 
   CHECK((*model)->LoadRouting(-1, false).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("routing tables stay readable and unchanged after their files are truncated in place") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
+  auto model = ModelDir::Open(dir / "model");
+  REQUIRE(model.ok());
+  const Manifest& m = (*model)->manifest();
+  auto routing = (*model)->LoadRouting(1, /*verify_checksum=*/true);
+  INFO(routing.status().message());
+  REQUIRE(routing.ok());
+  const LayerRouting& r = **routing;
+  const std::vector<float> gate(r.gate, r.gate + m.n_experts * m.d_model);
+  const std::vector<int32_t> ids(r.lut_ids, r.lut_ids + m.vocab_size * m.top_k);
+  const std::vector<float> weights(r.lut_weights, r.lut_weights + m.vocab_size * m.top_k);
+  // What `cp new_gate.bin gate.bin` does first. Reading a mapping past its
+  // file's new end would raise SIGBUS here.
+  std::filesystem::resize_file(dir / ("model/" + GateFilePath(1)), 0);
+  std::filesystem::resize_file(dir / ("model/" + LutFilePath(1)), 0);
+  CHECK(std::vector<float>(r.gate, r.gate + gate.size()) == gate);
+  CHECK(std::vector<int32_t>(r.lut_ids, r.lut_ids + ids.size()) == ids);
+  CHECK(std::vector<float>(r.lut_weights, r.lut_weights + weights.size()) == weights);
+  // A new load sees the damage.
+  CHECK((*model)->LoadRouting(1, false).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("a flipped byte in a weight file is refused with the path and reason") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);

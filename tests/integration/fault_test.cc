@@ -9,6 +9,8 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "clients/cpp/client.h"
@@ -137,7 +139,7 @@ TEST_CASE("keepalive: a peer gone silent loses its connection, one that answers 
   Proc node = StartNode(model.path, "all");
   // Pings every 1.5 s, 1 s to answer (Colibri's channels: 30 s and 20 s).
   grpc::ChannelArguments args;
-  runtime::ApplyChannelKeepalive(&args, std::chrono::milliseconds(1500), std::chrono::milliseconds(1000));
+  runtime::ApplyChannelKeepalive(&args, {std::chrono::milliseconds(1500), std::chrono::milliseconds(1000)});
   auto channel = grpc::CreateCustomChannel(Address(node.port), grpc::InsecureChannelCredentials(), args);
   auto stub = v1::ExpertNode::NewStub(channel);
   // A stream with nothing on it; a thread blocked reading it keeps the
@@ -183,6 +185,66 @@ TEST_CASE("keepalive: a peer gone silent loses its connection, one that answers 
       "keepalive: a stream without data kept 4 s under 1.5 s pings; the stopped node's connection dropped "
       "after %.2f s\n",
       dropped);
+}
+
+// The client process of the next test (started by it; hidden from ctest):
+// sends one call of kUnreadTokens tokens on a stream with a fixed 64 KiB
+// HTTP/2 window, says "sent", and never reads the reply.
+constexpr int kUnreadTokens = 60000;
+
+TEST_CASE("a client that does not read (the next test's child process)", "[.unread_client]") {
+  const char* port = std::getenv("COLIBRI_TEST_ROUTER_PORT");
+  REQUIRE(port != nullptr);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 65536);
+  auto stub = v1::Router::NewStub(
+      grpc::CreateCustomChannel(Address(std::atoi(port)), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext context;
+  auto stream = stub->ForwardStream(&context);
+  REQUIRE(stream->Write(Request(0, std::vector<int32_t>(kUnreadTokens, 3), 1)));
+  std::printf("sent\n");
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::minutes(10));  // until the test kills it
+}
+
+TEST_CASE("keepalive: a stopped client's connection is closed by the router, and its call's memory freed") {
+  Model model(common::DType::kF32);
+  // One call of 60 000 tokens reserves most of this budget (as in
+  // router_process_test): while one is held, another is refused. Pings every
+  // 1 s, 4 s to answer (the defaults: 30 s and 20 s); replies not sent
+  // within 60 s (the default) are cancelled, longer than this test waits.
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=150000000",
+                             "--keepalive_interval_ms=1000", "--keepalive_timeout_ms=4000"});
+  auto stub = Connect(router.port);
+  auto served = [&] {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    auto probe =
+        v1::Router::NewStub(grpc::CreateCustomChannel(Address(router.port), grpc::InsecureChannelCredentials(), args));
+    v1::ForwardResponse response;
+    const grpc::Status s = Call(*probe, Request(0, std::vector<int32_t>(kUnreadTokens, 3), 1), &response);
+    INFO(s.error_message());
+    CHECK((s.ok() || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
+    return s.ok();
+  };
+  // The client's call is answered and its reply stays in the router (the
+  // client's window is full): held. Then the client stops answering pings.
+  ::setenv("COLIBRI_TEST_ROUTER_PORT", std::to_string(router.port).c_str(), 1);
+  ProcessGuard client({Binary("tests/fault_test"), "[.unread_client]"});
+  std::string line;
+  while ((line = client.ReadLine()) != "sent\n" && !line.empty()) {
+  }
+  REQUIRE(line == "sent\n");
+  REQUIRE(WaitFor([&] { return Status(*stub).requests() >= 1; }));
+  client.Pause();
+  const auto paused = Clock::now();
+  CHECK_FALSE(served());
+  // Without the router's pings the stopped client would hold it until the
+  // reply's send timeout.
+  CHECK(WaitFor(served));
+  const double freed = std::chrono::duration<double>(Clock::now() - paused).count();
+  std::printf("keepalive: a stopped client's call freed %.2f s after the stop (pings 1 s, 4 s to answer)\n", freed);
 }
 
 TEST_CASE("restarting the router under client load: clients see UNAVAILABLE, then the same client reconnects") {

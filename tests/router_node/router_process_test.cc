@@ -229,29 +229,37 @@ TEST_CASE("Forward calls beyond the router's memory budget are refused, smaller 
   for (int i = 0; i < 3; ++i) CHECK(Call(*stub, Request(0, {1, 2}, 1), &response).ok());
 }
 
+// A stub for replies over gRPC's default 4 MiB limit; with `fixed_window`,
+// its channel keeps a 64 KiB HTTP/2 window (no BDP probing): a reply larger
+// than that, not read, stays with the sender.
+std::unique_ptr<v1::Router::Stub> BigReplyStub(int port, bool fixed_window) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  if (fixed_window) {
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 65536);
+  }
+  return v1::Router::NewStub(grpc::CreateCustomChannel(Address(port), grpc::InsecureChannelCredentials(), args));
+}
+
+// One call of 60 000 tokens reserves 11.5 MB of hidden states and several
+// times that of work space (RouterService::Footprint): with this budget one
+// fits, two do not.
+constexpr int kBigTokens = 60000;
+const char kBigBudget[] = "--max_inflight_bytes=150000000";
+
 TEST_CASE("a reply the client does not read keeps its call's memory in the router's budget") {
   Model model(common::DType::kF32);
-  // One call of 60 000 tokens reserves 11.5 MB of hidden states and several
-  // times that of work space (RouterService::Footprint): one fits, two do not.
-  constexpr int kTokens = 60000;
-  Proc router = StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=150000000"});
-  auto connect = [&] {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);         // the replies are over gRPC's default 4 MiB
-    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // a fixed window: a reply not read stays with the sender
-    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 65536);
-    return v1::Router::NewStub(
-        grpc::CreateCustomChannel(Address(router.port), grpc::InsecureChannelCredentials(), args));
-  };
-  auto stub = connect();
-  const v1::ForwardRequest big = Request(0, std::vector<int32_t>(kTokens, 3), 1);
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1", kBigBudget});
+  auto stub = BigReplyStub(router.port, false);
+  const v1::ForwardRequest big = Request(0, std::vector<int32_t>(kBigTokens, 3), 1);
   v1::ForwardResponse response;
   // An 11.5 MB reply on a stream nobody reads stays in the router, past
   // HTTP/2's flow-control window: its call's reservation with it. (The
   // stream's call is the router's only one until it has been answered:
   // GetClusterStatus counts it then.)
   grpc::ClientContext stream_context;
-  auto stream_stub = connect();
+  auto stream_stub = BigReplyStub(router.port, true);
   auto stream = stream_stub->ForwardStream(&stream_context);
   REQUIRE(stream->Write(big));
   REQUIRE(WaitFor([&] { return Status(*stub).requests() >= 1; }));
@@ -269,6 +277,37 @@ TEST_CASE("a reply the client does not read keeps its call's memory in the route
   CHECK(WaitFor([&] { return Call(*stub, big, &response).ok(); }));
   stream->WritesDone();
   CHECK(stream->Finish().ok());
+}
+
+TEST_CASE("a reply not taken within --send_timeout_ms cancels its call and frees its memory") {
+  Model model(common::DType::kF32);
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1", kBigBudget, "--send_timeout_ms=2000"});
+  auto stub = BigReplyStub(router.port, false);
+  const v1::ForwardRequest big = Request(0, std::vector<int32_t>(kBigTokens, 3), 1);
+  v1::ForwardResponse response;
+  auto served = [&] {
+    const grpc::Status s = Call(*stub, big, &response);
+    INFO(s.error_message());
+    CHECK((s.ok() || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
+    return s.ok();
+  };
+  // The client answers pings but does not read. (A gRPC client always reads
+  // a unary reply; the unary Forward's timer is the same.)
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(40));  // if it fails: no hang
+  auto unread_stub = BigReplyStub(router.port, true);
+  auto stream = unread_stub->ForwardStream(&context);
+  REQUIRE(stream->Write(big));
+  REQUIRE(WaitFor([&] { return Status(*stub).requests() >= 1; }));
+  const auto answered = Clock::now();
+  CHECK_FALSE(served());
+  CHECK(WaitFor(served));
+  const double freed = std::chrono::duration<double>(Clock::now() - answered).count();
+  v1::ForwardStreamResponse reply;
+  while (stream->Read(&reply)) {
+  }
+  CHECK(stream->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  std::printf("send timeout 2 s: an unread ForwardStream reply's call freed %.2f s after it was answered\n", freed);
 }
 
 TEST_CASE("streams held open on a synchronous service are refused past a thread cap, and the router serves on") {
