@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace colibri {
@@ -19,33 +21,6 @@ using Json = nlohmann::json;
 int FormatVersionOf(const Manifest& m) {
   if (m.routing.logit_bias || m.routing.weight_at_input || !m.activation.plain() || m.expert_biases) return 3;
   return m.n_shared_experts > 0 || !m.routing.plain() ? 2 : 1;
-}
-
-constexpr size_t kMaxManifestBytes = 64 << 20;  // a manifest of 15 000 files is ~2 MB
-constexpr int kMaxManifestDepth = 16;           // the format nests 3 levels
-
-// The deepest nesting of [ and { outside strings.
-int JsonDepth(absl::string_view json) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : json) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 }  // namespace
@@ -119,11 +94,11 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
   };
   // Bounds first: the parser builds the whole document, ~80 bytes per
   // nested bracket, so a hostile one could exhaust memory before failing.
-  if (json.size() > kMaxManifestBytes) {
+  if (static_cast<int64_t>(json.size()) > kMaxManifestBytes) {
     return bad(absl::StrCat(json.size(), " bytes, more than a manifest may hold (", kMaxManifestBytes, ")"));
   }
-  if (const int depth = JsonDepth(json); depth > kMaxManifestDepth) {
-    return bad(absl::StrCat("nested ", depth, " levels deep, more than a manifest may be (", kMaxManifestDepth, ")"));
+  if (const int depth = JsonDepth(json); depth > kMaxJsonDepth) {
+    return bad(absl::StrCat("nested ", depth, " levels deep, more than a manifest may be (", kMaxJsonDepth, ")"));
   }
   Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
@@ -234,7 +209,9 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view json, const std::string
       return bad(absl::StrCat("'routing': n_group ", spec.n_group, " and topk_group ", spec.topk_group,
                               " must divide the ", m.n_experts, " experts and keep at least top_k ", m.top_k));
     }
-    if (!std::isfinite(spec.scaling) || spec.scaling <= 0) return bad("'routing.scaling' must be finite and > 0");
+    if (!(spec.scaling > 0 && spec.scaling <= std::numeric_limits<float>::max())) {
+      return bad("'routing.scaling' must be > 0 and fit a float");  // route weights are f32
+    }
   }
   if (j.contains("experts")) {
     const Json& e = j["experts"];

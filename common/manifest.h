@@ -104,6 +104,9 @@ std::string LutFilePath(int64_t layer);                     // layer_000/lut.bin
 
 std::string ManifestToJson(const Manifest& manifest);
 
+// The most bytes a manifest may hold (one of 15 000 files is ~2 MB).
+inline constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
+
 // INVALID_ARGUMENT naming `path` and the field for malformed JSON, a missing
 // or out-of-range field, an unknown format version or weight type, an absolute
 // or escaping file path, or a required file missing from the list.

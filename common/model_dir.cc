@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/small_file.h"
 #include "common/status_macros.h"
 #include "common/weight_file.h"
 
@@ -182,23 +183,23 @@ absl::Status ParseRouting(const Manifest& m, const FileBytes& gate, const FileBy
 absl::StatusOr<std::unique_ptr<ModelDir>> ModelDir::Open(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kManifestFileName);
   COLIBRI_RETURN_IF_ERROR(ConfinedTo(dir, path));
-  auto file = MappedFile::Open(path);
+  // Read once: parsed and hashed from one private copy, so a manifest
+  // rewritten meanwhile cannot give an id of bytes that were not parsed (nor,
+  // truncated, a SIGBUS as a mapping would).
+  auto file = ReadSmallFile(path, {kMaxManifestBytes, /*follow_symlinks=*/true});
   if (!file.ok()) {
     return absl::Status(file.status().code(),
                         absl::StrCat("not a model directory (no readable manifest): ", file.status().message()));
   }
-  const auto* bytes = reinterpret_cast<const char*>((*file)->data());
-  const absl::string_view text(bytes, (*file)->size());
+  const absl::string_view text = *file;
   COLIBRI_ASSIGN_OR_RETURN(Manifest manifest, ParseManifest(text, path));
   std::string id = ChecksumBytes(text.data(), text.size());
   return std::unique_ptr<ModelDir>(new ModelDir(dir, std::move(manifest), std::move(id)));
 }
 
-absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFile(const std::string& relative_path,
-                                                                    bool verify_checksum) const {
-  const ManifestFile* listed = manifest_.FindFile(relative_path);
+absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFileUnchecked(const std::string& relative_path) const {
   const std::string path = absl::StrCat(dir_, "/", relative_path);
-  if (listed == nullptr) {
+  if (manifest_.FindFile(relative_path) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not listed in the manifest"));
   }
   COLIBRI_RETURN_IF_ERROR(ConfinedTo(dir_, path));
@@ -206,6 +207,14 @@ absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFile(const std::s
   // A file truncated in place while it is read (here or by the caller) then
   // reads as zeros and turns faulted(), instead of killing the process.
   file->Guard();
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<MappedFile>> ModelDir::MapListedFile(const std::string& relative_path,
+                                                                    bool verify_checksum) const {
+  COLIBRI_ASSIGN_OR_RETURN(auto file, MapListedFileUnchecked(relative_path));
+  const ManifestFile* listed = manifest_.FindFile(relative_path);
+  const std::string path = absl::StrCat(dir_, "/", relative_path);
   if (file->size() != listed->size) {
     return absl::InvalidArgumentError(absl::StrCat("bad weight file ", path, ": size ", file->size(),
                                                    " bytes, manifest says ", listed->size, " (truncated?)"));

@@ -94,6 +94,10 @@ class ModelDir {
   absl::StatusOr<std::unique_ptr<MappedFile>> MapListedFile(const std::string& relative_path,
                                                             bool verify_checksum) const;
 
+  // The same mapping (listed, confined to the directory, guarded) with no
+  // check of its size or contents: for a validator that reports each check.
+  absl::StatusOr<std::unique_ptr<MappedFile>> MapListedFileUnchecked(const std::string& relative_path) const;
+
  private:
   ModelDir(std::string dir, Manifest manifest, std::string model_id)
       : dir_(std::move(dir)), manifest_(std::move(manifest)), model_id_(std::move(model_id)) {}

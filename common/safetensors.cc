@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace colibri {
@@ -68,7 +69,11 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(const uint
                                   "-byte file (truncated?)"));
   }
   const uint64_t data_size = file_size - 8 - header_len;
-  Json header = Json::parse(prefix + 8, prefix + 8 + header_len, nullptr, /*allow_exceptions=*/false);
+  const absl::string_view text(reinterpret_cast<const char*>(prefix + 8), header_len);
+  if (const int depth = JsonDepth(text); depth > kMaxJsonDepth) {
+    return Bad(what, absl::StrCat("header nests ", depth, " levels deep, more than ", kMaxJsonDepth));
+  }
+  Json header = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return Bad(what, "header is not valid JSON");
   if (!header.is_object()) return Bad(what, "header is not a JSON object");
 

@@ -98,6 +98,11 @@ absl::StatusOr<common::ManifestFile> WriteExpertFile(const HfCheckpoint& ckpt, c
             return absl::InvalidArgumentError(
                 absl::StrCat("tensor '", tensor.name(), "' has a non-finite value at ", tensor.Where(first + r, c)));
           }
+          if (!std::isfinite(decoded[c])) {  // beyond f16's range, or an int4 group's scale overflowed
+            return absl::InvalidArgumentError(
+                absl::StrCat("tensor '", tensor.name(), "' holds ", orig, " at ", tensor.Where(first + r, c),
+                             ", which does not fit weight type ", common::DTypeName(type)));
+          }
           report->max_weight_error = std::max(report->max_weight_error, std::fabs(orig - decoded[c]));
           report->max_abs_weight = std::max(report->max_abs_weight, std::fabs(orig));
         }

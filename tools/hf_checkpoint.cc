@@ -4,10 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <map>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "absl/strings/match.h"
@@ -15,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/json_depth.h"
 #include "common/manifest.h"
+#include "common/small_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -26,12 +27,15 @@ namespace {
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// config.json and the shard index: a few hundred KB at most (DeepSeek-V3's
+// index, 90 000 tensor names, is ~9 MB).
 absl::StatusOr<Json> ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  COLIBRI_ASSIGN_OR_RETURN(const std::string text, common::ReadSmallFile(path, {int64_t{256} << 20}));
+  if (const int depth = common::JsonDepth(text); depth > common::kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " nests ", depth, " levels deep, more than ", common::kMaxJsonDepth));
+  }
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
   }
@@ -98,10 +102,13 @@ absl::Status CheckSparseLayers(const Json& config, const std::string& dir, const
   const bool deepseek = config.contains("first_k_dense_replace");
   const bool llama4 = config.contains("interleave_moe_layer_step") || config.contains("moe_layers");
   if ((!qwen && !deepseek && !llama4) || !config.contains("num_hidden_layers")) return absl::OkStatus();
+  // Layer counts and steps: at most common::kMaxLayers, what a manifest may hold.
   auto positive = [&](const char* key, int64_t fallback, int64_t minimum) -> absl::StatusOr<int64_t> {
     if (!config.contains(key)) return fallback;
-    if (!config[key].is_number_integer() || config[key].get<int64_t>() < minimum) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", key, " must be an integer >= ", minimum));
+    if (!config[key].is_number_integer() || config[key].get<int64_t>() < minimum ||
+        config[key].get<int64_t>() > common::kMaxLayers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/config.json: ", key, " must be an integer in [", minimum, ", ", common::kMaxLayers, "]"));
     }
     return config[key].get<int64_t>();
   };
@@ -291,10 +298,11 @@ absl::StatusOr<common::RoutingSpec> RoutingOf(const Json& config, const std::str
     spec.correction_bias = true;
   }
   if (config.contains("routed_scaling_factor")) {
-    if (!config["routed_scaling_factor"].is_number() || !(config["routed_scaling_factor"].get<double>() > 0) ||
-        !std::isfinite(config["routed_scaling_factor"].get<double>())) {
+    const Json& factor = config["routed_scaling_factor"];
+    if (!factor.is_number() ||
+        !(factor.get<double>() > 0 && factor.get<double>() <= std::numeric_limits<float>::max())) {
       return absl::InvalidArgumentError(
-          absl::StrCat(dir, "/config.json: routed_scaling_factor must be a positive number"));
+          absl::StrCat(dir, "/config.json: routed_scaling_factor must be a positive number that fits a float"));
     }
     spec.scaling = config["routed_scaling_factor"].get<double>();
   }
@@ -524,7 +532,9 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
       shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
     }
     if (config.contains("n_shared_experts") && config["n_shared_experts"].is_number_integer() &&
-        config["n_shared_experts"].get<int64_t>() * s.d_ff != s.shared_d_ff) {
+        (config["n_shared_experts"].get<int64_t>() < 0 ||
+         config["n_shared_experts"].get<int64_t>() > common::kMaxExperts ||
+         config["n_shared_experts"].get<int64_t>() * s.d_ff != s.shared_d_ff)) {
       return absl::InvalidArgumentError(
           absl::StrCat(dir, "/config.json: n_shared_experts = ", config["n_shared_experts"].get<int64_t>(),
                        " experts of moe_intermediate_size ", s.d_ff, " but the shared expert tensors are ",

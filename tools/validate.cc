@@ -95,7 +95,7 @@ OpenedFile OpenListedFile(const common::ModelDir& model, const std::string& path
     return out;
   }
   ++report->files_checked;
-  auto file = common::MappedFile::Open(out.full_path);
+  auto file = model.MapListedFileUnchecked(path);
   if (!file.ok()) {
     out.problems.push_back(file.status().code() == absl::StatusCode::kNotFound ? std::string("missing")
                                                                                : std::string(file.status().message()));
@@ -114,6 +114,10 @@ OpenedFile OpenListedFile(const common::ModelDir& model, const std::string& path
     if (actual != listed->checksum) {
       out.problems.push_back(absl::StrCat("checksum ", actual, " does not match the manifest's ", listed->checksum));
     }
+  }
+  if (f.faulted()) {  // read as zeros past the new end: nothing more to say of it
+    out.problems.push_back("the file shrank while it was being read");
+    return out;
   }
   if (role == nullptr) {
     out.problems.push_back("unexpected file (no role in this model's layout)");

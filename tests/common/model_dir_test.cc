@@ -1,10 +1,14 @@
 #include "common/model_dir.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_replace.h"
 #include "common/weight_file.h"
@@ -74,6 +78,47 @@ TEST_CASE("routing tables stay readable and unchanged after their files are trun
   CHECK(std::vector<float>(r.lut_weights, r.lut_weights + weights.size()) == weights);
   // A new load sees the damage.
   CHECK((*model)->LoadRouting(1, false).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a manifest rewritten in place while models open never crashes them nor gives a mixed identity") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
+  const std::string path = dir / "model/manifest.json";
+  const std::string text = colibri::testing::ReadFile(path);
+  std::string id;
+  {
+    auto model = ModelDir::Open(dir / "model");
+    REQUIRE(model.ok());
+    id = (*model)->model_id();
+  }
+  // What `cp manifest.json model/` does, again and again: truncate, then
+  // write. A parser reading a mapping of the file would meet its new end
+  // (SIGBUS) in some of the opens below.
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    while (fd >= 0 && !stop.load()) {
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+        break;
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  });
+  int opened = 0, refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    auto model = ModelDir::Open(dir / "model");
+    if (model.ok()) {
+      ++opened;
+      CHECK((*model)->model_id() == id);  // what was parsed is what was hashed: the whole manifest
+    } else {
+      ++refused;
+      CHECK(model.status().code() == absl::StatusCode::kInvalidArgument);  // a part of it, refused
+    }
+  }
+  stop = true;
+  writer.join();
+  INFO(opened << " opened, " << refused << " refused");
+  CHECK(opened + refused == 2000);
 }
 
 TEST_CASE("a flipped byte in a weight file is refused with the path and reason") {

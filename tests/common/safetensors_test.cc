@@ -109,7 +109,7 @@ TEST_CASE("malformed safetensors headers are refused with the reason") {
   const std::string deep = std::string(100000, '[') + "1" + std::string(100000, ']');
   ExpectRefused(
       WithHeader(R"({"t":{"dtype":"F32","shape":[)" + deep + R"(],"data_offsets":[0,4]}})", std::string(4, '\0')),
-      "shape entry");
+      "header nests 100003 levels deep, more than 16");
   std::string huge(8, '\0');
   const uint64_t n = uint64_t{1} << 40;
   std::memcpy(&huge[0], &n, 8);

@@ -139,6 +139,18 @@ TEST_CASE("synth, convert and validate round trip for both namings and every wei
   }
 }
 
+TEST_CASE("the validator refuses a listed file that resolves outside the model directory, as the loader does") {
+  TempDir dir;
+  SynthConvertOpen(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kF32);
+  const std::string lut = dir / ("model/" + common::LutFilePath(0));
+  std::filesystem::copy_file(lut, dir / "elsewhere.bin");  // the same bytes: only the place is wrong
+  std::filesystem::remove(lut);
+  std::filesystem::create_symlink(dir / "elsewhere.bin", lut);
+  const ValidationReport v = Validate(dir / "model");
+  REQUIRE(v.issues.size() == 1);
+  CHECK(v.issues[0].problem.find("resolves outside the model directory") != std::string::npos);
+}
+
 TEST_CASE("a Qwen3-MoE checkpoint converts its MoE layers and skips the dense ones") {
   TempDir dir;
   SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt", "qwen3_moe");
@@ -183,7 +195,11 @@ TEST_CASE("a DeepSeek-V2-Lite-shaped checkpoint converts with its ungated shared
        {std::tuple{R"("first_k_dense_replace":\s*1)", R"("first_k_dense_replace": 0)",
                    "first_k_dense_replace and moe_layer_freq make layers [0,1,2] MoE"},
         std::tuple{R"("n_shared_experts":\s*2)", R"("n_shared_experts": 3)",
-                   "n_shared_experts = 3 experts of moe_intermediate_size"}}) {
+                   "n_shared_experts = 3 experts of moe_intermediate_size"},
+        std::tuple{R"("n_shared_experts":\s*2)", R"("n_shared_experts": 9223372036854775807)",
+                   "n_shared_experts = 9223372036854775807 experts"},
+        std::tuple{R"("num_hidden_layers":\s*3)", R"("num_hidden_layers": 1000000000000)",
+                   "num_hidden_layers must be an integer in [1, 4096]"}}) {
     INFO(message);
     CHECK(Contains(ConvertEditedConfig(synth.out_dir, config, from, to, dir / "refused"), message));
   }
@@ -214,6 +230,18 @@ TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limit
   REQUIRE(routing.ok());
   REQUIRE((*routing)->bias != nullptr);
   CheckWeightsAgainstCheckpoint(synth.out_dir, dir / "model");
+  CHECK(Contains(
+      ConvertEditedConfig(synth.out_dir, colibri::testing::ReadFile(synth.out_dir + "/config.json"),
+                          R"("routed_scaling_factor":\s*2.5)", R"("routed_scaling_factor": 1e39)", dir / "refused"),
+      "routed_scaling_factor must be a positive number that fits a float"));
+  {  // A manifest's scaling must fit the f32 route weights it multiplies.
+    const std::string manifest = dir / "model/manifest.json";
+    const std::string good = colibri::testing::ReadFile(manifest);
+    std::ofstream(manifest, std::ios::trunc)
+        << std::regex_replace(good, std::regex(R"("scaling":\s*2.5)"), R"("scaling": 1e39)");
+    CHECK(Contains(common::ModelDir::Open(dir / "model").status(), "'routing.scaling' must be > 0 and fit a float"));
+    std::ofstream(manifest, std::ios::trunc) << good;
+  }
   // The same checkpoint in DeepSeek-V3's block FP8 dequantizes exactly.
   SynthOptions fp8 = synth;
   fp8.fp8 = true;
@@ -600,10 +628,11 @@ void WriteHandCheckpoint(const std::string& dir,
   REQUIRE((*w)->Close().ok());
 }
 
-absl::Status ConvertHand(const TempDir& dir) {
+absl::Status ConvertHand(const TempDir& dir, DType type = DType::kBF16) {
   ConvertOptions o;
   o.checkpoint_dir = dir / "ckpt";
   o.out_dir = dir / "model";
+  o.weight_type = type;
   o.progress = false;
   std::ostringstream log;
   return ConvertCheckpoint(o, log);
@@ -723,6 +752,31 @@ TEST_CASE("the converter refuses bad checkpoints with a clear message") {
     }
     colibri::testing::WriteBytesAt(dir / "ckpt/model.safetensors", offset, std::string(4, '\xff'));  // NaN
     CHECK(Contains(ConvertHand(dir), message));
+  }
+  {
+    TempDir dir;  // finite in the checkpoint, infinite in the weight type: refused, not written as Inf
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    uint64_t offset = 0;
+    {
+      auto file = common::SafetensorsFile::Open(dir / "ckpt/model.safetensors");
+      REQUIRE(file.ok());
+      offset = (*file)->Find("model.layers.0.block_sparse_moe.experts.1.w1.weight")->offset + 4 * 9;
+    }
+    const float big = 1e5f;  // above f16's largest, 65504
+    colibri::testing::WriteBytesAt(dir / "ckpt/model.safetensors", offset,
+                                   std::string(reinterpret_cast<const char*>(&big), 4));
+    CHECK(ConvertHand(dir, DType::kBF16).ok());
+    std::filesystem::remove_all(dir / "model");
+    const absl::Status s = ConvertHand(dir, DType::kF16);
+    INFO(s.message());
+    CHECK(Contains(s, "experts.1.w1.weight' holds 100000 at [1, 1], which does not fit weight type f16"));
+    CHECK_FALSE(std::filesystem::exists(dir / "model/manifest.json"));
+  }
+  {
+    TempDir dir;  // a config.json nested deeper than any config is: refused before it is parsed
+    WriteHandCheckpoint(dir / "ckpt", [](auto*) {});
+    std::ofstream(dir / "ckpt/config.json", std::ios::trunc) << std::string(100000, '[') << std::string(100000, ']');
+    CHECK(Contains(ConvertHand(dir), "config.json nests 100000 levels deep, more than 16"));
   }
   {
     TempDir dir;  // a non-canonical layer number: no gate recognized, no crash
