@@ -18,9 +18,10 @@ namespace common {
 class Clock {
  public:
   // Destroying a timer cancels it: its function is not run after the
-  // destructor returns, unless it had started already (then the destructor
-  // does not wait for it, so a timer may be destroyed from inside its own
-  // function).
+  // destructor returns, unless it was already due and taken to run (then the
+  // destructor does not wait for it, so a timer may be destroyed from inside
+  // its own function; the function may run just after the destructor
+  // returns, so it must check that it is still wanted).
   class Timer {
    public:
     virtual ~Timer() = default;

@@ -68,6 +68,16 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
         "ServerOptions::limits.max_rows ", options.limits.max_rows, ": replies of that many rows of d_model ", d_model,
         " in f32 would pass gRPC's 2 GiB message limit (at most ", most, ")"));
   }
+  // Largest call: max_rows f32 rows of d_model in (or out), plus the expert
+  // lists and framing. A smaller explicit limit would let a call be computed
+  // whose reply cannot be sent (and end a ComputeStream with it).
+  const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);
+  if (options.max_message_bytes > 0 && options.max_message_bytes < derived) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::max_message_bytes ", options.max_message_bytes, " is below the ", derived,
+        " bytes a reply of ServerOptions::limits.max_rows ", options.limits.max_rows, " f32 rows of d_model ", d_model,
+        " (and limits.max_row_indices ", options.limits.max_row_indices, ") may take; lower limits.max_rows"));
+  }
   service_options.max_inflight_bytes =
       options.max_inflight_bytes > 0
           ? options.max_inflight_bytes
@@ -95,8 +105,6 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   grpc::ServerBuilder builder;
   runtime::ApplyServerPolicy(builder, options.keepalive);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
-  // Largest call: max_rows f32 rows of d_model in (or out), plus the expert lists and framing.
-  const int64_t derived = options.limits.max_rows * d_model * 4 + options.limits.max_row_indices * 8 + (1 << 20);
   const int64_t max_bytes = std::min<int64_t>(options.max_message_bytes > 0 ? options.max_message_bytes : derived,
                                               std::numeric_limits<int>::max());
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));

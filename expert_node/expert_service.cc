@@ -92,6 +92,16 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
 }
 
 void ExpertService::Answer(ComputeCall& call, const grpc::Status& status) {
+  // The engine abandons a call for either reason alike: a caller that did
+  // not cancel learns that its deadline (a stream message's timeout) passed.
+  if (status.error_code() == grpc::StatusCode::CANCELLED && !call.cancelled() &&
+      std::chrono::system_clock::now() >= call.deadline) {
+    const grpc::Status expired(grpc::StatusCode::DEADLINE_EXCEEDED,
+                               "the call's deadline passed during compute; it was abandoned");
+    CountCall("Compute", expired);
+    call.answer(expired, std::move(call.reservation));
+    return;
+  }
   CountCall("Compute", status);  // stream messages too: they are Compute calls
   call.answer(status, std::move(call.reservation));
 }
@@ -99,6 +109,7 @@ void ExpertService::Answer(ComputeCall& call, const grpc::Status& status) {
 absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
                                       bool keep_previous) {
   const absl::Status s = store_->Reload(model_dir, shard, keep_previous);
+  if (s.code() == absl::StatusCode::kAborted) return s;  // another reload ran: its outcome stands
   {
     common::MutexLock lock(&mu_);
     last_reload_error_ = s.ok() ? "" : std::string(s.message());
@@ -524,13 +535,11 @@ grpc::ServerUnaryReactor* AdminService::Reload(grpc::CallbackServerContext* cont
 
 grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* context,
                                                   v1::GetNodeInfoResponse* response, bool admin) {
-  const std::shared_ptr<const WeightSet> set = store_->Current();
+  const auto [set, previous] = store_->CurrentAndPrevious();
   const common::Manifest& m = set->model().manifest();
   response->set_model_id(set->model().model_id());
   response->add_model_ids(set->model().model_id());
-  if (const std::shared_ptr<const WeightSet> previous = store_->Previous(); previous != nullptr) {
-    response->add_model_ids(previous->model().model_id());
-  }
+  if (previous != nullptr) response->add_model_ids(previous->model().model_id());
   if (admin) response->set_model_dir(store_->model_dir());
   v1::OwnedExperts* owned = nullptr;
   for (const auto& [layer, expert] : set->owned()) {

@@ -129,6 +129,11 @@ std::shared_ptr<const WeightSet> ExpertStore::Previous() const {
   return previous_;
 }
 
+ExpertStore::Served ExpertStore::CurrentAndPrevious() const {
+  common::MutexLock lock(&mu_);
+  return {current_, previous_};
+}
+
 absl::Status ExpertStore::Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard,
                                  bool keep_previous) {
   if (!reload_mu_.TryLock()) return absl::AbortedError("another reload is in progress");

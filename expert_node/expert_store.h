@@ -137,6 +137,12 @@ class ExpertStore {
   std::shared_ptr<const WeightSet> ForModel(const std::string& model_id) const;
   // The previous set kept by Reload(keep_previous), or null.
   std::shared_ptr<const WeightSet> Previous() const;
+  // Both at one moment (a reload or Drop between two separate reads would
+  // give one set twice, or one no longer served).
+  struct Served {
+    std::shared_ptr<const WeightSet> current, previous;
+  };
+  Served CurrentAndPrevious() const;
 
   // Loads `model_dir` (empty: the current directory again) with `shard`
   // (nullopt: the current one) beside the current set, then swaps. With

@@ -8,15 +8,17 @@ namespace colibri {
 namespace expert_node {
 namespace {
 
-// True if `path` resolves inside `root` (both made canonical; a missing path is outside).
-bool InsideRoot(const std::string& path, const std::string& root) {
+// `path` made canonical, if it resolves inside `root` (also made canonical);
+// empty otherwise (a missing path is outside). The one resolution is what is
+// checked and what loads.
+std::string CanonicalInsideRoot(const std::string& path, const std::string& root) {
   std::error_code ec;
   const std::filesystem::path p = std::filesystem::canonical(path, ec);
-  if (ec) return false;
+  if (ec) return "";
   const std::filesystem::path r = std::filesystem::canonical(root, ec);
-  if (ec) return false;
+  if (ec) return "";
   auto [end, unused] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
-  return end == r.end();
+  return end == r.end() ? p.string() : "";
 }
 
 }  // namespace
@@ -38,14 +40,14 @@ absl::Status ParseReloadRequest(const colibri::v1::ReloadRequest& request, const
           "loading another model directory is disabled on this node: start it with a model root "
           "(ServerOptions::model_root, colibri-expert --model_root)");
     }
-    if (!InsideRoot(dir, model_root)) {
+    const std::string canonical = CanonicalInsideRoot(dir, model_root);
+    if (canonical.empty()) {
       return absl::PermissionDeniedError(
           "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)");
     }
     std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec)) return absl::NotFoundError("model_dir is not a directory");
-    input->model_dir = std::filesystem::canonical(dir, ec).string();
-    if (ec) return absl::NotFoundError("model_dir is not a directory");
+    if (!std::filesystem::is_directory(canonical, ec)) return absl::NotFoundError("model_dir is not a directory");
+    input->model_dir = canonical;
   }
   if (!request.experts().empty()) {
     absl::StatusOr<ShardSpec> parsed = ShardSpec::Parse(request.experts());

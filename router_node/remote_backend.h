@@ -8,9 +8,13 @@
 // `health_interval` on a watcher thread: a node is live when it answers, is
 // READY and serves this router's model (same model_id and shape). A node
 // whose planned call failed, unanswered by a hedge, with a retried code other
-// than RESOURCE_EXHAUSTED (and not because of the client's own deadline or
-// cancel) is marked down at once; a health round follows `recheck_after`
-// later (not a whole interval), and the node is back when it answers it.
+// than RESOURCE_EXHAUSTED or FAILED_PRECONDITION (and not because of the
+// client's own deadline or cancel) is marked down at once; a health round
+// follows `recheck_after` later (not a whole interval), and the node is back
+// when it answers it. A busy node (RESOURCE_EXHAUSTED) stays in the map but
+// is planned on only where no other replica serves an expert, by every layer
+// call, for `recheck_after`; a node whose shard changed (FAILED_PRECONDITION)
+// is so for the rest of that layer call, until the map is brought up to date.
 // With a cluster file, the node list is re-read when the file changes.
 //
 // A layer call: each expert's work goes to its least-loaded live replica,
@@ -21,7 +25,8 @@
 // node timeout, not the client's), RESOURCE_EXHAUSTED, ABORTED,
 // FAILED_PRECONDITION (a stale map), CANCELLED (by the node, not the client)
 // or DATA_LOSS is retried once, for just its experts, on other replicas (not
-// the failed node or that call's failed hedges), within the client's deadline; any
+// the failed node or that call's failed hedges; after FAILED_PRECONDITION the
+// failed node where no other replica serves an expert), within the client's deadline; any
 // other code from a node becomes INTERNAL. With hedge_after > 0, the work of a
 // first-attempt call not answered within it is also sent to other replicas;
 // the first complete answer is used and the others are cancelled. Cancelling
@@ -103,7 +108,8 @@ struct RemoteOptions {
   // runs this long after the last one began instead of a whole interval: a
   // node that was only slow (its call outlived node_timeout) or that
   // restarted is back at once, while a dead or hung one fails its probe and
-  // stays out. Rounds never run closer together than this.
+  // stays out. Rounds never run closer together than this. Also how long a
+  // node that answered RESOURCE_EXHAUSTED is a last resort (see above).
   absl::Duration recheck_after = absl::Milliseconds(50);
   absl::Duration health_timeout = absl::Seconds(1);  // per GetNodeInfo
   int64_t max_message_bytes = 1 << 30;               // per node call, both ways

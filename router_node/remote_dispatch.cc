@@ -257,18 +257,8 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   // calls (returned in `to_start`; sent by the caller after unlocking).
   absl::Status PlanAttempt(std::vector<Call*>* to_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
-    // A retry plans on the map the layer started with; nodes taken out since
-    // (another call's failure) are a last resort, like avoided ones: a dead
-    // node answers at once, so by load alone it would look the least busy.
-    std::set<int> avoided = avoided_;
-    if (attempt_ > 0) {
-      for (size_t n = 0; n < topo_->nodes.size(); ++n) {
-        common::MutexLock lock(&topo_->nodes[n]->mu);
-        if (!topo_->nodes[n]->live) avoided.insert(static_cast<int>(n));
-      }
-    }
-    absl::StatusOr<std::vector<NodeCall>> plan =
-        PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(), excluded_, avoided, rotation_);
+    absl::StatusOr<std::vector<NodeCall>> plan = PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(),
+                                                               excluded_, LastResorts(attempt_ > 0), rotation_);
     if (!plan.ok()) {
       return first_failure_.empty()
                  ? plan.status()
@@ -291,6 +281,21 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       });
     }
     return absl::OkStatus();
+  }
+
+  // The nodes to plan on only where no other replica serves an expert: those
+  // this layer avoids, those busy (Node::busy_until), and with `down` those
+  // taken out since the layer's map was made (another call's failure; a
+  // retry or hedge plans on the map the layer started with). A dead or busy
+  // node answers at once, so by load alone it would look the least busy.
+  std::set<int> LastResorts(bool down) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::set<int> out = avoided_;
+    const absl::Time now = clock_->Now();
+    for (size_t n = 0; n < topo_->nodes.size(); ++n) {
+      common::MutexLock lock(&topo_->nodes[n]->mu);
+      if ((down && !topo_->nodes[n]->live) || topo_->nodes[n]->busy_until > now) out.insert(static_cast<int>(n));
+    }
+    return out;
   }
 
   std::vector<int> Load() const {
@@ -479,7 +484,12 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (code == grpc::StatusCode::FAILED_PRECONDITION) {
       avoided_.insert(c.node);
     } else {
-      if (code != grpc::StatusCode::RESOURCE_EXHAUSTED) backend_->MarkDown(c.node_ref, detail);
+      if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        common::MutexLock lock(&c.node_ref->mu);  // other layers' first tries too, for a while
+        c.node_ref->busy_until = clock_->Now() + options_.recheck_after;
+      } else {
+        backend_->MarkDown(c.node_ref, detail);
+      }
       excluded_.insert(c.node);
     }
     // Every hedge has ended (Settled): those that failed are not tried again;
@@ -502,12 +512,18 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       // A cancelled layer sends nothing more (its caller may be gone, and its rows with it).
       if (decided_ || attempt_ != 0 || control_.cancelled()) return;
       const std::vector<int> load = Load();
+      // Nodes whose calls of this layer have failed already (their failure
+      // is classified only once the attempt settles) are last resorts too.
+      std::set<int> last_resorts = LastResorts(/*down=*/true);
+      for (const Race& r : races_) {
+        if (r.primary->done && !r.primary->status.ok()) last_resorts.insert(r.primary->node);
+      }
       for (Race& r : races_) {
         if (r.primary->done || !r.hedges.empty()) continue;
         std::set<int> avoid = excluded_;
         avoid.insert(r.primary->node);
-        absl::StatusOr<std::vector<NodeCall>> alternative =
-            PlanNodeCalls(*topo_->map, work_.layer, *experts_, r.primary->plan.works, load, avoid, avoided_, rotation_);
+        absl::StatusOr<std::vector<NodeCall>> alternative = PlanNodeCalls(
+            *topo_->map, work_.layer, *experts_, r.primary->plan.works, load, avoid, last_resorts, rotation_);
         if (!alternative.ok()) continue;  // no other replica: wait for the slow one
         for (NodeCall& nc : *alternative) {
           r.hedges.push_back(NewCall(std::move(nc), true));

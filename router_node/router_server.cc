@@ -37,6 +37,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   if (options.local) {
     options.engine.max_tokens = options.router.max_tokens;
     options.engine.verify_checksums = options.router.verify_checksums;
+    options.engine.batch_window = options.router.batching.window;
+    options.engine.batch_max_tokens = options.router.batching.max_tokens;
     options.engine.metrics = &s->metrics_;
     options.engine.log = log;
     COLIBRI_ASSIGN_OR_RETURN(s->engine_, Engine::Open(options.model_dir, options.engine));

@@ -10,9 +10,9 @@
 #include "common/mutex.h"
 #include "common/status_macros.h"
 #include "router_node/forward_request.h"
+#include "runtime/call_timer.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_status.h"
-#include "runtime/send_timeout.h"
 
 namespace colibri {
 namespace router_node {
@@ -59,7 +59,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
         request_(request),
         response_(response),
         control_(DeadlineOf(context)),
-        send_timeout_(context, send_timeout) {}
+        send_timeout_([context] { context->TryCancel(); }, send_timeout) {}
 
   void Start() {
     if (service_->RunsInline(*request_)) return Run();
@@ -93,7 +93,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   v1::ForwardResponse* const response_;
   CallControl control_;
   std::shared_ptr<void> held_;  // the call's memory reservation, until the reply is sent
-  runtime::SendTimeout send_timeout_;
+  runtime::CallTimer send_timeout_;
 };
 
 }  // namespace
@@ -108,7 +108,9 @@ class RouterService::StreamReactor final
     : public grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse> {
  public:
   StreamReactor(RouterService* service, grpc::CallbackServerContext* context)
-      : service_(service), deadline_(DeadlineOf(context)), send_timeout_(context, service->options_.send_timeout) {}
+      : service_(service),
+        deadline_(DeadlineOf(context)),
+        send_timeout_([context] { context->TryCancel(); }, service->options_.send_timeout) {}
 
   // Starts the first read (after the service has registered the stream).
   void Begin() { ReadNext(); }
@@ -232,8 +234,8 @@ class RouterService::StreamReactor final
   const absl::Time deadline_;
   v1::ForwardRequest request_;
   v1::ForwardStreamResponse reply_;
-  std::shared_ptr<void> reply_held_;   // the reservation of the request whose reply is being written
-  runtime::SendTimeout send_timeout_;  // of the reply being written
+  std::shared_ptr<void> reply_held_;  // the reservation of the request whose reply is being written
+  runtime::CallTimer send_timeout_;   // of the reply being written
   common::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<CallControl> current_ ABSL_GUARDED_BY(mu_);  // the request being run
@@ -244,7 +246,7 @@ class RouterService::StreamReactor final
 
 int64_t RouterService::Footprint(int64_t hidden_bytes, int64_t values, const common::Manifest& m) {
   const int64_t routes = m.top_k + m.n_shared_experts;
-  return hidden_bytes + values * 4 * (3 + 2 * routes);
+  return hidden_bytes + values * 4 * (3 + 3 * routes);
 }
 
 RouterService::RouterService(std::shared_ptr<Router> router, Options options)

@@ -53,7 +53,7 @@ class RouterService final : public colibri::v1::Router::CallbackService {
     int64_t max_inflight_bytes = 0;
     // A reply the client has not taken within this long (it stopped reading
     // while its connection stays up) cancels its call, freeing the memory the
-    // call holds (runtime/send_timeout.h). Zero: replies wait until the call's
+    // call holds (runtime/call_timer.h). Zero: replies wait until the call's
     // deadline.
     absl::Duration send_timeout = absl::Seconds(60);
     bool debug = false;                          // log every call's stage timings to `log` (COLIBRI_DEBUG=1)
@@ -96,7 +96,8 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   // The memory a Forward call holds while it runs, for `values` hidden values
   // received as `hidden_bytes`: the hidden states and their f32 copy, the node
   // requests (the rows once per node: at most top_k + shared nodes), their
-  // per-route replies, the f32 sum and the encoded output.
+  // per-route replies and the per-route rows they are copied into (all alive
+  // while the sum is taken), the f32 sum and the encoded output.
   static int64_t Footprint(int64_t hidden_bytes, int64_t values, const common::Manifest& m);
 
   // A request's end: its status, and the memory reservation of the call

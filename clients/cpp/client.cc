@@ -8,6 +8,7 @@
 #include "common/mutex.h"
 #include "router_node/remote_router.h"
 #include "router_node/router_service.h"
+#include "runtime/call_timer.h"
 #include "runtime/flags.h"
 #include "runtime/grpc_callback_queue.h"
 #include "runtime/grpc_credentials.h"
@@ -347,11 +348,11 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
-  if (direct_ != nullptr) return std::unique_ptr<Session>(new Session(this, nullptr, nullptr));
+  if (direct_ != nullptr) return std::unique_ptr<Session>(new Session(this, nullptr, nullptr, options_.timeout));
   auto context = std::make_unique<grpc::ClientContext>();
   auto stream = stub_->ForwardStream(context.get());
   if (stream == nullptr) return absl::UnavailableError("router: cannot open ForwardStream");
-  return std::unique_ptr<Session>(new Session(this, std::move(context), std::move(stream)));
+  return std::unique_ptr<Session>(new Session(this, std::move(context), std::move(stream), options_.timeout));
 }
 
 absl::StatusOr<v1::GetClusterStatusResponse> Client::ClusterStatus() {
@@ -368,14 +369,30 @@ absl::StatusOr<v1::GetClusterStatusResponse> Client::ClusterStatus() {
   return response;
 }
 
+Session::Session(const Client* client, std::unique_ptr<grpc::ClientContext> context,
+                 std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardRequest, v1::ForwardStreamResponse>> stream,
+                 absl::Duration timeout)
+    : client_(client), context_(std::move(context)), stream_(std::move(stream)) {
+  if (context_ == nullptr) return;  // proxyless: each Forward is the client's, with its deadline
+  timer_ = std::make_unique<runtime::CallTimer>(
+      [context = context_.get(), timed_out = timed_out_] {
+        timed_out->store(true);
+        context->TryCancel();
+      },
+      timeout);
+}
+
 absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
   if (closed_) return absl::FailedPreconditionError(absl::StrCat("session closed: ", final_.ToString()));
   if (stream_ == nullptr) return const_cast<Client*>(client_)->Forward(args);  // proxyless
   absl::StatusOr<v1::ForwardRequest> request = client_->MakeRequest(args);
   if (!request.ok()) return request.status();
   v1::ForwardStreamResponse reply;
-  if (!stream_->Write(*request) || !stream_->Read(&reply)) {
-    const absl::Status s = Close();
+  timer_->Start();
+  const bool answered = stream_->Write(*request) && stream_->Read(&reply);
+  timer_->Done();
+  if (!answered) {
+    const absl::Status s = Close();  // DEADLINE_EXCEEDED if the timer cancelled the stream
     return s.ok() ? absl::UnavailableError("stream ended before the reply") : s;
   }
   if (reply.code() != 0) {
@@ -388,12 +405,22 @@ absl::Status Session::Close() {
   if (closed_) return final_;
   closed_ = true;
   if (stream_ == nullptr) return final_;  // proxyless: nothing to close
+  timer_->Start();                        // a router that never ends the stream has it cancelled
   stream_->WritesDone();
   v1::ForwardStreamResponse unread;
   while (stream_->Read(&unread)) {
   }
+  timer_->Done();
   final_ = FromGrpc(stream_->Finish());
+  if (!final_.ok() && timed_out_->load()) {
+    final_ = absl::DeadlineExceededError(
+        "the session's stream was cancelled: no reply within the client's timeout (ClientOptions::timeout)");
+  }
   return final_;
+}
+
+void Session::Cancel() {
+  if (context_ != nullptr) context_->TryCancel();
 }
 
 Session::~Session() {

@@ -25,6 +25,7 @@
 // or UNAVAILABLE / DEADLINE_EXCEEDED from the transport.
 // Client is thread-safe; a Session is used by one thread at a time.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,9 @@
 #include "colibri/v1/router.grpc.pb.h"
 
 namespace colibri {
+namespace runtime {
+class CallTimer;
+}  // namespace runtime
 namespace client {
 
 struct ClientOptions {
@@ -138,9 +142,10 @@ class Client {
   // that thread, and ~Client would wait for them forever.
   void ForwardAsync(const ForwardArgs& args, std::function<void(absl::StatusOr<ForwardResult>)> done);
   // A ForwardStream for a decoding loop. The stream has no deadline of its
-  // own; a broken stream fails its next Forward. The client must outlive
-  // the session's Forward calls (destroying a session after its client is
-  // fine).
+  // own; each of its Forward calls (and its Close) is bounded by the
+  // options' timeout, past which the stream is cancelled (see Session). A
+  // broken stream fails its next Forward. The client must outlive the
+  // session's Forward calls (destroying a session after its client is fine).
   absl::StatusOr<std::unique_ptr<Session>> OpenSession();
 
   // The model at Connect. LoadModel keeps its shape; model_id is Connect's.
@@ -193,22 +198,32 @@ class Session {
 
   // Sends one request and reads its reply (in order). A request the router
   // refused returns its status; the stream stays usable. A broken stream
-  // returns its final status and every later call fails. (Proxyless: each
-  // Forward is the client's Forward.)
+  // returns its final status and every later call fails. No reply within
+  // ClientOptions::timeout: the stream is cancelled (a stream's replies come
+  // in order, so the others cannot be had either) and this call returns
+  // DEADLINE_EXCEEDED; open a new session. (Proxyless: each Forward is the
+  // client's Forward.)
   absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
-  // Half-closes and returns the stream's final status. Idempotent.
+  // Half-closes and returns the stream's final status, waiting at most
+  // ClientOptions::timeout for the router to end it. Idempotent.
   absl::Status Close();
+  // Cancels the stream: a Forward or Close blocked on another thread returns
+  // CANCELLED, and the session is broken. Thread-safe, unlike the others.
+  void Cancel();
 
  private:
   friend class Client;
+  // Proxyless: context and stream null.
   Session(
       const Client* client, std::unique_ptr<grpc::ClientContext> context,
-      std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>> stream)
-      : client_(client), context_(std::move(context)), stream_(std::move(stream)) {}
+      std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>> stream,
+      absl::Duration timeout);
 
   const Client* client_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>> stream_;
+  std::shared_ptr<std::atomic<bool>> timed_out_ = std::make_shared<std::atomic<bool>>(false);
+  std::unique_ptr<runtime::CallTimer> timer_;  // destroyed before context_: it cancels through it
   bool closed_ = false;
   absl::Status final_;
 };

@@ -10,6 +10,10 @@ namespace client {
 
 namespace v1 = colibri::v1;
 
+// Tensor data is little-endian (tensor.proto); the copies below are the
+// host's bytes, which is the same thing only on a little-endian host.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "colibri::client packs tensors in host byte order");
+
 v1::Tensor PackF32(absl::Span<const float> values, int64_t rows, int64_t cols) {
   v1::Tensor t;
   t.set_dtype(v1::DATA_TYPE_F32);

@@ -421,6 +421,42 @@ TEST_CASE("a session answers in order, reports a refused request and goes on") {
   CHECK((*session)->Forward(args).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("a session call with no reply within the timeout ends DEADLINE_EXCEEDED; Cancel ends one at once") {
+  Cluster cluster;
+  ClientOptions options;
+  options.target = "127.0.0.1:" + std::to_string(cluster.port);
+  options.timeout = absl::Milliseconds(500);
+  auto client = Client::Connect(options);
+  REQUIRE(client.ok());
+  const std::vector<float> x = Hidden(1, 2);
+  ForwardArgs args;
+  args.layer = 0;
+  args.token_ids = {1};
+  args.hidden = x;
+  auto timed = (*client)->OpenSession();
+  REQUIRE(timed.ok());
+  REQUIRE((*timed)->Forward(args).ok());
+  auto cancelled = (*client)->OpenSession();
+  REQUIRE(cancelled.ok());
+  REQUIRE((*cancelled)->Forward(args).ok());
+  // A router that is stopped keeps its connection (the kernel answers for it) but answers nothing.
+  cluster.router->Signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<ForwardResult> late = (*timed)->Forward(args);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(late.status() << " after " << waited << " s");
+  CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(waited < 20);  // the timeout, not keepalive's 50 s nor forever
+  CHECK((*timed)->Forward(args).status().code() == absl::StatusCode::kFailedPrecondition);  // closed
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    (*cancelled)->Cancel();
+  });
+  CHECK((*cancelled)->Forward(args).status().code() == absl::StatusCode::kCancelled);
+  canceller.join();
+  cluster.router->Signal(SIGCONT);
+}
+
 TEST_CASE("errors carry the server's code and message, and a missing router fails Connect clearly") {
   Cluster cluster;
   auto client = cluster.Connect();

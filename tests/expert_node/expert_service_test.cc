@@ -271,6 +271,27 @@ TEST_CASE("a call past its deadline is abandoned during compute, not computed to
   CHECK(metrics.find("colibri_expert_calls_total{code=\"0\",method=\"Compute\"}") == std::string::npos);
 }
 
+TEST_CASE("a stream message whose timeout passes during compute is answered DEADLINE_EXCEEDED") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1", -1, "", /*inject_delay_ms=*/1000);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // if it fails: no hang
+  auto stream = node.stub->ComputeStream(&context);
+  v1::ComputeStreamRequest message;
+  message.set_call_id(7);
+  *message.mutable_request() = Request(std::vector<float>(3 * kDModel, 0.5f));
+  message.set_timeout_micros(300000);  // passed by the time the kernels start
+  REQUIRE(stream->Write(message));
+  v1::ComputeStreamResponse reply;
+  REQUIRE(stream->Read(&reply));
+  INFO(reply.message());
+  CHECK(reply.call_id() == 7);
+  CHECK(reply.code() == static_cast<int32_t>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  stream->WritesDone();
+  CHECK(stream->Finish().ok());
+}
+
 TEST_CASE("without a model root, Reload may re-shard the loaded model but never load another directory") {
   TempDir dir;
   const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
@@ -591,6 +612,21 @@ TEST_CASE("a node whose largest reply would pass gRPC's 2 GiB message limit is r
   CHECK_THAT(std::string(server.status().message()),
              Catch::Contains("max_rows 16777216") && Catch::Contains("2 GiB") && Catch::Contains("at most 11179"));
   options.limits.max_rows = 11179000;  // just under: starts
+  CHECK(ExpertServer::Create(options, nullptr).ok());
+}
+
+TEST_CASE("a message limit below what a reply of --max_rows rows takes is refused at start, naming both") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options = Options(dir / "model", "all");
+  options.limits.max_rows = 65536;       // 12 MiB of f32 rows of d_model 48
+  options.max_message_bytes = 16 << 20;  // the rows, 8 MiB of row indices and 1 MiB of framing: 21 MiB
+  auto server = ExpertServer::Create(options, nullptr);
+  REQUIRE_FALSE(server.ok());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(server.status().message()),
+             Catch::Contains("max_message_bytes 16777216") && Catch::Contains("limits.max_rows 65536"));
+  options.limits.max_rows = 8192;  // 1.5 MiB of rows: 10.5 MiB in all, fits
   CHECK(ExpertServer::Create(options, nullptr).ok());
 }
 

@@ -117,6 +117,48 @@ TEST_CASE("a call failing with a retryable code is retried once on another repli
   CHECK(c.live(0) == (code == grpc::StatusCode::RESOURCE_EXHAUSTED || code == grpc::StatusCode::FAILED_PRECONDITION));
 }
 
+TEST_CASE("a node that answered RESOURCE_EXHAUSTED is a last resort for the next layer calls, for recheck_after",
+          "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kPerExpert, absl::Milliseconds(50));
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::RESOURCE_EXHAUSTED}});
+  Layer first;
+  REQUIRE(Run(c, first).ok());
+  CHECK(first.stats.retries == 1);
+  // Idle, it would look the least busy; the replica takes every first try meanwhile.
+  for (int i = 0; i < 4; ++i) {
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    CHECK(l.stats.retries == 0);
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 2);
+  }
+  CHECK(c.live(0));  // busy, not broken
+  c.clock.Advance(absl::Milliseconds(50));
+  int by_first = 0;
+  for (int i = 0; i < 4; ++i) {
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    by_first += l.answered_by(0) == 1;
+  }
+  CHECK(by_first > 0);  // back among the candidates
+}
+
+TEST_CASE("a hedge avoids a node whose call of the layer already failed", "[remote_dispatch]") {
+  // The first plan (rotation 0: the lowest index among equals) sends experts 0-1 to n0 and
+  // 2-3 to n1. n1 fails at once, n0 hangs: the hedge for n0's work goes to n2, not to n1,
+  // idle and the lowest index, whose failure is classified only when the attempt settles.
+  Cluster c({{0, 1}, {0, 1, 2, 3}, {0, 1, 2, 3}}, absl::Milliseconds(1));
+  c.nodes[0]->Script({{FakeNode::kHang}});
+  c.nodes[1]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+  Layer l;
+  Pending p;
+  p.Start(c, l);
+  REQUIRE_FALSE(p.result.has_value());
+  c.clock.Advance(absl::Milliseconds(1));  // hedge_after
+  REQUIRE(p.result.has_value());
+  REQUIRE(p.result->ok());
+  for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 3);
+}
+
 TEST_CASE("after FAILED_PRECONDITION the retry avoids the node only where another copy serves the expert",
           "[remote_dispatch]") {
   // Node 0 owns every expert, node 1 experts 0 and 1; node 0's first answer says its shard changed.

@@ -213,6 +213,28 @@ TEST_CASE("the router exports Prometheus metrics: requests, stages, tokens per e
   CHECK(metrics.find("colibri_router_live_nodes 1") != std::string::npos);
 }
 
+TEST_CASE("a --local router merges concurrent calls as a distributed one does, unless --batch_window_us is 0") {
+  Model model(common::DType::kBF16);
+  for (const bool merging : {true, false}) {
+    std::vector<std::string> flags = {"--local=" + model.path, "--metrics_port=0", "--metrics_host=127.0.0.1"};
+    if (!merging) flags.push_back("--batch_window_us=0");
+    Proc router = StartRouter(flags);
+    std::string line;  // the local engine may log first (its kernel profile)
+    for (int i = 0; i < 20 && line.find("metrics on port ") == std::string::npos; ++i)
+      line = router.process->ReadLine();
+    INFO(line);
+    REQUIRE(line.find("metrics on port ") != std::string::npos);
+    const int metrics_port = std::stoi(line.substr(line.find("metrics on port ") + 16));
+    auto stub = Connect(router.port);
+    v1::ForwardResponse response;
+    REQUIRE(Call(*stub, Request(0, {1, 2, 3}, 1), &response).ok());
+    const std::string metrics = colibri::testing::HttpGet(metrics_port, "/metrics");
+    INFO(metrics);
+    // The layer's batcher exists (and exports its histograms) only when merging is on.
+    CHECK((metrics.find("colibri_router_batch_callers_count") != std::string::npos) == merging);
+  }
+}
+
 TEST_CASE("Forward calls beyond the router's memory budget are refused, smaller ones served") {
   Model model(common::DType::kF32);
   Proc router =

@@ -45,8 +45,8 @@ type Options struct {
 	// TLS, when not nil, makes the connection use TLS.
 	TLS *TLSOptions
 	// Timeout bounds every unary call (Forward, ModelInfo, ClusterStatus)
-	// whose context has no deadline. 0: no bound. It does not apply to
-	// Sessions, which live as long as their context.
+	// whose context has no deadline, and each Forward of a Session (whose
+	// stream lives as long as its context). 0: no bound.
 	Timeout time.Duration
 	// MaxMessageBytes limits sent and received messages; 0 means
 	// DefaultMaxMessageBytes.

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	pb "github.com/colibri-moe/colibri/clients/go/colibriv1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 )
 
@@ -141,6 +143,55 @@ func TestRepliesThatDoNotAnswerTheRequestAreInternal(t *testing.T) {
 		if _, err := result(resp, req, "r"); !errors.As(err, &e) || e.Code != codes.Internal {
 			t.Errorf("%s: got %v, want codes.Internal", name, err)
 		}
+	}
+}
+
+// stalledRouter reads a stream's first request and never answers it.
+type stalledRouter struct {
+	pb.UnimplementedRouterServer
+}
+
+func (stalledRouter) ForwardStream(stream pb.Router_ForwardStreamServer) error {
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	<-stream.Context().Done()
+	return stream.Context().Err()
+}
+
+// serverCodec is codec under the server option's older interface.
+type serverCodec struct{ codec }
+
+func (serverCodec) String() string { return "proto" }
+
+func TestSessionForwardWithoutAReplyEndsAtTheTimeout(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.CustomCodec(serverCodec{}))
+	pb.RegisterRouterServer(srv, stalledRouter{})
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c, err := Dial(lis.Addr().String(), Options{Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.OpenSession(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = s.Forward(&ForwardArgs{Layer: 0, TokenIDs: []int32{1}, Tensor: PackF32([]float32{1, 2, 3, 4}, 1, 4)})
+	wantCode(t, err, codes.DeadlineExceeded, "Options.Timeout")
+	if waited := time.Since(start); waited > 20*time.Second {
+		t.Fatalf("Forward returned after %v", waited)
+	}
+	_, err = s.Forward(&ForwardArgs{Layer: 0, TokenIDs: []int32{1}, Tensor: PackF32([]float32{1, 2, 3, 4}, 1, 4)})
+	wantCode(t, err, codes.DeadlineExceeded, "") // the session stays broken
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close of a broken session: %v", err)
 	}
 }
 

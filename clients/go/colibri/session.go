@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "github.com/colibri-moe/colibri/clients/go/colibriv1"
@@ -25,7 +26,7 @@ type Session struct {
 }
 
 // OpenSession opens a stream that lives until Close or until ctx is done.
-// Options.Timeout does not apply to it.
+// Each Forward on it is bounded by Options.Timeout (see Forward).
 func (c *Client) OpenSession(ctx context.Context) (*Session, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	stream, err := c.router.ForwardStream(ctx)
@@ -37,12 +38,31 @@ func (c *Client) OpenSession(ctx context.Context) (*Session, error) {
 }
 
 // Forward sends one request and waits for its reply. A reply with a non-zero
-// code is an *Error with that code and message.
+// code is an *Error with that code and message. No reply within
+// Options.Timeout (if set): the stream is cancelled (its replies come in
+// order, so the later ones cannot be had either) and Forward returns
+// codes.DeadlineExceeded; open a new session.
 func (s *Session) Forward(args *ForwardArgs) (*ForwardResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.broken != nil {
 		return nil, s.broken
+	}
+	var expired int32
+	if t := s.c.timeout; t > 0 {
+		timer := time.AfterFunc(t, func() {
+			atomic.StoreInt32(&expired, 1)
+			s.cancel()
+		})
+		defer timer.Stop()
+	}
+	fail := func(err error) error {
+		if atomic.LoadInt32(&expired) == 1 {
+			err = errorf(codes.DeadlineExceeded,
+				"no reply on the session's stream within Options.Timeout (%v); the stream is cancelled: open a new session",
+				s.c.timeout)
+		}
+		return s.fail(err)
 	}
 	req, err := s.c.request(s.ctx, args)
 	if err != nil {
@@ -56,17 +76,17 @@ func (s *Session) Forward(args *ForwardArgs) (*ForwardResult, error) {
 				err = errorf(codes.Unavailable, "the router ended the stream")
 			}
 		}
-		return nil, s.fail(err)
+		return nil, fail(err)
 	}
 	reply, err := s.stream.Recv()
 	if err == io.EOF {
-		return nil, s.fail(errorf(codes.Unavailable, "the router ended the stream"))
+		return nil, fail(errorf(codes.Unavailable, "the router ended the stream"))
 	}
 	if err != nil {
-		return nil, s.fail(err)
+		return nil, fail(err)
 	}
 	if reply.RequestId != req.RequestId {
-		return nil, s.fail(errorf(codes.Internal, "reply for request id %q while waiting for %q",
+		return nil, fail(errorf(codes.Internal, "reply for request id %q while waiting for %q",
 			reply.RequestId, req.RequestId))
 	}
 	if reply.Code != int32(codes.OK) {

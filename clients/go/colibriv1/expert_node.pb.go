@@ -741,7 +741,9 @@ type GetNodeInfoResponse struct {
 	// True when mlock of the serving weights succeeded.
 	WeightsLocked bool `protobuf:"varint,15,opt,name=weights_locked,json=weightsLocked,proto3" json:"weights_locked,omitempty"`
 	// Reason of the last failed load or reload (admin callers; others get a
-	// generic text); empty if the last one succeeded.
+	// generic text); empty if the last one succeeded. Requests refused before
+	// loading (bad fields, another reload running) and drops are answered to
+	// their caller only and leave it as it was.
 	LastReloadError string `protobuf:"bytes,16,opt,name=last_reload_error,json=lastReloadError,proto3" json:"last_reload_error,omitempty"`
 	// Every model this node serves: model_id first, then the previous model
 	// kept by a Reload with keep_previous (during a roll-out), if any. Compute

@@ -72,8 +72,9 @@ type ExpertNodeClient interface {
 	// weights in use, verifies it, and swaps it in atomically: calls in flight
 	// finish on the old weights, later calls use the new ones, and the old
 	// weights are released when their last call ends (with keep_previous: when
-	// dropped). On any failure the node keeps serving the old weights and
-	// `last_reload_error` is set. With drop_model_id, stops serving a model
+	// dropped). On any failure the node keeps serving the old weights; a load
+	// that fails (not a request refused before loading, nor ABORTED) sets
+	// `last_reload_error`. With drop_model_id, stops serving a model
 	// instead (see ReloadRequest).
 	//
 	// Status codes:
@@ -226,8 +227,9 @@ type ExpertNodeServer interface {
 	// weights in use, verifies it, and swaps it in atomically: calls in flight
 	// finish on the old weights, later calls use the new ones, and the old
 	// weights are released when their last call ends (with keep_previous: when
-	// dropped). On any failure the node keeps serving the old weights and
-	// `last_reload_error` is set. With drop_model_id, stops serving a model
+	// dropped). On any failure the node keeps serving the old weights; a load
+	// that fails (not a request refused before loading, nor ABORTED) sets
+	// `last_reload_error`. With drop_model_id, stops serving a model
 	// instead (see ReloadRequest).
 	//
 	// Status codes:
