@@ -26,6 +26,11 @@ MemoryBudget::Reservation::~Reservation() {
 absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(int64_t bytes, const std::string& what) {
   int64_t current = in_use_->load(std::memory_order_relaxed);
   do {
+    if (limit_ > 0 && bytes > limit_) {  // not even alone: waiting cannot help
+      return absl::ResourceExhaustedError(absl::StrCat(what, " needs ~", bytes, " bytes, more than the whole ", limit_,
+                                                       "-byte budget for requests in flight (", option_,
+                                                       "): send smaller requests, or raise the budget"));
+    }
     if (limit_ > 0 && current + bytes > limit_) {
       return absl::ResourceExhaustedError(absl::StrCat(what, " needs ~", bytes, " bytes; ", current, " of the ", limit_,
                                                        "-byte budget for requests in flight are in use (", option_,

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/anonymous_memory.h"
 #include "common/file_verifier.h"
+#include "common/log_line.h"
 #include "common/parallel_for.h"
 #include "common/sigbus_guard.h"
 #include "common/status_macros.h"
@@ -226,7 +227,7 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<std::pair<co
                      "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity, or Kubernetes "
                      "securityContext.capabilities.add: [IPC_LOCK]) or set StoreOptions::require_mlock to false to run "
                      "unlocked"));
-    if (log != nullptr) *log << "WARNING: " << status.message() << "; continuing with unlocked weights\n";
+    common::LogLine(log, absl::StrCat("WARNING: ", status.message(), "; continuing with unlocked weights"));
     break;
   }
   set->lock_state_ = status.ok() && !set->stop_locking_.load() ? WeightSet::kLocked : WeightSet::kRefused;
@@ -252,7 +253,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     COLIBRI_ASSIGN_OR_RETURN(
         common::VerifyReport report,
         common::VerifyMappedFiles(*set->model_, files, {options_.verify_threads, options_.verify_cache}));
-    if (log_ != nullptr) *log_ << report.Describe() << "\n";
+    common::LogLine(log_, report.Describe());
   }
   const bool copy = options_.residency == Residency::kCopy || options_.hugepages || options_.numa_node >= 0;
   // StoreOptions::q8_records, where the kernels have int8 tiles for the weights (else said in the log).
@@ -273,8 +274,8 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
       const absl::Status built =
           kernels::AttachQ8Records(&weights, kernels::SelectedKernels(), {options_.hugepages, options_.numa_node});
       if (built.code() == absl::StatusCode::kFailedPrecondition) {
-        if (!records_refused.exchange(true) && log_ != nullptr) {
-          *log_ << "int8 tile records not built: " << built.message() << "\n";
+        if (!records_refused.exchange(true)) {
+          common::LogLine(log_, absl::StrCat("int8 tile records not built: ", built.message()));
         }
       } else if (!built.ok()) {
         return built;
@@ -283,9 +284,11 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     return absl::OkStatus();
   });
   if (!placed.ok()) return placed;
-  if (unguarded.load() > 0 && log_ != nullptr) {
-    *log_ << unguarded.load() << " expert files are not guarded against truncation (every one of the "
-          << common::SigbusGuard::kSlots << " guard slots is taken): a file truncated in place kills the node\n";
+  if (unguarded.load() > 0) {
+    common::LogLine(
+        log_,
+        absl::StrCat(unguarded.load(), " expert files are not guarded against truncation (every one of the ",
+                     common::SigbusGuard::kSlots, " guard slots is taken): a file truncated in place kills the node"));
   }
   std::vector<std::pair<const uint8_t*, size_t>> ranges;
   for (std::unique_ptr<common::ExpertWeights>& weights : loaded) {
@@ -311,10 +314,8 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     set->locker_ =
         std::thread([s = set.get(), ranges = std::move(ranges), log = log_] { (void)LockAll(s, ranges, log); });
   }
-  if (log_ != nullptr) {
-    *log_ << "loaded " << set->owned_.size() << " experts of " << model_dir << " (version " << version << ", "
-          << set->placement() << ")\n";
-  }
+  common::LogLine(log_, absl::StrCat("loaded ", set->owned_.size(), " experts of ", model_dir, " (version ", version,
+                                     ", ", set->placement(), ")"));
   return std::shared_ptr<const WeightSet>(std::move(set));
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/log_line.h"
 #include "common/small_file.h"
 #include "common/status_macros.h"
 #include "router_node/node_stream.h"
@@ -248,8 +249,9 @@ void RemoteBackend::HealthRound() {
     if (seen != cluster_file_seen_) {
       cluster_file_seen_ = std::move(seen);
       absl::Status s = addresses.ok() ? SetAddresses(*addresses) : addresses.status();
-      if (!s.ok() && options_.log != nullptr) {
-        *options_.log << "WARNING: cluster file not applied, keeping the nodes: " << s.message() << std::endl;
+      if (!s.ok()) {
+        common::LogLine(options_.log,
+                        absl::StrCat("WARNING: cluster file not applied, keeping the nodes: ", s.message()));
       }
     }
   }
@@ -319,9 +321,9 @@ void RemoteBackend::HealthRound() {
       node.reads_kernel_rows = info.reads_kernel_rows();
       node.kernel_profile = info.kernel_profile();
     }
-    if (was_live != node.live && options_.log != nullptr) {
-      *options_.log << (node.live ? "" : "WARNING: ") << "node " << node.address
-                    << (node.live ? " is live" : " is down: ") << absl::CEscape(error) << std::endl;
+    if (was_live != node.live) {
+      common::LogLine(options_.log, absl::StrCat(node.live ? "" : "WARNING: ", "node ", node.address,
+                                                 node.live ? " is live" : " is down: ", absl::CEscape(error)));
     }
   }
   if (options_.metrics != nullptr) {
@@ -367,14 +369,14 @@ void RemoteBackend::CompareKernels(const Topology& topo) {
     if (differing == kernels_warned_) return;
     kernels_warned_ = differing;
   }
-  if (options_.log == nullptr) return;
   if (differing.empty()) {
-    *options_.log << "the live nodes run the same kernels again" << std::endl;
+    common::LogLine(options_.log, "the live nodes run the same kernels again");
   } else {
-    *options_.log << "WARNING: the live nodes run different kernels, so replicas of an expert may answer with "
-                     "different last bits (point the nodes at one kernel profile: COLIBRI_KERNEL_PROFILE, "
-                     "docs/KERNELS.md):"
-                  << absl::CEscape(differing) << std::endl;
+    common::LogLine(options_.log,
+                    absl::StrCat("WARNING: the live nodes run different kernels, so replicas of an expert may answer "
+                                 "with different last bits (point the nodes at one kernel profile: "
+                                 "COLIBRI_KERNEL_PROFILE, docs/KERNELS.md):",
+                                 absl::CEscape(differing)));
   }
 }
 
@@ -391,9 +393,7 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     node->last_error = error;
   }
   // The node's own words, escaped: a newline in them must not start a log line of its own.
-  if (options_.log != nullptr) {
-    *options_.log << "WARNING: node " << node->address << " is down: " << absl::CEscape(error) << std::endl;
-  }
+  common::LogLine(options_.log, absl::StrCat("WARNING: node ", node->address, " is down: ", absl::CEscape(error)));
   if (options_.metrics != nullptr) {
     options_.metrics->GetCounter("colibri_router_failovers_total", "Nodes taken out of the map after a failed call.")
         ->Increment();

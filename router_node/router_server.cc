@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log_line.h"
 #include "common/status_macros.h"
 #include "runtime/grpc_admin.h"
 #include "runtime/grpc_credentials.h"
@@ -191,10 +192,8 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocke
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   version->backend->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
   retired_.push_back(std::move(old));
-  if (log_ != nullptr) {
-    *log_ << "colibri-router: now serving model " << version->router->model_id() << " from " << model_dir << " (was "
-          << previous_id << ")" << std::endl;
-  }
+  common::LogLine(log_, absl::StrCat("colibri-router: now serving model ", version->router->model_id(), " from ",
+                                     model_dir, " (was ", previous_id, ")"));
   // The old version's requests finish on it; release it once they have
   // (or, if some take longer, at the next load or at shutdown).
   // A shutdown does not wait for this: it releases what is left itself.

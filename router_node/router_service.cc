@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/log_line.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
 #include "router_node/forward_request.h"
@@ -424,7 +425,7 @@ void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::
                     (c.end_nanos - c.start_nanos) / 1000, " us (compute ", c.node_compute_nanos / 1000, " us, ", c.rows,
                     " rows, ", c.experts, " experts)");
   }
-  *options_.log << line << std::endl;
+  common::LogLine(options_.log, line);
 }
 
 grpc::ServerUnaryReactor* RouterService::Forward(grpc::CallbackServerContext* context,

@@ -26,8 +26,10 @@ namespace runtime {
 // --log_format / --log_level for anything else.
 absl::Status InitLogging(const char* argv0, const std::string& format, const std::string& min_level);
 
-// A std::ostream whose complete lines go to glog (see above). Thread-safe:
-// each line is assembled per thread and logged at once.
+// A std::ostream whose complete lines go to glog (see above). Each line is
+// assembled per thread and logged at once; threads that share one write
+// their lines through common::LogLine (as the libraries do), since the
+// stream's own formatting state is shared.
 class LogLines : public std::ostream {
  public:
   LogLines();

@@ -23,6 +23,12 @@ TEST_CASE("a memory budget refuses what would exceed it and takes bytes back on 
   CHECK(b.status().message().find("call b needs ~500 bytes; 600 of the 1000-byte budget") != absl::string_view::npos);
   CHECK(b.status().message().find("--max_inflight_bytes") != absl::string_view::npos);
   CHECK(budget.in_use() == 600);  // a refusal reserves nothing
+  // One larger than the whole budget can never fit: not "retry later".
+  const absl::StatusOr<MemoryBudget::Reservation> never = budget.Reserve(1001, "call d");
+  REQUIRE_FALSE(never.ok());
+  CHECK(never.status().message().find("call d needs ~1001 bytes, more than the whole 1000-byte budget") !=
+        absl::string_view::npos);
+  CHECK(never.status().message().find("retry later") == absl::string_view::npos);
   {
     MemoryBudget::Reservation moved = *std::move(a);
     CHECK(budget.in_use() == 600);  // moving keeps one reservation
