@@ -421,7 +421,7 @@ TEST_CASE("a session answers in order, reports a refused request and goes on") {
   CHECK((*session)->Forward(args).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_CASE("a session call with no reply within the timeout ends DEADLINE_EXCEEDED; Cancel ends one at once") {
+TEST_CASE("a session call with no reply within the timeout ends DEADLINE_EXCEEDED, and Cancel ends one at once") {
   Cluster cluster;
   ClientOptions options;
   options.target = "127.0.0.1:" + std::to_string(cluster.port);
