@@ -224,8 +224,9 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<std::pair<co
     status = absl::FailedPreconditionError(
         absl::StrCat("mlock of ", size, " bytes for layer ", layer, " expert ", expert, " refused (",
                      std::strerror(errno), "; RLIMIT_MEMLOCK is ", MemlockLimit(),
-                     "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity, or Kubernetes "
-                     "securityContext.capabilities.add: [IPC_LOCK]) or set StoreOptions::require_mlock to false to run "
+                     "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity; in a container, "
+                     "the runtime's unit's, e.g. containerd.service), or as root grant CAP_IPC_LOCK (Kubernetes: "
+                     "securityContext.capabilities.add: [IPC_LOCK]), or set StoreOptions::require_mlock to false to run "
                      "unlocked"));
     common::LogLine(log, absl::StrCat("WARNING: ", status.message(), "; continuing with unlocked weights"));
     break;

@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, router, "", "Or: a live router's admin endpoint (host:por
 ABSL_FLAG(std::string, tls_ca, "", "--router: PEM CA of its certificate: TLS (else plaintext).");
 ABSL_FLAG(std::string, tls_cert, "", "--router: PEM client certificate (mutual TLS).");
 ABSL_FLAG(std::string, tls_key, "", "--router: PEM key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "--router: name expected in its certificate (default: the host; e.g. the Service's name through a "
+          "port-forward).");
 ABSL_FLAG(int, max_replicas, 0, "Most copies of one expert (0: one per node).");
 ABSL_FLAG(double, target_ratio, 1.05,
           "Stop adding replicas to a layer once its busiest node's expected rows are at most this x the mean.");
@@ -77,6 +80,7 @@ int main(int argc, char* argv[]) {
     call.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
     call.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
     call.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+    call.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
     call.timeout = absl::Seconds(30);
     const colibri::common::Manifest& m = (*model)->manifest();
     auto load = colibri::tools::FetchExpertLoad(call, m.n_layers, m.n_experts, m.n_shared_experts);

@@ -49,9 +49,10 @@ absl::Status WriteOutputs(const std::string& dir, const std::vector<PlanNode>& n
   bool all_addresses = true;
   absl::StrAppend(&values,
                   "# Helm values written by colibri-plan: one expert shard (StatefulSet) per planned node.\n"
-                  "# The plan's replicas are its own; replicasPerShard > 1 runs more pods of each shard.\n"
+                  "# The plan's replicas are its own; the release's experts.replicasPerShard (not set\n"
+                  "# here) runs that many pods of each shard.\n"
                   "experts:\n  shards: ",
-                  nodes.size(), "\n  replicasPerShard: 1\n  assignment: explicit\n  shardExperts:\n");
+                  nodes.size(), "\n  assignment: explicit\n  shardExperts:\n");
   for (size_t n = 0; n < nodes.size(); ++n) {
     const std::string spec = ShardSpecText(p.owned[n]);
     absl::StrAppend(&shards, nodes[n].name, " ", nodes[n].address.empty() ? "-" : nodes[n].address, " ", spec, "\n");

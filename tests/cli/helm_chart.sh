@@ -73,6 +73,7 @@ expect_fail "one --experts spec per shard" 'experts: {assignment: explicit, shar
 expect_fail "must be even or explicit" 'experts: {assignment: random}'
 expect_fail "whole number of CPUs" 'experts: {cpus: 2.5}'
 expect_fail "replicasPerShard must be at least 1" 'experts: {replicasPerShard: 0}'
+expect_fail "experts.hugepages.size must be 2Mi" 'experts: {hugepages: {enabled: true, size: 1Gi}}'
 $py - "$tmp/default.yaml" "$tmp/socket.yaml" <<'PY'
 import sys, yaml
 for path, shards, replicas in ((sys.argv[1], 2, 2), (sys.argv[2], 4, 2)):
@@ -94,6 +95,8 @@ for path, shards, replicas in ((sys.argv[1], 2, 2), (sys.argv[2], 4, 2)):
             else:
                 assert "grpc" in c[probe], probe
         assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+        # The default seccomp profile allows mbind/set_mempolicy only with SYS_NICE.
+        assert ("SYS_NICE" in c["securityContext"]["capabilities"]["add"]) == socket
         anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
         assert anti["topologyKey"] == "kubernetes.io/hostname"
         assert anti["labelSelector"]["matchLabels"]["colibri.dev/shard"] == s["metadata"]["labels"]["colibri.dev/shard"]
