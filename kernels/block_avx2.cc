@@ -177,6 +177,7 @@ void KMajorTokens(int64_t tokens, const KMajorArgs& a, int64_t t0, int64_t k0, i
 
 template <typename P>
 void KMajorBlock(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
+  if (x.num_tokens == 0) return;  // no row to read, no output to write
   const KMajorArgs a{w.data + block * w.layout.block_bytes, &x, out};
   for (int64_t k0 = 0; k0 < x.cols; k0 += kChunk) {
     const int64_t k1 = std::min(x.cols, k0 + kChunk);

@@ -106,8 +106,9 @@ struct ExecutorOptions {
   int64_t int8_tile_min_tokens = -1;
   int64_t int4_tile_min_tokens = -1;
   const KernelTable* kernels = nullptr;  // null: SelectedKernels()
-  // Polled by every worker before each unit of work (one 64-row block of an
-  // expert, or one 64-column block of dst); once it returns true the call's
+  // Polled by every worker before each unit of work (a 64-row block of an
+  // expert in the first phase, a chunk of dst's columns in the second; a
+  // oneDNN product runs its chunk whole); once it returns true the call's
   // remaining work is skipped and RunExperts returns false. It must be
   // thread-safe and cheap. Null: never stop.
   std::function<bool()> should_stop;

@@ -21,6 +21,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/half.h"
 #include "common/model_dir.h"
@@ -220,7 +222,8 @@ KernelProfile CachedOrDefaultProfile(const std::string& path, Isa isa) {
 
 }  // namespace
 
-absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa, ProfileFile whose) {
+absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa, ProfileFile whose,
+                                                   absl::Duration lock_wait) {
   std::error_code ignored;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
@@ -243,8 +246,20 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
     int fd;
     ~Closer() { close(fd); }  // also drops the lock
   } closer{fd};
-  if (flock(fd, LOCK_EX) != 0)
-    return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
+  const absl::Time give_up = absl::Now() + lock_wait;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
+    }
+    if (absl::Now() >= give_up) {
+      KernelProfile profile = MeasureProfile(isa);
+      profile.source = absl::StrCat("measured, not cached (", path, " stayed locked by another process for ",
+                                    absl::FormatDuration(lock_wait), ")");
+      std::fprintf(stderr, "colibri: kernel profile %s\n", profile.source.c_str());
+      return profile;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   COLIBRI_ASSIGN_OR_RETURN(const std::string text, common::ReadSmallFd(fd, path, kMaxProfileBytes));
   if (!text.empty()) {
     auto cached = ParseProfile(text, isa);

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "kernels/dispatch.h"
@@ -108,9 +109,13 @@ enum class ProfileFile { kCache, kChosen };
 // UNAVAILABLE naming it where it cannot be opened, locked or read, is
 // read-only and not such a profile, or is kChosen and not such a profile
 // (left as it is). A profile measured but not written is
-// returned (its source says so), the file emptied.
+// returned (its source says so), the file emptied. The lock is waited for
+// at most `lock_wait` (measuring takes seconds; a process stopped or hung
+// with the lock must not stall every other): then the profile is measured
+// for this process alone, the file untouched, and a line on stderr says so.
 absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa,
-                                                   ProfileFile whose = ProfileFile::kCache);
+                                                   ProfileFile whose = ProfileFile::kCache,
+                                                   absl::Duration lock_wait = absl::Seconds(60));
 
 // One line for logs: "avx512_bf16: bf16 vdpbf16ps, int8 vpdpbusd, int4
 // vpdpbusd; oneDNN never; int8 on int8 tiles from 64 rows (8 with records),

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -114,6 +117,25 @@ absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
                                                     "topology manager) or set ThreadPool::Options::numa_node"));
 }
 
+namespace {
+
+// A job that throws (oneDNN's errors, std::bad_alloc) would leave the pool's
+// other workers waiting at a barrier for this one: the process ends here,
+// saying why, instead of hanging or unwinding through the pool.
+void RunJob(const std::function<void(int)>& job, int index) {
+  try {
+    job(index);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "colibri: a kernel job threw on worker %d: %s\n", index, e.what());
+    std::abort();
+  } catch (...) {
+    std::fprintf(stderr, "colibri: a kernel job threw on worker %d\n", index);
+    std::abort();
+  }
+}
+
+}  // namespace
+
 void ThreadPool::WorkerLoop(int index) {
   if (!cpus_.empty()) {
     cpu_set_t set;
@@ -146,7 +168,7 @@ void ThreadPool::WorkerLoop(int index) {
       if (stop_) return;
       job = job_;
     }
-    (*job)(index);
+    RunJob(*job, index);
     {
       common::MutexLock lock(&mu_);
       if (--remaining_ == 0) done_cv_.Signal();
@@ -183,7 +205,7 @@ void ThreadPool::Run(const std::function<void(int)>& job) {
     published_generation_.store(generation_, std::memory_order_release);
   }
   start_cv_.SignalAll();
-  if (caller_joins_) job(0);
+  if (caller_joins_) RunJob(job, 0);
   if (repin) pthread_setaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus);
   common::MutexLock lock(&mu_);
   while (remaining_ != 0) done_cv_.Wait(&mu_);

@@ -1,5 +1,7 @@
 #include "kernels/kernel_profile.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -252,6 +254,21 @@ TEST_CASE("the kernel profile is measured once and then read from its cache file
   CHECK_THAT(std::string(chosen.status().message()), Catch::Contains(path + " (COLIBRI_KERNEL_PROFILE)"));
   CHECK(ReadFile(path) == "garbage\n");
   CHECK(LoadOrMeasureProfile(dir / "chosen.txt", isa, ProfileFile::kChosen).ok());  // absent: measured and written
+}
+
+TEST_CASE("a cache file another process keeps locked is waited for a while, then measured apart") {
+  TempDir dir;
+  const std::string path = dir / "kernels.txt";
+  const Isa isa = SelectedIsa();
+  std::ofstream(path) << "";
+  const int holder = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // a stopped process's lock
+  REQUIRE(holder >= 0);
+  REQUIRE(::flock(holder, LOCK_EX) == 0);
+  auto loaded = LoadOrMeasureProfile(path, isa, ProfileFile::kCache, absl::Milliseconds(200));
+  ::close(holder);
+  REQUIRE(loaded.ok());
+  CHECK_THAT(loaded->source, Catch::StartsWith("measured, not cached (" + path + " stayed locked"));
+  CHECK(ReadFile(path).empty());  // not written without the lock
 }
 
 TEST_CASE("a cache file that cannot be opened is an error naming it") {
