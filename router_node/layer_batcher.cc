@@ -189,14 +189,16 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     if (!alone) Assemble(*b);
     const BatchCall& first = b->members[0]->call;
     const LayerWork& work = alone ? *first.work : b->work;
-    if (callers_seen != nullptr) {
+    // A caller sent again alone after its merged call failed keeps the wait
+    // it had, and is counted once in the metrics (with the merged call).
+    if (callers_seen != nullptr && !b->solo) {
       callers_seen->Observe(static_cast<double>(b->members.size()));
       tokens_seen->Observe(static_cast<double>(work.num_tokens));
     }
     for (const auto& e : b->members) {
-      const int64_t queued = absl::ToInt64Nanoseconds(b->sent - e->arrival);
+      const int64_t queued = b->solo ? e->call.info->queue_nanos : absl::ToInt64Nanoseconds(b->sent - e->arrival);
       *e->call.info = {queued, static_cast<int64_t>(b->members.size()), work.num_tokens};
-      if (queue_seen != nullptr) queue_seen->Observe(queued * 1e-9);
+      if (queue_seen != nullptr && !b->solo) queue_seen->Observe(queued * 1e-9);
     }
     backend->ComputeAsync(work, alone ? first.slots : b->slots.data(), *b->control, alone ? first.stats : &b->stats,
                           [self = shared_from_this(), b](absl::Status s) { self->Complete(b, s); });
@@ -438,7 +440,12 @@ void LayerBatcher::Submit(BatchCall call) {
     // The watcher: the queue's window, or a cancellation it could not see before the entry was live.
     if (batch == nullptr || e->call.control->cancelled()) s.wake.Signal();
   }
-  if (batch != nullptr) s.Launch(batch, true);
+  // On this thread only if the batch carries this caller: the queue may go
+  // without it (it would pass batch_max_tokens), and a caller's thread must
+  // not compute only other callers' work.
+  if (batch != nullptr) {
+    s.Launch(batch, std::find(batch->members.begin(), batch->members.end(), e) != batch->members.end());
+  }
 }
 
 }  // namespace router_node
