@@ -85,6 +85,7 @@ start_cluster() {
     --experts_at "127.0.0.1:$node_a,127.0.0.1:$node_b" --listen 127.0.0.1:0
   router=127.0.0.1:$port
   echo "router: $router (pid $last_pid), asks each node what it serves"
+  proc_wait_serving "$bin/colibri-health" "$router"
 }
 step "start two expert nodes and a router on loopback" start_cluster
 step "drive the router for $duration s: $concurrency clients, one stream each, every layer per token; then check samples against the reference MoE layer" \

@@ -7,6 +7,11 @@
 #                          the process's stderr if it exits or takes > 60 s.
 #                          It looks every $proc_poll_s seconds (default 0.1;
 #                          a benchmark timing starts sets it smaller).
+#   proc_wait_serving HEALTH TARGET
+#                          waits until the server at TARGET reports SERVING
+#                          (HEALTH: the colibri-health binary), up to 30 s; a
+#                          router serves once its health checks reached its
+#                          nodes. Fails (exit 1) saying so.
 #   proc_track PID...      background jobs (clients, samplers) that proc_stop_all
 #                          also ends (SIGTERM, not waited for, not printed).
 #   proc_stop_all          SIGTERM to every started process, waits (SIGKILL after
@@ -37,6 +42,14 @@ proc_start() {
     sleep "$poll"
   done
   echo "$name did not start within 60 s" >&2; exit 1
+}
+proc_wait_serving() {
+  local health=$1 target=$2 deadline=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    "$health" --target "$target" --timeout_ms 1000 >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "$target did not report SERVING within 30 s" >&2; exit 1
 }
 proc_stop_all() {
   local i p status

@@ -37,6 +37,7 @@ port_b=$port
 proc_start router "$build/router_node/colibri-router" --model "$tmp/model" \
   --experts_at "127.0.0.1:$port_a,127.0.0.1:$port_b" --listen 127.0.0.1:0
 router=127.0.0.1:$port
+proc_wait_serving "$build/tools/colibri-health" "$router"
 
 echo "--- go vet"
 go_build vet || fail "go vet"

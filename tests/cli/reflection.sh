@@ -23,6 +23,7 @@ proc_start node "$build/expert_node/colibri-expert" --model "$tmp/model" --liste
 node=127.0.0.1:$port
 proc_start router "$build/router_node/colibri-router" --model "$tmp/model" --experts_at "$node" --listen 127.0.0.1:0
 router=127.0.0.1:$port
+proc_wait_serving "$build/tools/colibri-health" "$router"  # its first health round reached the node
 for target in "$node" "$router"; do
   out=$("$tmp/reflection_client" "$target" grpc.health.v1.Health/Check)
   echo "$target grpc.health.v1.Health/Check: $out"

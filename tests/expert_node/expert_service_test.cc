@@ -416,9 +416,9 @@ TEST_CASE("a Compute call with a deadline centuries away is served as one with n
 TEST_CASE("a long Compute call is interleaved with later ones and still equals the in-process executor") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kInt8);
-  // Every call's first step sleeps 300 ms first (fault injection): the small
+  // Every call's first step sleeps 1.5 s first (fault injection): the small
   // call below is queued while the long one sleeps, so it is behind it.
-  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/300);
+  Node node = Start(dir / "model", "layer:0/expert:0-1", /*metrics_port=*/0, "", /*inject_delay_ms=*/1500);
   // A long call: 16384 rows through expert 0, half of them through expert 1: 96 slices.
   const int64_t n = 16384;
   std::vector<float> rows(n * kDModel);
@@ -474,7 +474,7 @@ TEST_CASE("a long Compute call is interleaved with later ones and still equals t
   INFO(big_status.error_message());
   REQUIRE(big_status.ok());
   // Answered between the long call's slices, not after them (one call at a
-  // time would answer the long call 300 ms before the small one).
+  // time would answer the long call 1.5 s before the small one).
   CHECK(small_done_as == 1);
   CHECK(big_done_as == 2);
 
@@ -652,8 +652,15 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   ServerOptions options = Options(dir / "model", "all");
   options.threads = 1;
   options.max_queued_calls = 2;
-  options.inject_delay_ms = 400;  // every call's first step sleeps: the compute thread is busy
+  options.inject_delay_ms = 2000;  // every call's first step sleeps: the compute thread is busy
+  options.metrics_port = 0;
+  options.metrics_host = "127.0.0.1";
   Node node = StartWith(options);
+  auto gauge = [&](const std::string& name) {
+    const std::string page = HttpGet(node.server->metrics_port(), "/metrics");
+    const size_t at = page.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(page.c_str() + at + name.size() + 2);
+  };
   const v1::ComputeRequest request = Request(std::vector<float>(3 * kDModel, 0.5f));
   auto call = [&](std::chrono::milliseconds deadline) {
     v1::ComputeResponse response;
@@ -663,7 +670,11 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   };
   // One call keeps the compute thread busy; two more wait with 50 ms deadlines and expire in the queue.
   std::thread busy([&] { call(std::chrono::seconds(30)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Running, not queued: it arrived and the queue is empty again.
+  for (int i = 0;
+       i < 1000 && !(gauge("colibri_expert_bytes_in_total") > 0 && gauge("colibri_expert_queued_calls") == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   grpc::StatusCode expired = grpc::StatusCode::OK;  // checked on this thread: Catch's CHECK is not thread-safe
   std::thread expiring([&] { expired = call(std::chrono::milliseconds(50)).error_code(); });
   CHECK(call(std::chrono::milliseconds(50)).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);

@@ -192,7 +192,7 @@ TEST_CASE("a plan applied by restarting nodes one at a time, two per shard, fail
   // One node of each shard, then the other: every expert keeps a live copy throughout.
   for (int n = 0; n < 4; ++n) {
     const int port = nodes[n].port;
-    nodes[n].process->SignalAndWait(SIGTERM, std::chrono::seconds(20));
+    REQUIRE(nodes[n].process->SignalAndWait(SIGTERM, std::chrono::seconds(60)) == 0);  // gone before its port is reused
     nodes[n] = StartNode(model, specs[n % 2], port);
     const std::string owned = Owned(port);
     REQUIRE(WaitFor([&] {

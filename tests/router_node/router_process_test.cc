@@ -303,7 +303,7 @@ TEST_CASE("a reply the client does not read keeps its call's memory in the route
 
 TEST_CASE("a reply not taken within --send_timeout_ms cancels its call and frees its memory") {
   Model model(common::DType::kF32);
-  Proc router = StartRouter({"--local=" + model.path, "--threads=1", kBigBudget, "--send_timeout_ms=2000"});
+  Proc router = StartRouter({"--local=" + model.path, "--threads=1", kBigBudget, "--send_timeout_ms=4000"});
   auto stub = BigReplyStub(router.port, false);
   const v1::ForwardRequest big = Request(0, std::vector<int32_t>(kBigTokens, 3), 1);
   v1::ForwardResponse response;
@@ -329,7 +329,7 @@ TEST_CASE("a reply not taken within --send_timeout_ms cancels its call and frees
   while (stream->Read(&reply)) {
   }
   CHECK(stream->Finish().error_code() == grpc::StatusCode::CANCELLED);
-  std::printf("send timeout 2 s: an unread ForwardStream reply's call freed %.2f s after it was answered\n", freed);
+  std::printf("send timeout 4 s: an unread ForwardStream reply's call freed %.2f s after it was answered\n", freed);
 }
 
 TEST_CASE("streams held open on a synchronous service are refused past a thread cap, and the router serves on") {
@@ -410,8 +410,8 @@ TEST_CASE("a deadline centuries away is served as no deadline") {
 
 TEST_CASE("on SIGTERM a ForwardStream answers its request in flight and then ends UNAVAILABLE, an idle one at once") {
   Model model(common::DType::kF32);
-  // The node holds every call for 1.5 s (fault injection): a request is in flight when SIGTERM comes.
-  Proc node = StartNode(model.path, "all", 0, {"--inject_delay_ms=1500"});
+  // The node holds every call for 4 s (fault injection): a request is in flight when SIGTERM comes.
+  Proc node = StartNode(model.path, "all", 0, {"--inject_delay_ms=4000"});
   Proc router = StartRouter({"--model=" + model.path, "--experts-at=" + Address(node.port), "--drain_seconds=300"});
   auto stub = Connect(router.port);
   grpc::ClientContext idle_context, busy_context;
@@ -422,7 +422,8 @@ TEST_CASE("on SIGTERM a ForwardStream answers its request in flight and then end
   CHECK(reply.code() == 0);
   auto busy = stub->ForwardStream(&busy_context);
   REQUIRE(busy->Write(Request(0, {2}, 2)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // well inside the node's 1.5 s
+  // Time for the request to reach the router (a slow machine too), well inside the node's 4 s.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   // Neither stream holds the drain (300 s) beyond the request in flight.
   CHECK(router.process->SignalAndWait(SIGTERM, std::chrono::seconds(60)) == 0);
   REQUIRE(busy->Read(&reply));
