@@ -195,10 +195,25 @@ std::pair<std::string, ProfileFile> ProfilePath() {
 
 // The text of `path` opened read-only, under a shared lock (a process
 // measuring holds the exclusive one); an error if it cannot be opened or read.
+// flock(fd, operation) retried until `wait` has passed: 0 once locked, else
+// the error (ETIMEDOUT when another process kept it). A process stopped or
+// hung holding the lock must not stall every other one.
+int LockWithin(int fd, int operation, absl::Duration wait) {
+  const absl::Time give_up = absl::Now() + wait;
+  while (flock(fd, operation | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) return errno;
+    if (absl::Now() >= give_up) return ETIMEDOUT;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return 0;
+}
+
+constexpr absl::Duration kLockWait = absl::Seconds(60);
+
 absl::StatusOr<std::string> ReadOnly(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  flock(fd, LOCK_SH);  // best effort: a file that cannot be locked is read as it is
+  (void)LockWithin(fd, LOCK_SH, kLockWait);  // best effort: a file that cannot be locked is read as it is
   absl::StatusOr<std::string> text = common::ReadSmallFd(fd, path, kMaxProfileBytes);
   close(fd);  // also drops the lock
   return text;
@@ -246,19 +261,26 @@ absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa 
     int fd;
     ~Closer() { close(fd); }  // also drops the lock
   } closer{fd};
-  const absl::Time give_up = absl::Now() + lock_wait;
-  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
+  if (const int error = LockWithin(fd, LOCK_EX, lock_wait); error != 0) {
+    if (error != ETIMEDOUT)
+      return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": ", std::strerror(error)));
+    const std::string held =
+        absl::StrCat(path, " stayed locked by another process for ", absl::FormatDuration(lock_wait));
+    if (whose == ProfileFile::kChosen) {  // pinned by an operator: used as written, never measured instead
+      COLIBRI_ASSIGN_OR_RETURN(const std::string text, common::ReadSmallFd(fd, path, kMaxProfileBytes));
+      auto pinned = ParseProfile(text, isa);
+      if (!pinned.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            held, " and, read without the lock, is not a profile for this CPU: ", pinned.status().message()));
+      }
+      pinned->source = absl::StrCat("pinned in ", path, " (read without its lock: ", held, ")");
+      std::fprintf(stderr, "colibri: kernel profile %s\n", pinned->source.c_str());
+      return pinned;
     }
-    if (absl::Now() >= give_up) {
-      KernelProfile profile = MeasureProfile(isa);
-      profile.source = absl::StrCat("measured, not cached (", path, " stayed locked by another process for ",
-                                    absl::FormatDuration(lock_wait), ")");
-      std::fprintf(stderr, "colibri: kernel profile %s\n", profile.source.c_str());
-      return profile;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
+    KernelProfile profile = MeasureProfile(isa);
+    profile.source = absl::StrCat("measured, not cached (", held, ")");
+    std::fprintf(stderr, "colibri: kernel profile %s\n", profile.source.c_str());
+    return profile;
   }
   COLIBRI_ASSIGN_OR_RETURN(const std::string text, common::ReadSmallFd(fd, path, kMaxProfileBytes));
   if (!text.empty()) {

@@ -111,8 +111,10 @@ enum class ProfileFile { kCache, kChosen };
 // (left as it is). A profile measured but not written is
 // returned (its source says so), the file emptied. The lock is waited for
 // at most `lock_wait` (measuring takes seconds; a process stopped or hung
-// with the lock must not stall every other): then the profile is measured
-// for this process alone, the file untouched, and a line on stderr says so.
+// with the lock must not stall every other): then a kChosen file is read
+// without the lock and used if it is such a profile (else UNAVAILABLE), and
+// a cache's profile is measured for this process alone, the file untouched;
+// a line on stderr says which.
 absl::StatusOr<KernelProfile> LoadOrMeasureProfile(const std::string& path, Isa isa,
                                                    ProfileFile whose = ProfileFile::kCache,
                                                    absl::Duration lock_wait = absl::Seconds(60));

@@ -189,16 +189,18 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     if (!alone) Assemble(*b);
     const BatchCall& first = b->members[0]->call;
     const LayerWork& work = alone ? *first.work : b->work;
-    // A caller sent again alone after its merged call failed keeps the wait
-    // it had, and is counted once in the metrics (with the merged call).
-    if (callers_seen != nullptr && !b->solo) {
+    // A caller sent again alone after a merged call that was sent and failed
+    // keeps the wait it had, and is counted once in the metrics (with the
+    // merged call); one whose merged call never went out is counted now.
+    const bool counted = b->solo && b->members[0]->call.info->callers > 0;
+    if (callers_seen != nullptr && !counted) {
       callers_seen->Observe(static_cast<double>(b->members.size()));
       tokens_seen->Observe(static_cast<double>(work.num_tokens));
     }
     for (const auto& e : b->members) {
-      const int64_t queued = b->solo ? e->call.info->queue_nanos : absl::ToInt64Nanoseconds(b->sent - e->arrival);
+      const int64_t queued = counted ? e->call.info->queue_nanos : absl::ToInt64Nanoseconds(b->sent - e->arrival);
       *e->call.info = {queued, static_cast<int64_t>(b->members.size()), work.num_tokens};
-      if (queue_seen != nullptr && !b->solo) queue_seen->Observe(queued * 1e-9);
+      if (queue_seen != nullptr && !counted) queue_seen->Observe(queued * 1e-9);
     }
     backend->ComputeAsync(work, alone ? first.slots : b->slots.data(), *b->control, alone ? first.stats : &b->stats,
                           [self = shared_from_this(), b](absl::Status s) { self->Complete(b, s); });

@@ -10,13 +10,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/time/time.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "common/mutex.h"
 #include "router_node/remote_backend.h"
@@ -32,14 +32,15 @@ struct RemoteBackend::Node {
   std::atomic<int> in_flight{0};
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> failed{0};
+  // Until then (the clock's Unix nanoseconds) the node is a last resort: it
+  // answered RESOURCE_EXHAUSTED (busy, not broken: it stays in the map), and
+  // by load alone it would look the least busy, its refusals coming back at
+  // once. Atomic: every layer call's plan reads it.
+  std::atomic<int64_t> busy_until_nanos{std::numeric_limits<int64_t>::min()};
 
   common::Mutex mu;
   bool live ABSL_GUARDED_BY(mu) = false;
   uint64_t downs ABSL_GUARDED_BY(mu) = 0;  // times MarkDown took the node out
-  // Until then the node is a last resort: it answered RESOURCE_EXHAUSTED
-  // (busy, not broken: it stays in the map), and by load alone it would look
-  // the least busy, its refusals coming back at once.
-  absl::Time busy_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   std::string last_error ABSL_GUARDED_BY(mu) = "not checked yet";
   std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
   uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;

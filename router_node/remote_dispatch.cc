@@ -284,16 +284,21 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   }
 
   // The nodes to plan on only where no other replica serves an expert: those
-  // this layer avoids, those busy (Node::busy_until), and with `down` those
+  // this layer avoids, those busy (Node::busy_until_nanos), and with `down` those
   // taken out since the layer's map was made (another call's failure; a
   // retry or hedge plans on the map the layer started with). A dead or busy
   // node answers at once, so by load alone it would look the least busy.
   std::set<int> LastResorts(bool down) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::set<int> out = avoided_;
-    const absl::Time now = clock_->Now();
+    const int64_t now = absl::ToUnixNanos(clock_->Now());
     for (size_t n = 0; n < topo_->nodes.size(); ++n) {
-      common::MutexLock lock(&topo_->nodes[n]->mu);
-      if ((down && !topo_->nodes[n]->live) || topo_->nodes[n]->busy_until > now) out.insert(static_cast<int>(n));
+      Node& node = *topo_->nodes[n];
+      bool last_resort = node.busy_until_nanos.load(std::memory_order_relaxed) > now;
+      if (down && !last_resort) {
+        common::MutexLock lock(&node.mu);
+        last_resort = !node.live;
+      }
+      if (last_resort) out.insert(static_cast<int>(n));
     }
     return out;
   }
@@ -484,9 +489,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (code == grpc::StatusCode::FAILED_PRECONDITION) {
       avoided_.insert(c.node);
     } else {
-      if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-        common::MutexLock lock(&c.node_ref->mu);  // other layers' first tries too, for a while
-        c.node_ref->busy_until = clock_->Now() + options_.recheck_after;
+      if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {  // other layers' first tries too, for a while
+        c.node_ref->busy_until_nanos.store(absl::ToUnixNanos(clock_->Now() + options_.recheck_after),
+                                           std::memory_order_relaxed);
       } else {
         backend_->MarkDown(c.node_ref, detail);
       }

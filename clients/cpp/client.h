@@ -47,7 +47,8 @@ namespace client {
 
 struct ClientOptions {
   std::string target;                                  // host:port of the router (any gRPC target)
-  absl::Duration timeout = absl::Seconds(30);          // deadline of each unary call
+  absl::Duration timeout = absl::Seconds(30);          // deadline of each unary call, and of each
+                                                       // Session Forward and Close
   absl::Duration connect_timeout = absl::Seconds(10);  // deadline of Connect's GetModelInfo
   // TLS: a CA (PEM file) turns it on; cert + key add a client certificate
   // (mutual TLS); server_name overrides the name checked in the router's

@@ -269,6 +269,18 @@ TEST_CASE("a cache file another process keeps locked is waited for a while, then
   REQUIRE(loaded.ok());
   CHECK_THAT(loaded->source, Catch::StartsWith("measured, not cached (" + path + " stayed locked"));
   CHECK(ReadFile(path).empty());  // not written without the lock
+  // An operator's pinned profile is used as written, not measured over, when its lock is held.
+  KernelProfile pinned = DefaultProfile(isa);
+  pinned.onednn_min_tokens = 96;
+  std::ofstream(path, std::ios::trunc) << SerializeProfile(pinned);
+  const int again = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(again >= 0);
+  REQUIRE(::flock(again, LOCK_EX) == 0);
+  auto chosen = LoadOrMeasureProfile(path, isa, ProfileFile::kChosen, absl::Milliseconds(200));
+  ::close(again);
+  REQUIRE(chosen.ok());
+  CHECK(chosen->onednn_min_tokens == 96);
+  CHECK_THAT(chosen->source, Catch::StartsWith("pinned in " + path + " (read without its lock"));
 }
 
 TEST_CASE("a cache file that cannot be opened is an error naming it") {

@@ -191,10 +191,7 @@ TEST_CASE("the router exports Prometheus metrics: requests, stages, tokens per e
   Proc a = StartNode(model.path, "all");
   Proc router = StartRouter(
       {"--model=" + model.path, "--experts_at=" + Address(a.port), "--metrics_port=0", "--metrics_host=127.0.0.1"});
-  const std::string line = router.process->ReadLine();
-  INFO(line);
-  REQUIRE(line.find("metrics on port ") != std::string::npos);
-  const int metrics_port = std::stoi(line.substr(line.find("metrics on port ") + 16));
+  const int metrics_port = router.process->ReadPort("metrics on port ");
   auto stub = Connect(router.port);
   v1::ForwardResponse response;
   REQUIRE(Call(*stub, Request(0, {1, 2, 3}, 1), &response).ok());
@@ -219,12 +216,7 @@ TEST_CASE("a --local router merges concurrent calls as a distributed one does, u
     std::vector<std::string> flags = {"--local=" + model.path, "--metrics_port=0", "--metrics_host=127.0.0.1"};
     if (!merging) flags.push_back("--batch_window_us=0");
     Proc router = StartRouter(flags);
-    std::string line;  // the local engine may log first (its kernel profile)
-    for (int i = 0; i < 20 && line.find("metrics on port ") == std::string::npos; ++i)
-      line = router.process->ReadLine();
-    INFO(line);
-    REQUIRE(line.find("metrics on port ") != std::string::npos);
-    const int metrics_port = std::stoi(line.substr(line.find("metrics on port ") + 16));
+    const int metrics_port = router.process->ReadPort("metrics on port ");
     auto stub = Connect(router.port);
     v1::ForwardResponse response;
     REQUIRE(Call(*stub, Request(0, {1, 2, 3}, 1), &response).ok());
@@ -412,7 +404,8 @@ TEST_CASE("on SIGTERM a ForwardStream answers its request in flight and then end
   Model model(common::DType::kF32);
   // The node holds every call for 4 s (fault injection): a request is in flight when SIGTERM comes.
   Proc node = StartNode(model.path, "all", 0, {"--inject_delay_ms=4000"});
-  Proc router = StartRouter({"--model=" + model.path, "--experts-at=" + Address(node.port), "--drain_seconds=300"});
+  Proc router = StartRouter({"--model=" + model.path, "--experts-at=" + Address(node.port), "--drain_seconds=300",
+                             "--node_timeout_ms=15000"});
   auto stub = Connect(router.port);
   grpc::ClientContext idle_context, busy_context;
   auto idle = stub->ForwardStream(&idle_context);

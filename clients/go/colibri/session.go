@@ -49,23 +49,30 @@ func (s *Session) Forward(args *ForwardArgs) (*ForwardResult, error) {
 		return nil, s.broken
 	}
 	var expired int32
+	var timer *time.Timer
 	if t := s.c.timeout; t > 0 {
-		timer := time.AfterFunc(t, func() {
+		timer = time.AfterFunc(t, func() {
 			atomic.StoreInt32(&expired, 1)
 			s.cancel()
 		})
 		defer timer.Stop()
 	}
+	timedOut := func() error {
+		return errorf(codes.DeadlineExceeded,
+			"no reply on the session's stream within Options.Timeout (%v); the stream is cancelled: open a new session",
+			s.c.timeout)
+	}
 	fail := func(err error) error {
 		if atomic.LoadInt32(&expired) == 1 {
-			err = errorf(codes.DeadlineExceeded,
-				"no reply on the session's stream within Options.Timeout (%v); the stream is cancelled: open a new session",
-				s.c.timeout)
+			err = timedOut()
 		}
 		return s.fail(err)
 	}
 	req, err := s.c.request(s.ctx, args)
 	if err != nil {
+		if atomic.LoadInt32(&expired) == 1 {
+			return nil, fail(err)
+		}
 		return nil, err
 	}
 	if err := s.stream.Send(req); err != nil {
@@ -84,6 +91,11 @@ func (s *Session) Forward(args *ForwardArgs) (*ForwardResult, error) {
 	}
 	if err != nil {
 		return nil, fail(err)
+	}
+	if timer != nil && !timer.Stop() {
+		// The timer fired as the reply came: this reply stands, but the
+		// stream is cancelled, so the next call says why.
+		s.broken = timedOut()
 	}
 	if reply.RequestId != req.RequestId {
 		return nil, fail(errorf(codes.Internal, "reply for request id %q while waiting for %q",
