@@ -342,7 +342,9 @@ void ExpertService::Complete(ComputeCall& call, bool own_pass) {
   FillOutput(out, call_d_model, call.output_dtype, response->mutable_output());
   if (common::MetricsRegistry* m = options_.metrics; m != nullptr) {
     const common::Labels layer = {{"layer", std::to_string(input.layer)}};
-    m->GetHistogram("colibri_expert_compute_seconds", "Kernel time of a Compute call (of calls merged into one pass, the pass's time each).", layer, common::LatencyBuckets())
+    m->GetHistogram("colibri_expert_compute_seconds",
+                    "Kernel time of a Compute call (of calls merged into one pass, the pass's time each).", layer,
+                    common::LatencyBuckets())
         ->Observe(out.compute_nanos * 1e-9);
     m->GetHistogram("colibri_expert_queue_seconds", "Time a Compute call waited for the compute thread.", {},
                     common::LatencyBuckets())

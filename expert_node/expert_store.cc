@@ -221,13 +221,13 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<std::pair<co
     while (done < size && mlock(data + done, std::min(kPiece, size - done)) == 0) done += kPiece;
     if (done >= size) continue;
     const auto& [layer, expert] = set->owned_[i];
-    status = absl::FailedPreconditionError(
-        absl::StrCat("mlock of ", size, " bytes for layer ", layer, " expert ", expert, " refused (",
-                     std::strerror(errno), "; RLIMIT_MEMLOCK is ", MemlockLimit(),
-                     "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity; in a container, "
-                     "the runtime's unit's, e.g. containerd.service), or as root grant CAP_IPC_LOCK (Kubernetes: "
-                     "securityContext.capabilities.add: [IPC_LOCK]), or set StoreOptions::require_mlock to false to run "
-                     "unlocked"));
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "mlock of ", size, " bytes for layer ", layer, " expert ", expert, " refused (", std::strerror(errno),
+        "; RLIMIT_MEMLOCK is ", MemlockLimit(),
+        "). Fix: raise the limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity; in a container, "
+        "the runtime's unit's, e.g. containerd.service), or as root grant CAP_IPC_LOCK (Kubernetes: "
+        "securityContext.capabilities.add: [IPC_LOCK]), or set StoreOptions::require_mlock to false to run "
+        "unlocked"));
     common::LogLine(log, absl::StrCat("WARNING: ", status.message(), "; continuing with unlocked weights"));
     break;
   }

@@ -118,16 +118,14 @@ struct ExecutorOptions {
 // -1): bf16 or int8 tiles for int8/int4, AMX tiles for bf16 where `kernels`
 // has them; 0 (never) for types that have none. `records`: for experts whose
 // int8 tile records are built.
-int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type,
-                      bool records);
+int64_t TileMinTokens(const ExecutorOptions& options, const KernelTable& kernels, common::DType type, bool records);
 // The oneDNN threshold `options` gives with `kernels` (resolving -1).
 int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kernels);
 // The smallest row count at which `type`'s kernel changes (its oneDNN or
 // tile threshold, whichever is set and smaller), 0 when none does.
 // Below it, a row's result is the same bits whatever the expert's row count.
 // `records` as for TileMinTokens.
-int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type,
-                      bool records);
+int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type, bool records);
 
 // A layer's routes grouped by expert: the tasks RunExperts takes. `tasks`
 // point into `rows` and `weights` (moving the struct keeps them valid; do not
