@@ -91,16 +91,13 @@ void ExpertService::Finish(grpc::ServerUnaryReactor* reactor, const char* method
   reactor->Finish(status);
 }
 
-void ExpertService::Answer(ComputeCall& call, const grpc::Status& status) {
+void ExpertService::Answer(ComputeCall& call, grpc::Status status) {
   // The engine abandons a call for either reason alike: a caller that did
   // not cancel learns that its deadline (a stream message's timeout) passed.
   if (status.error_code() == grpc::StatusCode::CANCELLED && !call.cancelled() &&
       std::chrono::system_clock::now() >= call.deadline) {
-    const grpc::Status expired(grpc::StatusCode::DEADLINE_EXCEEDED,
-                               "the call's deadline passed during compute; it was abandoned");
-    CountCall("Compute", expired);
-    call.answer(expired, std::move(call.reservation));
-    return;
+    status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "the call's deadline passed during compute; it was abandoned");
   }
   CountCall("Compute", status);  // stream messages too: they are Compute calls
   call.answer(status, std::move(call.reservation));

@@ -136,7 +136,7 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   // Counts the call by method and status code, then finishes it.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method, const grpc::Status& status);
   // The same for a Compute call, however it came.
-  void Answer(ComputeCall& call, const grpc::Status& status);
+  void Answer(ComputeCall& call, grpc::Status status);
   void CountCall(const char* method, const grpc::Status& status);
   void UpdateWeightGauges();
   // Paged residency metrics after a call that started with `before` sampled.

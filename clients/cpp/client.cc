@@ -375,9 +375,9 @@ Session::Session(const Client* client, std::unique_ptr<grpc::ClientContext> cont
     : client_(client), context_(std::move(context)), stream_(std::move(stream)) {
   if (context_ == nullptr) return;  // proxyless: each Forward is the client's, with its deadline
   timer_ = std::make_unique<runtime::CallTimer>(
-      [context = context_.get(), timed_out = timed_out_] {
-        timed_out->store(true);
-        context->TryCancel();
+      [this] {
+        timed_out_.store(true);
+        context_->TryCancel();
       },
       timeout);
 }
@@ -412,7 +412,7 @@ absl::Status Session::Close() {
   }
   timer_->Done();
   final_ = FromGrpc(stream_->Finish());
-  if (!final_.ok() && timed_out_->load()) {
+  if (!final_.ok() && timed_out_.load()) {
     final_ = absl::DeadlineExceededError(
         "the session's stream was cancelled: no reply within the client's timeout (ClientOptions::timeout)");
   }

@@ -223,8 +223,8 @@ class Session {
   const Client* client_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>> stream_;
-  std::shared_ptr<std::atomic<bool>> timed_out_ = std::make_shared<std::atomic<bool>>(false);
-  std::unique_ptr<runtime::CallTimer> timer_;  // destroyed before context_: it cancels through it
+  std::atomic<bool> timed_out_{false};         // set by timer_'s callback
+  std::unique_ptr<runtime::CallTimer> timer_;  // destroyed first: it calls back into context_ and timed_out_
   bool closed_ = false;
   absl::Status final_;
 };

@@ -646,6 +646,13 @@ TEST_CASE("Compute calls beyond the node's memory budget are refused before anyt
   for (int i = 0; i < 3; ++i) CHECK(Call(node, Request(std::vector<float>(3 * kDModel, 0.5f)), &response).ok());
 }
 
+// The value of an unlabelled metric on `node`'s /metrics page, -1 if absent.
+double Gauge(const Node& node, const std::string& name) {
+  const std::string page = HttpGet(node.server->metrics_port(), "/metrics");
+  const size_t at = page.find("\n" + name + " ");
+  return at == std::string::npos ? -1.0 : std::atof(page.c_str() + at + name.size() + 2);
+}
+
 TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
@@ -656,11 +663,7 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   options.metrics_port = 0;
   options.metrics_host = "127.0.0.1";
   Node node = StartWith(options);
-  auto gauge = [&](const std::string& name) {
-    const std::string page = HttpGet(node.server->metrics_port(), "/metrics");
-    const size_t at = page.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::atof(page.c_str() + at + name.size() + 2);
-  };
+  auto gauge = [&](const std::string& name) { return Gauge(node, name); };
   const v1::ComputeRequest request = Request(std::vector<float>(3 * kDModel, 0.5f));
   auto call = [&](std::chrono::milliseconds deadline) {
     v1::ComputeResponse response;
@@ -697,11 +700,7 @@ TEST_CASE("a call refused for a full queue reads none of its experts in") {
   options.metrics_port = 0;
   options.metrics_host = "127.0.0.1";
   Node node = StartWith(options);
-  auto gauge = [&](const std::string& name) {
-    const std::string page = HttpGet(node.server->metrics_port(), "/metrics");
-    const size_t at = page.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::atof(page.c_str() + at + name.size() + 2);
-  };
+  auto gauge = [&](const std::string& name) { return Gauge(node, name); };
   const v1::ComputeRequest request = Request(std::vector<float>(3 * kDModel, 0.5f));  // experts 0 and 1
   std::thread first([&] {
     v1::ComputeResponse response;
