@@ -4,8 +4,6 @@
 
 #include <numa.h>
 #include <omp.h>
-#include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +13,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpu_affinity.h"
 
 namespace colibri {
 namespace kernels {
@@ -23,17 +22,6 @@ namespace {
 // How long an idle worker spins for the next job before it sleeps: long
 // enough to catch back-to-back layer calls, short enough not to burn a core.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
-
-std::vector<int> AllowedCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
 
 void Pause() { _mm_pause(); }
 
@@ -44,7 +32,7 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
     return absl::InvalidArgumentError(
         absl::StrCat("thread pool: ", options.num_threads, " threads is over the limit of ", kMaxThreads));
   }
-  std::vector<int> cpus = AllowedCpus();
+  std::vector<int> cpus = common::ThreadCpus();
   if (options.numa_node >= 0) {
     if (numa_available() < 0) {
       return absl::UnavailableError(
@@ -104,7 +92,7 @@ void ThreadPool::StopWorkers() {
 absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
   if (numa_available() < 0) return 0;
   std::vector<int> nodes;
-  for (const int cpu : AllowedCpus()) {
+  for (const int cpu : common::ThreadCpus()) {
     const int node = numa_node_of_cpu(cpu);
     if (node >= 0 && std::find(nodes.begin(), nodes.end(), node) == nodes.end()) nodes.push_back(node);
   }
@@ -137,12 +125,7 @@ void RunJob(const std::function<void(int)>& job, int index) {
 }  // namespace
 
 void ThreadPool::WorkerLoop(int index) {
-  if (!cpus_.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus_[index % cpus_.size()], &set);
-    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
-  }
+  if (!cpus_.empty()) common::PinThread({cpus_[index % cpus_.size()]});  // best effort
   omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
   uint64_t seen = 0;
   for (;;) {
@@ -181,21 +164,16 @@ void ThreadPool::Run(const std::function<void(int)>& job) {
   // A joining caller runs on worker 0's CPU for the job (else it may share a
   // CPU with a pinned worker while another CPU idles), then gets its own
   // affinity back: it may be anyone's thread.
-  cpu_set_t caller_cpus;
-  const bool repin =
-      caller_joins_ && !cpus_.empty() && pthread_getaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus) == 0;
+  std::vector<int> caller_cpus;
+  if (caller_joins_ && !cpus_.empty()) caller_cpus = common::ThreadCpus();
+  const bool repin = !caller_cpus.empty();
   if (caller_joins_) {
     thread_local bool single_omp = false;  // oneDNN regions in the caller's share stay on the caller
     if (!single_omp) {
       omp_set_num_threads(1);
       single_omp = true;
     }
-    if (repin) {
-      cpu_set_t first;
-      CPU_ZERO(&first);
-      CPU_SET(cpus_[0], &first);
-      pthread_setaffinity_np(pthread_self(), sizeof(first), &first);  // best effort
-    }
+    if (repin) common::PinThread({cpus_[0]});  // best effort
   }
   {
     common::MutexLock lock(&mu_);
@@ -206,7 +184,7 @@ void ThreadPool::Run(const std::function<void(int)>& job) {
   }
   start_cv_.SignalAll();
   if (caller_joins_) RunJob(job, 0);
-  if (repin) pthread_setaffinity_np(pthread_self(), sizeof(caller_cpus), &caller_cpus);
+  if (repin) common::PinThread(caller_cpus);
   common::MutexLock lock(&mu_);
   while (remaining_ != 0) done_cv_.Wait(&mu_);
   job_ = nullptr;

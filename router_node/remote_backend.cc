@@ -245,14 +245,17 @@ void RemoteBackend::HealthRound() {
     // half written, is applied again once whole, whatever its mtime says.
     absl::StatusOr<std::vector<std::string>> addresses = ReadClusterFile(options_.cluster_file);
     std::string seen = ClusterFileSeen(addresses);
-    common::MutexLock lock(&mu_);
-    if (seen != cluster_file_seen_) {
-      cluster_file_seen_ = std::move(seen);
-      absl::Status s = addresses.ok() ? SetAddresses(*addresses) : addresses.status();
-      if (!s.ok()) {
-        common::LogLine(options_.log,
-                        absl::StrCat("WARNING: cluster file not applied, keeping the nodes: ", s.message()));
+    absl::Status applied;
+    {
+      common::MutexLock lock(&mu_);
+      if (seen != cluster_file_seen_) {
+        cluster_file_seen_ = std::move(seen);
+        applied = addresses.ok() ? SetAddresses(*addresses) : addresses.status();
       }
+    }
+    if (!applied.ok()) {  // logged outside the locks: a blocked log cannot stall layer calls
+      common::LogLine(options_.log,
+                      absl::StrCat("WARNING: cluster file not applied, keeping the nodes: ", applied.message()));
     }
   }
   const std::shared_ptr<const Topology> topo = topology();
@@ -286,6 +289,7 @@ void RemoteBackend::HealthRound() {
     while (answered < probes.size()) done_cv.Wait(&done_mu);
   }
   int live = 0;
+  std::vector<std::string> changes;  // logged after the loop, outside node.mu
   for (size_t i = 0; i < probes.size(); ++i) {
     Node& node = *topo->nodes[i];
     const v1::GetNodeInfoResponse& info = probes[i].response;
@@ -322,10 +326,11 @@ void RemoteBackend::HealthRound() {
       node.kernel_profile = info.kernel_profile();
     }
     if (was_live != node.live) {
-      common::LogLine(options_.log, absl::StrCat(node.live ? "" : "WARNING: ", "node ", node.address,
-                                                 node.live ? " is live" : " is down: ", absl::CEscape(error)));
+      changes.push_back(absl::StrCat(node.live ? "" : "WARNING: ", "node ", node.address,
+                                     node.live ? " is live" : " is down: ", absl::CEscape(error)));
     }
   }
+  for (const std::string& change : changes) common::LogLine(options_.log, change);
   if (options_.metrics != nullptr) {
     options_.metrics->GetGauge("colibri_router_live_nodes", "Expert nodes that passed their last health check.")
         ->Set(live);
