@@ -56,6 +56,7 @@ class GatedBackend final : public ExpertBackend {
       hold = armed_;
       armed_ = false;
       ++calls_;
+      computed_.push_back({std::this_thread::get_id(), work.num_tokens});
       for (const ExpertWork& w : work.experts) max_kernel_rows_ = std::max(max_kernel_rows_, w.kernel_rows);
       if (hold) holding_ = true;
     }
@@ -88,6 +89,11 @@ class GatedBackend final : public ExpertBackend {
   }
   // Calls of more tokens fail with INVALID_ARGUMENT.
   void RefuseOver(int64_t tokens) { refuse_over_tokens_ = tokens; }
+  // The thread and token count of each call computed.
+  std::vector<std::pair<std::thread::id, int64_t>> computed() {
+    common::MutexLock lock(&mu_);
+    return computed_;
+  }
   int64_t max_kernel_rows() {
     common::MutexLock lock(&mu_);
     return max_kernel_rows_;
@@ -102,6 +108,7 @@ class GatedBackend final : public ExpertBackend {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_kernel_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<std::thread::id, int64_t>> computed_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> refuse_over_tokens_{1 << 30};
 };
 
@@ -401,6 +408,44 @@ TEST_CASE("a lone caller is not held for the window, and a caller over max_token
   REQUIRE(out.ok());
   CHECK(out->output == f.Alone(big));
   CHECK(out->timings.merged_callers == 0);  // sent on its own, not through the batcher
+}
+
+TEST_CASE("a caller whose arrival sends the queue without it does not compute the others' call") {
+  Fixture f(absl::Hours(1));  // the queue goes by its size only
+  const common::Manifest& m = f.manifest();
+  using common::RoutingMode;
+  std::vector<Request> requests;
+  requests.push_back(MakeRequest(m, 0, 1, RoutingMode::kLut, DType::kF32, DType::kF32, 61));  // held
+  requests.push_back(MakeRequest(m, 0, 2, RoutingMode::kLut, DType::kF32, DType::kF32, 62));
+  requests.push_back(MakeRequest(m, 0, 2, RoutingMode::kGate, DType::kF32, DType::kF32, 63));
+  // The first call's end leaves the two behind it waiting for a third
+  // caller (three were active); one of 64 tokens fills the queue past
+  // batching.max_tokens, so the queue goes without it.
+  std::vector<std::unique_ptr<Caller>> callers = StartBehindFirst(f, requests);
+  callers[0]->finished.WaitForNotification();
+  REQUIRE(callers[0]->result.ok());
+  REQUIRE(f.merged->queued_calls() == 2);
+  const Request full = MakeRequest(m, 0, 64, RoutingMode::kLut, DType::kF32, DType::kF32, 64);
+  Caller last;
+  last.Start(*f.merged, full.in);
+  for (size_t i = 1; i < callers.size(); ++i) {
+    callers[i]->finished.WaitForNotification();
+    REQUIRE(callers[i]->result.ok());
+    CHECK(callers[i]->result->output == f.Alone(requests[i]));
+    CHECK(callers[i]->result->timings.merged_callers == 2);
+  }
+  last.finished.WaitForNotification();
+  REQUIRE(last.result.ok());
+  CHECK(last.result->output == f.Alone(full));
+  CHECK(last.result->timings.merged_callers == 1);
+  // The merged call of the two (4 tokens) ran off the last caller's thread.
+  bool merged_seen = false;
+  for (const auto& [thread, tokens] : f.gated->computed()) {
+    if (tokens != 4) continue;
+    merged_seen = true;
+    CHECK(thread != last.thread.get_id());
+  }
+  CHECK(merged_seen);
 }
 
 TEST_CASE("a merged call never holds more tokens than one Forward may") {
