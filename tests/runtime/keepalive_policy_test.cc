@@ -33,8 +33,8 @@ bool IdleChannelDropped(bool server_policy) {
   REQUIRE(server != nullptr);
   grpc::ChannelArguments args;
   ApplyChannelKeepalive(&args, Keepalive{std::chrono::seconds(1), std::chrono::seconds(5)});
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args);
   REQUIRE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
   const bool changed =
       channel->WaitForStateChange(GRPC_CHANNEL_READY, std::chrono::system_clock::now() + std::chrono::seconds(6));
