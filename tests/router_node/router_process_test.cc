@@ -10,9 +10,13 @@
 //    answers in order and survives a bad request.
 // Every process is killed when its ProcessGuard goes out of scope.
 
+#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -22,6 +26,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -322,6 +327,101 @@ TEST_CASE("a reply not taken within --send_timeout_ms cancels its call and frees
   }
   CHECK(stream->Finish().error_code() == grpc::StatusCode::CANCELLED);
   std::printf("send timeout 4 s: an unread ForwardStream reply's call freed %.2f s after it was answered\n", freed);
+}
+
+// A unary gRPC call written by hand on a TCP connection that is then never
+// read: its HTTP/2 stream window is 1 KiB and no WINDOW_UPDATE ever comes,
+// so a longer reply stays with the sender — what no gRPC client library can
+// be made to do (each reads a unary reply whole). Closes the connection when
+// destroyed.
+class UnreadUnaryCall {
+ public:
+  UnreadUnaryCall(int port, const std::string& method, const google::protobuf::Message& request) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd_, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0);
+    std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const std::string window = {0x00, 0x04, 0x00, 0x00, 0x04, 0x00};  // SETTINGS_INITIAL_WINDOW_SIZE = 1024
+    Frame(&out, 0x4, 0, 0, window);                                   // SETTINGS
+    Frame(&out, 0x4, 0x1, 0, "");                                     // SETTINGS ACK (the server's)
+    std::string headers;
+    for (const auto& [name, value] :
+         std::vector<std::pair<std::string, std::string>>{{":method", "POST"},
+                                                          {":scheme", "http"},
+                                                          {":path", method},
+                                                          {":authority", Address(port)},
+                                                          {"content-type", "application/grpc"},
+                                                          {"te", "trailers"}}) {
+      headers.push_back(0);  // HPACK: a literal field, not indexed, new name
+      Length(&headers, name.size());
+      headers += name;
+      Length(&headers, value.size());
+      headers += value;
+    }
+    Frame(&out, 0x1, 0x4, 1, headers);  // HEADERS, END_HEADERS, stream 1
+    const std::string bytes = request.SerializeAsString();
+    REQUIRE(bytes.size() + 5 < 65535);  // within the connection's first window
+    std::string message(5, '\0');       // not compressed; the length, big-endian
+    for (int i = 0; i < 4; ++i) message[1 + i] = static_cast<char>(bytes.size() >> (24 - 8 * i));
+    message += bytes;
+    for (size_t at = 0; at < message.size(); at += 16384) {  // frames of at most the default 16 KiB
+      const bool last = at + 16384 >= message.size();
+      Frame(&out, 0x0, last ? 0x1 : 0x0, 1, message.substr(at, 16384));  // DATA, END_STREAM on the last
+    }
+    REQUIRE(send(fd_, out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size()));
+  }
+  ~UnreadUnaryCall() { close(fd_); }
+  UnreadUnaryCall(const UnreadUnaryCall&) = delete;
+  UnreadUnaryCall& operator=(const UnreadUnaryCall&) = delete;
+
+ private:
+  static void Frame(std::string* out, uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+    const size_t n = payload.size();
+    *out += {static_cast<char>(n >> 16),      static_cast<char>(n >> 8),      static_cast<char>(n),
+             static_cast<char>(type),         static_cast<char>(flags),       static_cast<char>(stream >> 24),
+             static_cast<char>(stream >> 16), static_cast<char>(stream >> 8), static_cast<char>(stream)};
+    *out += payload;
+  }
+  // An HPACK string length (7-bit prefix, not Huffman-coded).
+  static void Length(std::string* out, size_t n) {
+    if (n < 127) {
+      out->push_back(static_cast<char>(n));
+      return;
+    }
+    out->push_back(127);
+    for (n -= 127; n >= 128; n /= 128) out->push_back(static_cast<char>(n % 128 + 128));
+    out->push_back(static_cast<char>(n));
+  }
+
+  int fd_ = -1;
+};
+
+TEST_CASE("a unary reply not taken within --send_timeout_ms cancels its call and frees its memory") {
+  Model model(common::DType::kF32);
+  // 256 tokens (48 KiB of f32 hidden states) reserve ~0.5 MB: one fits, two do not.
+  Proc router =
+      StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=700000", "--send_timeout_ms=2000"});
+  auto stub = Connect(router.port);
+  v1::ForwardRequest request = Request(0, std::vector<int32_t>(256, 3), 1);
+  request.set_return_routes(false);
+  v1::ForwardResponse response;
+  auto served = [&] {
+    const grpc::Status s = Call(*stub, request, &response);
+    INFO(s.error_message());
+    CHECK((s.ok() || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
+    return s.ok();
+  };
+  UnreadUnaryCall unread(router.port, "/colibri.v1.Router/Forward", request);
+  REQUIRE(WaitFor([&] { return Status(*stub).requests() == 1; }));  // computed: its reply is on its way
+  const auto held = Clock::now();
+  CHECK_FALSE(served());  // the reply is held, and with it the budget
+  CHECK(WaitFor(served));
+  const double freed = std::chrono::duration<double>(Clock::now() - held).count();
+  std::printf("send timeout 2 s: an unread unary Forward reply's call freed %.2f s after it was computed\n", freed);
 }
 
 TEST_CASE("streams held open on a synchronous service are refused past a thread cap, and the router serves on") {
