@@ -203,6 +203,9 @@ class Checkpoint:
         if self.model_type == "llama4":  # Llama4ForConditionalGeneration: the text model under language_model.
             self.config = dict(self.config.get("text_config", {}), model_type="llama4")
             self.prefix_all = "language_model."
+        # The experts' activation is ACT2FN[hidden_act] (gpt-oss's its own clamped one).
+        if self.model_type != "gpt_oss" and self.config.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise RefError(f"{directory}/config.json: hidden_act {self.config['hidden_act']} is not silu")
         self.d_model = self._cfg("hidden_size")
         self.vocab = self._cfg("vocab_size")
         self.top_k = self._cfg("num_experts_per_tok")
@@ -221,15 +224,17 @@ class Checkpoint:
             # chosen renormalized (norm_topk_prob) then times the factor.
             v3 = self.model_type != "deepseek_v2"
             self.n_experts = self._cfg("n_routed_experts")
-            self.norm = v3 and bool(self.config.get("norm_topk_prob", False))
-            self.scale = float(self.config.get("routed_scaling_factor", 1.0))
+            # Keys left out: the configuration classes' defaults (DeepseekV3Config:
+            # renormalized, scaling 2.5, 8 groups with 4 kept; DeepseekV2Config: 1.0, no groups).
+            self.norm = v3 and bool(self.config.get("norm_topk_prob", True))
+            self.scale = float(self.config.get("routed_scaling_factor", 2.5 if v3 else 1.0))
             self.sigmoid = v3
             self.topk_method = self.config.get("topk_method", "noaux_tc" if v3 else "greedy")
             if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
                 raise RefError(f"{directory}/config.json: topk_method {self.topk_method} is not one of DeepSeek's "
                                "(greedy, group_limited_greedy, noaux_tc)")
-            self.n_group = int(self.config.get("n_group", 1))
-            self.topk_group = int(self.config.get("topk_group", 1))
+            self.n_group = int(self.config.get("n_group", 8 if v3 else 1))
+            self.topk_group = int(self.config.get("topk_group", 4 if v3 else 1))
         else:
             self.n_experts = self._cfg("num_experts")
             self.norm = bool(self.config.get("norm_topk_prob", False))

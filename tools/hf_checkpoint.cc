@@ -72,6 +72,9 @@ constexpr GateNaming kGateNamings[] = {
 };
 constexpr int64_t kFp8Block = 128;                          // DeepSeek-V3's weight_block_size
 constexpr double kGptOssAlpha = 1.702, kGptOssLimit = 7.0;  // GptOssExperts' constants
+// DeepseekV3Config's defaults, for keys a config.json leaves out.
+constexpr int64_t kDeepseekV3Groups = 8, kDeepseekV3TopkGroups = 4;
+constexpr double kDeepseekV3Scaling = 2.5;
 
 bool Fused(Naming n) { return n == Naming::kGptOss || n == Naming::kLlama4; }
 
@@ -209,13 +212,12 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
   auto refuse = [&](const char* key, const char* why) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, " = ", config[key].dump(), ": ", why));
   };
-  if (type == "llama4" || type == "llama4_text") {
-    if (config.contains("hidden_act") && config["hidden_act"] != "silu") {
-      return refuse("hidden_act", "Colibri's Llama 4 experts are SwiGLU (silu)");
-    }
-    return absl::OkStatus();
+  if (type == "gpt_oss") return absl::OkStatus();  // its experts ignore hidden_act; constants read in Open
+  // Every other family's expert MLPs apply ACT2FN[hidden_act], where "swish" is SiLU too.
+  if (config.contains("hidden_act") && config["hidden_act"] != "silu" && config["hidden_act"] != "swish") {
+    return refuse("hidden_act", "Colibri's experts are SwiGLU (silu)");
   }
-  if (type == "gpt_oss") return absl::OkStatus();  // its constants are read in HfCheckpoint::Open
+  if (type == "llama4" || type == "llama4_text") return absl::OkStatus();
   const bool deepseek_v2 = type == "deepseek_v2", deepseek_v3 = IsDeepseekV3(config);
   if (deepseek_v3) {  // sigmoid scores, the correction bias, groups by the sum of their top two (noaux_tc)
     if (config.contains("scoring_func") && config["scoring_func"] != "sigmoid") {
@@ -238,6 +240,9 @@ absl::Status CheckSupported(const Json& config, const std::string& dir) {
     // code does when norm_topk_prob is set: with the two disagreeing, refuse.
     if (config.contains("norm_topk_prob") && config["norm_topk_prob"] == true) {
       return refuse("norm_topk_prob", "not supported for deepseek_v2 (its implementations disagree on it)");
+    }
+    if (config.contains("mlp_bias") && config["mlp_bias"] == true) {
+      return refuse("mlp_bias", "MLP biases are not supported for deepseek_v2");
     }
     return absl::OkStatus();
   }
@@ -282,9 +287,9 @@ absl::StatusOr<common::RoutingSpec> RoutingOf(const Json& config, const std::str
   };
   const bool grouped =
       deepseek_v3 || (config.contains("topk_method") && config["topk_method"] == "group_limited_greedy");
-  if (grouped) {
-    COLIBRI_ASSIGN_OR_RETURN(spec.n_group, integer("n_group", 1));
-    COLIBRI_ASSIGN_OR_RETURN(spec.topk_group, integer("topk_group", 1));
+  if (grouped) {  // a key left out has its configuration class's default (DeepseekV3Config: 8 and 4)
+    COLIBRI_ASSIGN_OR_RETURN(spec.n_group, integer("n_group", deepseek_v3 ? kDeepseekV3Groups : 1));
+    COLIBRI_ASSIGN_OR_RETURN(spec.topk_group, integer("topk_group", deepseek_v3 ? kDeepseekV3TopkGroups : 1));
     if (spec.n_group < 1 || n_experts % spec.n_group != 0 || spec.topk_group < 1 || spec.topk_group > spec.n_group ||
         top_k > spec.topk_group * (n_experts / spec.n_group)) {
       return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: n_group = ", spec.n_group,
@@ -296,6 +301,7 @@ absl::StatusOr<common::RoutingSpec> RoutingOf(const Json& config, const std::str
     spec.scoring = common::RoutingSpec::Scoring::kSigmoid;
     spec.group_score = common::RoutingSpec::GroupScore::kTopTwoSum;
     spec.correction_bias = true;
+    spec.scaling = kDeepseekV3Scaling;  // DeepseekV3Config's, unless config.json says
   }
   if (config.contains("routed_scaling_factor")) {
     const Json& factor = config["routed_scaling_factor"];
@@ -391,13 +397,20 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
 
   COLIBRI_RETURN_IF_ERROR(CheckTensorNames(ckpt->files_, IsDeepseekV3(config), IsBlockFp8(config)));
 
-  // Naming and MoE layers, from the gate tensors present.
+  // Naming and MoE layers, from the gate tensors present. Layers past
+  // num_hidden_layers are not the model's (DeepSeek-V3's multi-token
+  // prediction module is stored as layer 61 of 61): the modeling code
+  // ignores them, and so does this.
   HfModelShape& s = ckpt->shape_;
+  const int64_t layer_count = config.contains("num_hidden_layers") && config["num_hidden_layers"].is_number_integer()
+                                  ? config["num_hidden_layers"].get<int64_t>()
+                                  : std::numeric_limits<int64_t>::max();
   std::vector<std::set<int64_t>> found(std::size(kGateNamings));
   for (const auto& file : ckpt->files_) {
     for (const auto& t : file->tensors()) {
       for (size_t n = 0; n < std::size(kGateNamings); ++n) {
-        if (int64_t l = LayerOf(t.name, kGateNamings[n].prefix, kGateNamings[n].suffix); l >= 0) found[n].insert(l);
+        const int64_t l = LayerOf(t.name, kGateNamings[n].prefix, kGateNamings[n].suffix);
+        if (l >= 0 && l < layer_count) found[n].insert(l);
       }
     }
   }
@@ -512,24 +525,25 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     s.n_shared_experts = 1;
     s.shared_d_ff = t->shape[0];
   }
-  if (s.naming == Naming::kQwenMoe) {
-    for (const char* prefix : {"shared_expert", "shared_experts"}) {
-      s.shared_prefix = prefix;
-      shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
-      if (const common::SafetensorsFile* f = ckpt->FileOf(shared); f != nullptr) {
-        const common::SafetensorsTensor* t = f->Find(shared);
-        if (t->shape.size() != 2 || t->shape[1] != s.d_model || t->shape[0] < 1 || t->shape[0] > common::kMaxDim) {
-          return absl::InvalidArgumentError(absl::StrCat("tensor '", shared, "' is not [d_ff, ", s.d_model, "]"));
-        }
-        s.n_shared_experts = 1;
-        s.shared_d_ff = t->shape[0];
-        s.shared_gate = ckpt->FileOf(ckpt->SharedGateName(s.moe_layers[0])) != nullptr;
-        break;
+  // Of the families named like Qwen, Qwen2-MoE has a shared expert with a
+  // sigmoid gate and DeepSeek ungated shared experts; Qwen3-MoE and OLMoE
+  // have none, and their modeling code ignores such tensors, as this does.
+  const bool deepseek_type = s.model_type == "deepseek_v2" || IsDeepseekV3(config);
+  if (s.naming == Naming::kQwenMoe && (s.model_type == "qwen2_moe" || deepseek_type)) {
+    s.shared_prefix = deepseek_type ? "shared_experts" : "shared_expert";
+    shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
+    if (const common::SafetensorsFile* f = ckpt->FileOf(shared); f != nullptr) {
+      const common::SafetensorsTensor* t = f->Find(shared);
+      if (t->shape.size() != 2 || t->shape[1] != s.d_model || t->shape[0] < 1 || t->shape[0] > common::kMaxDim) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", shared, "' is not [d_ff, ", s.d_model, "]"));
       }
-    }
-    if (s.n_shared_experts == 0) {  // none: name what config.json would have promised
-      s.shared_prefix = config.contains("n_shared_experts") ? "shared_experts" : "shared_expert";
-      shared = ckpt->ExpertName(s.moe_layers[0], s.n_experts, ExpertMatrix::kW1);
+      s.n_shared_experts = 1;
+      s.shared_d_ff = t->shape[0];
+      s.shared_gate = !deepseek_type;
+      if (s.shared_gate && ckpt->FileOf(ckpt->SharedGateName(s.moe_layers[0])) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("missing tensor '", ckpt->SharedGateName(s.moe_layers[0]),
+                                                       "' (Qwen2-MoE's shared expert is gated)"));
+      }
     }
     if (config.contains("n_shared_experts") && config["n_shared_experts"].is_number_integer() &&
         (config["n_shared_experts"].get<int64_t>() < 0 ||
@@ -560,9 +574,11 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   COLIBRI_ASSIGN_OR_RETURN(s.routing, RoutingOf(config, dir, s.n_experts, s.top_k));
   // Mixtral always renormalizes the top-k weights (gpt-oss's softmax over the
   // top-k logits is the same); Llama 4 never; Qwen-MoE and OLMoE say so.
+  // DeepSeek-V3 renormalizes unless config.json says not (DeepseekV3Config's default).
   s.norm_topk_prob = s.naming == Naming::kMixtral || s.naming == Naming::kGptOss ||
                      (s.naming != Naming::kLlama4 && config.contains("norm_topk_prob") &&
-                      config["norm_topk_prob"].is_boolean() && config["norm_topk_prob"].get<bool>());
+                      config["norm_topk_prob"].is_boolean() && config["norm_topk_prob"].get<bool>()) ||
+                     (IsDeepseekV3(config) && !config.contains("norm_topk_prob"));
   if (s.naming == Naming::kGptOss) {  // clamped SwiGLU with biases (GptOssExperts)
     s.expert_biases = true;
     s.activation.up_offset = 1.0;

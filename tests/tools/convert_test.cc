@@ -230,10 +230,40 @@ TEST_CASE("a DeepSeek-V3-shaped checkpoint converts with its sigmoid group-limit
   REQUIRE(routing.ok());
   REQUIRE((*routing)->bias != nullptr);
   CheckWeightsAgainstCheckpoint(synth.out_dir, dir / "model");
-  CHECK(Contains(
-      ConvertEditedConfig(synth.out_dir, colibri::testing::ReadFile(synth.out_dir + "/config.json"),
-                          R"("routed_scaling_factor":\s*2.5)", R"("routed_scaling_factor": 1e39)", dir / "refused"),
-      "routed_scaling_factor must be a positive number that fits a float"));
+  const std::string original_config = colibri::testing::ReadFile(synth.out_dir + "/config.json");
+  CHECK(Contains(ConvertEditedConfig(synth.out_dir, original_config, R"("routed_scaling_factor":\s*2.5)",
+                                     R"("routed_scaling_factor": 1e39)", dir / "refused"),
+                 "routed_scaling_factor must be a positive number that fits a float"));
+  std::ofstream(synth.out_dir + "/config.json", std::ios::trunc) << original_config;
+  {  // Layers past num_hidden_layers (V3's multi-token prediction layer) are not the model's: left out.
+    const absl::Status s = ConvertEditedConfig(synth.out_dir, original_config, R"("num_hidden_layers":\s*3)",
+                                               R"("num_hidden_layers": 2)", dir / "model_two");
+    std::ofstream(synth.out_dir + "/config.json", std::ios::trunc) << original_config;
+    INFO(s.message());
+    REQUIRE(s.ok());
+    auto two = common::ModelDir::Open(dir / "model_two");
+    REQUIRE(two.ok());
+    CHECK((*two)->manifest().n_layers == 1);  // layer 1 of the checkpoint; its layer 2 is past the model's end
+  }
+  {  // Keys left out take DeepseekV3Config's defaults: 8 groups, 4 kept, scaling 2.5, renormalized.
+    std::string trimmed = original_config;
+    for (const char* key : {"n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob"}) {
+      trimmed = std::regex_replace(trimmed, std::regex(std::string(R"(\s*")") + key + R"(":\s*[^,}]+,?)"), "");
+    }
+    SynthOptions defaults = synth;
+    defaults.out_dir = dir / "ckpt_defaults";
+    defaults.n_experts = 16;  // 8 groups of 2
+    std::ostringstream log;
+    REQUIRE(WriteSyntheticCheckpoint(defaults, log).ok());
+    std::string defaults_config =
+        std::regex_replace(trimmed, std::regex(R"("n_routed_experts":\s*8)"), R"("n_routed_experts": 16)");
+    std::ofstream(defaults.out_dir + "/config.json", std::ios::trunc) << defaults_config;
+    const auto defaulted = SynthConvertOpen(defaults, dir / "model_defaults", DType::kF32);
+    CHECK(defaulted->manifest().routing.n_group == 8);
+    CHECK(defaulted->manifest().routing.topk_group == 4);
+    CHECK(defaulted->manifest().routing.scaling == 2.5);
+    CHECK(defaulted->manifest().norm_topk_prob);
+  }
   {  // A manifest's scaling must fit the f32 route weights it multiplies.
     const std::string manifest = dir / "model/manifest.json";
     const std::string good = colibri::testing::ReadFile(manifest);
@@ -437,6 +467,30 @@ TEST_CASE("a Qwen2-MoE shared expert becomes expert n_experts with its sigmoid g
                                      R"("shared_expert_intermediate_size":\s*176)",
                                      R"("shared_expert_intermediate_size": 64)", dir / "refused"),
                  "shared_expert_intermediate_size = 64 but the tensors say 176"));
+  // Its shared expert is gated: a checkpoint without the gate is refused, naming it.
+  std::filesystem::create_directories(dir / "no_gate");
+  std::filesystem::copy_file(synth.out_dir + "/config.json", dir / "no_gate/config.json");
+  {
+    auto file = common::SafetensorsFile::Open(synth.out_dir + "/model.safetensors");
+    REQUIRE(file.ok());
+    std::vector<common::SafetensorsWriter::Spec> kept;
+    for (const auto& t : (*file)->tensors()) {
+      if (t.name.find("shared_expert_gate") == std::string::npos) kept.push_back({t.name, t.dtype, t.shape});
+    }
+    auto w = common::SafetensorsWriter::Create(dir / "no_gate/model.safetensors", kept);
+    REQUIRE(w.ok());
+    for (const auto& spec : kept) {
+      const common::SafetensorsTensor* t = (*file)->Find(spec.name);
+      REQUIRE((*w)->Append(t->data, t->nbytes).ok());
+    }
+    REQUIRE((*w)->Close().ok());
+  }
+  ConvertOptions o;
+  o.checkpoint_dir = dir / "no_gate";
+  o.out_dir = dir / "no_gate_model";
+  o.progress = false;
+  std::ostringstream log;
+  CHECK(Contains(ConvertCheckpoint(o, log), "missing tensor 'model.layers.0.mlp.shared_expert_gate.weight'"));
 }
 
 TEST_CASE("converting over an existing model needs overwrite") {
@@ -652,7 +706,13 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
                   "quantization_config (quant_method 'mxfp4') is not supported: Colibri reads f32/bf16/f16 and "
                   "DeepSeek's block FP8 (fp8, e4m3, 128 x 128 blocks); dequantize MXFP4 first"},
         std::pair{R"({"model_type":"llama4","hidden_act":"gelu",)" + base + "}",
-                  "hidden_act = \"gelu\": Colibri's Llama 4 experts are SwiGLU"},
+                  "hidden_act = \"gelu\": Colibri's experts are SwiGLU"},
+        std::pair{R"({"model_type":"mixtral","hidden_act":"gelu",)" + base + "}",
+                  "hidden_act = \"gelu\": Colibri's experts are SwiGLU"},
+        std::pair{R"({"model_type":"deepseek_v3","hidden_act":"relu",)" + base + "}",
+                  "hidden_act = \"relu\": Colibri's experts are SwiGLU"},
+        std::pair{R"({"model_type":"deepseek_v2","mlp_bias":true,)" + base + "}",
+                  "mlp_bias = true: MLP biases are not supported for deepseek_v2"},
         std::pair{
             R"({"model_type":"mixtral","quantization_config":{"quant_method":"fp8","weight_block_size":[64,64]},)" +
                 base + "}",
