@@ -52,6 +52,7 @@ class ExpertService::StreamReactor final
     incoming_ = std::make_shared<Message>();
     const uint64_t id = message->request.call_id();
     bool read_on = true;
+    bool duplicate = false;  // an id in flight: answered at once, not admitted
     {
       common::MutexLock lock(&mu_);
       if (reading_ended_) return;  // closing: the caller retries calls left unanswered
@@ -61,7 +62,7 @@ class ExpertService::StreamReactor final
         }
       } else {
         ++holds_;
-        in_flight_[id] = message;
+        duplicate = !in_flight_.emplace(id, message).second;
       }
       read_paused_ = TooManyQueued();
       read_on = !read_paused_;
@@ -73,6 +74,12 @@ class ExpertService::StreamReactor final
       Release();
     }
     if (message->request.cancel()) return;
+    if (duplicate) {
+      return Answered(*message,
+                      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   absl::StrCat("call_id ", id, " is already in flight on this stream")),
+                      {});
+    }
     auto call = std::make_shared<ComputeCall>();
     call->request = &message->request.request();
     call->response = message->reply.mutable_response();

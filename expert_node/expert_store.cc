@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::stri
   std::unique_ptr<ExpertStore> store(new ExpertStore(options, log));
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(model_dir, options.shard, 1));
   common::MutexLock lock(&store->mu_);  // no other thread sees the store yet; the lock states the rule
+  store->last_version_ = set->version();
   store->current_ = std::move(set);
   store->model_dir_ = model_dir;
   store->shard_ = options.shard;
@@ -152,7 +153,7 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
     common::MutexLock lock(&mu_);
     dir = model_dir.empty() ? model_dir_ : model_dir;
     spec = shard.has_value() ? *shard : shard_;
-    version = current_->version() + 1;
+    version = last_version_ + 1;
   }
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
   // Sets replaced here are freed outside the lock, when their last in-flight call ends.
@@ -177,6 +178,7 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
       released[1] = std::move(current_);
       previous_ = nullptr;
     }
+    last_version_ = next->version();
     current_ = std::move(next);
     model_dir_ = dir;
     shard_ = spec;
@@ -208,19 +210,19 @@ absl::Status ExpertStore::Drop(const std::string& model_id) {
   return status;
 }
 
-absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<std::pair<const uint8_t*, size_t>>& ranges,
-                                  std::ostream* log) {
+absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<LockRange>& ranges, std::ostream* log) {
   absl::Status status;
-  for (size_t i = 0; i < ranges.size() && !set->stop_locking_.load(); ++i) {
-    const auto [data, size] = ranges[i];
+  for (const auto& [data, size, layer, expert] : ranges) {
     // In pieces: mlock holds the process's memory-map lock while it faults
     // pages in, which would stall every other thread's mmap (and page
-    // faults) for the whole expert.
+    // faults) for the whole expert; and a set being destroyed stops between them.
     constexpr size_t kPiece = size_t{64} << 20;
     size_t done = 0;
-    while (done < size && mlock(data + done, std::min(kPiece, size - done)) == 0) done += kPiece;
+    while (done < size && !set->stop_locking_.load() && mlock(data + done, std::min(kPiece, size - done)) == 0) {
+      done += kPiece;
+    }
+    if (set->stop_locking_.load()) break;
     if (done >= size) continue;
-    const auto& [layer, expert] = set->owned_[i];
     status = absl::FailedPreconditionError(absl::StrCat(
         "mlock of ", size, " bytes for layer ", layer, " expert ", expert, " refused (", std::strerror(errno),
         "; RLIMIT_MEMLOCK is ", MemlockLimit(),
@@ -291,12 +293,13 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
         absl::StrCat(unguarded.load(), " expert files are not guarded against truncation (every one of the ",
                      common::SigbusGuard::kSlots, " guard slots is taken): a file truncated in place kills the node"));
   }
-  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+  std::vector<LockRange> ranges;
   for (std::unique_ptr<common::ExpertWeights>& weights : loaded) {
-    ranges.push_back(Backing(*weights));
-    set->bytes_ += ranges.back().second;
+    const auto [data, size] = Backing(*weights);
+    ranges.push_back({data, size, weights->layer, weights->expert});
+    set->bytes_ += size;
     for (const auto& memory : weights->q8_records) {
-      ranges.emplace_back(memory->data(), memory->size());
+      ranges.push_back({memory->data(), memory->size(), weights->layer, weights->expert});
       set->bytes_ += memory->size();
       set->q8_records_ = true;
     }

@@ -163,12 +163,17 @@ class ExpertStore {
   ExpertStore(StoreOptions options, std::ostream* log) : options_(std::move(options)), log_(log) {}
   absl::StatusOr<std::shared_ptr<const WeightSet>> Load(const std::string& model_dir, const ShardSpec& shard,
                                                         uint64_t version) const;
-  // Locks `ranges` (the owned experts' bytes, in owned() order) in RAM, sets
-  // the set's lock state and notifies its waiters; stops early if the set is
-  // being destroyed. A refusal is logged as a warning to `log` (if not null)
-  // and returned.
-  static absl::Status LockAll(WeightSet* set, const std::vector<std::pair<const uint8_t*, size_t>>& ranges,
-                              std::ostream* log);
+  // Bytes of one owned expert to lock: its weights, or one of its int8 tile records.
+  struct LockRange {
+    const uint8_t* data;
+    size_t size;
+    int64_t layer;
+    int64_t expert;
+  };
+  // Locks `ranges` in RAM, sets the set's lock state and notifies its
+  // waiters; stops early if the set is being destroyed. A refusal is logged
+  // as a warning to `log` (if not null), naming the expert, and returned.
+  static absl::Status LockAll(WeightSet* set, const std::vector<LockRange>& ranges, std::ostream* log);
   absl::Status ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard, bool keep_previous)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
 
@@ -178,6 +183,7 @@ class ExpertStore {
   common::Mutex reload_mu_;  // one reload at a time
   mutable common::Mutex mu_;
   std::shared_ptr<const WeightSet> current_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;  // the newest set's: a roll-back does not reuse numbers
   std::string model_dir_ ABSL_GUARDED_BY(mu_);
   ShardSpec shard_ ABSL_GUARDED_BY(mu_);
   // Kept by a Reload with keep_previous (a roll-out), with its directory and shard.

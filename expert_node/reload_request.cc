@@ -40,13 +40,14 @@ absl::Status ParseReloadRequest(const colibri::v1::ReloadRequest& request, const
           "loading another model directory is disabled on this node: start it with a model root "
           "(ServerOptions::model_root, colibri-expert --model_root)");
     }
+    // One answer for a path outside the root, missing, or not a directory:
+    // the root's contents are not to be probed.
     const std::string canonical = CanonicalInsideRoot(dir, model_root);
-    if (canonical.empty()) {
+    std::error_code ec;
+    if (canonical.empty() || !std::filesystem::is_directory(canonical, ec)) {
       return absl::PermissionDeniedError(
           "model_dir is not an existing directory inside the node's model root (ServerOptions::model_root)");
     }
-    std::error_code ec;
-    if (!std::filesystem::is_directory(canonical, ec)) return absl::NotFoundError("model_dir is not a directory");
     input->model_dir = canonical;
   }
   if (!request.experts().empty()) {

@@ -292,6 +292,32 @@ TEST_CASE("a stream message whose timeout passes during compute is answered DEAD
   CHECK(stream->Finish().ok());
 }
 
+TEST_CASE("a stream call whose call_id is in flight is refused at once, and the first one is answered") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node =
+      Start(dir / "model", "layer:0/expert:0-1", -1, "", /*inject_delay_ms=*/1000);  // the first stays in flight
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // if it fails: no hang
+  auto stream = node.stub->ComputeStream(&context);
+  v1::ComputeStreamRequest message;
+  message.set_call_id(7);
+  *message.mutable_request() = Request(std::vector<float>(3 * kDModel, 0.5f));
+  REQUIRE(stream->Write(message));
+  REQUIRE(stream->Write(message));
+  v1::ComputeStreamResponse first, second;
+  REQUIRE(stream->Read(&first));
+  REQUIRE(stream->Read(&second));
+  INFO(first.message());
+  CHECK(first.call_id() == 7);
+  CHECK(first.code() == static_cast<int32_t>(grpc::StatusCode::INVALID_ARGUMENT));  // the duplicate, at once
+  CHECK(first.message() == "call_id 7 is already in flight on this stream");
+  CHECK(second.call_id() == 7);
+  CHECK(second.code() == 0);
+  stream->WritesDone();
+  CHECK(stream->Finish().ok());
+}
+
 TEST_CASE("without a model root, Reload may re-shard the loaded model but never load another directory") {
   TempDir dir;
   const tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
@@ -988,6 +1014,9 @@ TEST_CASE("GetNodeInfo describes the shard and Reload swaps weights within the m
   const grpc::Status missing = reload("/no/such/dir", "", &response), outside = reload("/etc", "", &response);
   CHECK(missing.error_code() == outside.error_code());
   CHECK(missing.error_message() == outside.error_message());
+  const grpc::Status file = reload(dir / "root/b/manifest.json", "", &response);  // inside, but not a directory
+  CHECK(file.error_code() == outside.error_code());
+  CHECK(file.error_message() == outside.error_message());
   CHECK(reload("", "9", &response).error_code() == grpc::StatusCode::INVALID_ARGUMENT);  // no expert 9
   {
     grpc::ClientContext context;

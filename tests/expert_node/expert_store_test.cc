@@ -257,8 +257,10 @@ TEST_CASE("a reload can keep the previous model served beside the new one, and e
   // Dropping the current model while a previous one is kept rolls back to it.
   REQUIRE(store.Reload(dir / "v1", std::nullopt, /*keep_previous=*/true).ok());
   CHECK(store.Current()->model().model_id() == v1);
+  CHECK(store.Current()->version() == 3);
   REQUIRE(store.Drop(v1).ok());
   CHECK(store.Current()->model().model_id() == v2);
+  CHECK(store.Current()->version() == 2);
   CHECK(store.model_dir() == dir / "v2");
   CHECK(store.Previous() == nullptr);
 
@@ -267,8 +269,10 @@ TEST_CASE("a reload can keep the previous model served beside the new one, and e
   CHECK(only.message().find("only model") != absl::string_view::npos);
   CHECK(store.Drop("xxh3_128:other").code() == absl::StatusCode::kNotFound);
 
-  // A reload without keep_previous releases a kept model too.
+  // A reload without keep_previous releases a kept model too. Versions are
+  // not reused after a roll-back: the dropped set was 3.
   REQUIRE(store.Reload(dir / "v1", std::nullopt, true).ok());
+  CHECK(store.Current()->version() == 4);
   REQUIRE(store.Reload("", std::nullopt).ok());
   CHECK(store.Previous() == nullptr);
 

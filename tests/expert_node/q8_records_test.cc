@@ -101,7 +101,7 @@ TEST_CASE("an expert with int8 tile records takes tiles from the records thresho
         return out;
       };
       const std::vector<float> tiles = run(plain[1].get(), 1), block = run(plain[1].get(), 0);
-      REQUIRE(tiles != block);  // the two kernels are told apart by their bits
+      REQUIRE(tiles != block);                    // the two kernels are told apart by their bits
       CHECK(run(recorded[1].get(), 1) == tiles);  // records give the repacking's bits
       CHECK(run(recorded[1].get(), -1) == (rows >= threshold ? tiles : block));
       CHECK(run(plain[1].get(), -1) == block);
@@ -123,8 +123,8 @@ TEST_CASE("GetNodeInfo's row_split_limit is the records' threshold where the nod
     options.threads = 1;
     auto server = ExpertServer::Create(options, nullptr);
     REQUIRE(server.ok());
-    auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
-                                                            grpc::InsecureChannelCredentials()));
+    auto stub = v1::ExpertNode::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()), grpc::InsecureChannelCredentials()));
     v1::GetNodeInfoResponse info;
     grpc::ClientContext context;
     REQUIRE(stub->GetNodeInfo(&context, v1::GetNodeInfoRequest(), &info).ok());

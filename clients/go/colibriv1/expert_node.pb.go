@@ -456,7 +456,8 @@ type ComputeStreamRequest struct {
 	unknownFields protoimpl.UnknownFields
 
 	// The caller's id for the call, echoed in its response; distinct among the
-	// caller's calls in flight on the stream.
+	// caller's calls in flight on the stream (a call whose id is in flight is
+	// answered INVALID_ARGUMENT at once; the earlier call goes on).
 	CallId uint64 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	// The call, as for Compute. Unset with `cancel`.
 	Request *ComputeRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
@@ -736,7 +737,9 @@ type GetNodeInfoResponse struct {
 	// Load state of the weights.
 	State LoadState `protobuf:"varint,13,opt,name=state,proto3,enum=colibri.v1.LoadState" json:"state,omitempty"`
 	// Version of the weight set now serving: starts at 1 after the initial
-	// load (0 before) and increments on every successful reload.
+	// load (0 before); each successful reload's set is numbered one above the
+	// newest so far, and a roll-back (Drop of the current model) serves the
+	// kept set under its own, older number.
 	WeightsVersion uint64 `protobuf:"varint,14,opt,name=weights_version,json=weightsVersion,proto3" json:"weights_version,omitempty"`
 	// True when mlock of the serving weights succeeded.
 	WeightsLocked bool `protobuf:"varint,15,opt,name=weights_locked,json=weightsLocked,proto3" json:"weights_locked,omitempty"`
@@ -958,7 +961,8 @@ type ReloadRequest struct {
 
 	// Model directory to load. Empty: reload the current directory (e.g. new
 	// versions of the same files). Must resolve inside the node's
-	// --model-root, else PERMISSION_DENIED.
+	// --model-root, else PERMISSION_DENIED; a node started without one loads
+	// no other directory (FAILED_PRECONDITION).
 	ModelDir string `protobuf:"bytes,1,opt,name=model_dir,json=modelDir,proto3" json:"model_dir,omitempty"`
 	// Shard selection in the syntax of the node's --experts flag (e.g. "0-3",
 	// "layer:0-15/expert:0-3", "all"). Empty: keep the current selection.

@@ -59,7 +59,9 @@ type ExpertNodeClient interface {
 	// caller retries any it sent after). timeout_micros over 24 hours is the
 	// stream's deadline. Otherwise the stream ends OK after the
 	// caller half-closes and every call is answered; when it breaks, calls
-	// without a response have none (the caller retries them).
+	// without a response have none (the caller retries them). A message that
+	// does not parse ends the reading as a half-close does (gRPC's callback
+	// API reports both alike): that message gets no response.
 	ComputeStream(ctx context.Context, opts ...grpc.CallOption) (ExpertNode_ComputeStreamClient, error)
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.
@@ -214,7 +216,9 @@ type ExpertNodeServer interface {
 	// caller retries any it sent after). timeout_micros over 24 hours is the
 	// stream's deadline. Otherwise the stream ends OK after the
 	// caller half-closes and every call is answered; when it breaks, calls
-	// without a response have none (the caller retries them).
+	// without a response have none (the caller retries them). A message that
+	// does not parse ends the reading as a half-close does (gRPC's callback
+	// API reports both alike): that message gets no response.
 	ComputeStream(ExpertNode_ComputeStreamServer) error
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.

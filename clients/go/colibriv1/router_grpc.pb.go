@@ -47,7 +47,11 @@ type RouterClient interface {
 	// the status of its request; a failed request does not end the stream.
 	//
 	// Status codes (of the stream itself): OK when the client half-closes;
-	// CANCELLED; UNAVAILABLE when the router shuts down.
+	// CANCELLED; UNAVAILABLE when the router shuts down; RESOURCE_EXHAUSTED
+	// (from gRPC) for a message over the router's maximum message size, which
+	// ends the stream. A message that does not parse ends the reading as a
+	// half-close does (gRPC's callback API reports both alike): the stream
+	// ends OK after the earlier requests' replies, and that message gets none.
 	ForwardStream(ctx context.Context, opts ...grpc.CallOption) (Router_ForwardStreamClient, error)
 	// The model the router serves.
 	//
@@ -192,7 +196,11 @@ type RouterServer interface {
 	// the status of its request; a failed request does not end the stream.
 	//
 	// Status codes (of the stream itself): OK when the client half-closes;
-	// CANCELLED; UNAVAILABLE when the router shuts down.
+	// CANCELLED; UNAVAILABLE when the router shuts down; RESOURCE_EXHAUSTED
+	// (from gRPC) for a message over the router's maximum message size, which
+	// ends the stream. A message that does not parse ends the reading as a
+	// half-close does (gRPC's callback API reports both alike): the stream
+	// ends OK after the earlier requests' replies, and that message gets none.
 	ForwardStream(Router_ForwardStreamServer) error
 	// The model the router serves.
 	//
