@@ -22,6 +22,9 @@ namespace expert_node {
 
 namespace {
 
+// The name standard health clients may ask for, beside "".
+const char* const kService = colibri::v1::ExpertNode::service_full_name();
+
 // Insecure, TLS, or mutual TLS, from the options.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
   return runtime::ServerCredentialsFromFiles(o.tls_cert_file, o.tls_key_file, o.tls_client_ca_file, "ServerOptions::");
@@ -121,7 +124,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                                                        &s->admin_port_, "ServerOptions::", options.keepalive));
   }
   // Every owned expert is mapped, verified (and locked when possible) by now.
-  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  runtime::SetServing(s->server_->GetHealthCheckService(), kService, true);
   return s;
 }
 
@@ -130,7 +133,7 @@ absl::Status ExpertServer::Reload() { return service_->ReloadNow("", std::nullop
 void ExpertServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   std::call_once(shutdown_once_, [&] {
     metrics_server_.reset();  // first: its slowest client must not delay the drain
-    server_->GetHealthCheckService()->SetServingStatus(false);
+    runtime::SetServing(server_->GetHealthCheckService(), kService, false);
     service_->CloseStreams();  // else an open stream keeps the drain waiting to its deadline
     if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls (the compute thread still runs)

@@ -18,6 +18,10 @@
 
 namespace colibri {
 namespace router_node {
+namespace {
+// The name standard health clients may ask for, beside "".
+const char* const kService = colibri::v1::Router::service_full_name();
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerOptions options, std::ostream* log) {
   if (options.model_dir.empty()) return absl::InvalidArgumentError("RouterServerOptions::model_dir is required");
@@ -95,6 +99,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  // Not serving until the nodes say so (gRPC's health service starts at SERVING).
+  if (!options.local) runtime::SetServing(s->server_->GetHealthCheckService(), kService, false);
   if (!options.admin_listen.empty()) {
     s->admin_service_ = std::make_unique<RouterAdminService>(s->service_.get());
     COLIBRI_ASSIGN_OR_RETURN(s->admin_server_,
@@ -104,9 +110,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   if (!options.local) {
     common::MutexLock lock(&s->load_mu_);
-    s->remote_->backend->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
+    s->remote_->backend->SetServingListener([health](bool serving) { runtime::SetServing(health, kService, serving); });
   } else {
-    health->SetServingStatus(true);
+    runtime::SetServing(health, kService, true);
   }
   return s;
 }
@@ -190,7 +196,7 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocke
   service_->SwapRouter(std::shared_ptr<Router>(version, version->router.get()));
   old->backend->Stop();  // its health watcher and listener; its requests still finish on its map
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  version->backend->SetServingListener([health](bool serving) { health->SetServingStatus(serving); });
+  version->backend->SetServingListener([health](bool serving) { runtime::SetServing(health, kService, serving); });
   retired_.push_back(std::move(old));
   common::LogLine(log_, absl::StrCat("colibri-router: now serving model ", version->router->model_id(), " from ",
                                      model_dir, " (was ", previous_id, ")"));
@@ -210,7 +216,7 @@ void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {
       common::MutexLock lock(&load_mu_);                 // waits for a LoadModel running
       if (remote_ != nullptr) remote_->backend->Stop();  // no health callback into the server from here on
     }
-    server_->GetHealthCheckService()->SetServingStatus(false);
+    runtime::SetServing(server_->GetHealthCheckService(), kService, false);
     service_->CloseStreams();  // open streams would otherwise hold the drain until its deadline
     if (admin_server_ != nullptr) admin_server_->Shutdown(deadline);
     server_->Shutdown(deadline);  // waits for in-flight calls; cancels them at the deadline

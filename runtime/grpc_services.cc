@@ -18,6 +18,11 @@ void EnableStandardServices() {
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
 }
 
+void SetServing(grpc::HealthCheckServiceInterface* health, const std::string& service, bool serving) {
+  health->SetServingStatus(service, serving);
+  health->SetServingStatus("", serving);
+}
+
 absl::Status ValidateKeepalive(const Keepalive& keepalive, const std::string& prefix) {
   if (keepalive.interval < kMinPingInterval || keepalive.interval > std::chrono::hours(24)) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "keepalive.interval ", keepalive.interval.count(),

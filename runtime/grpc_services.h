@@ -7,6 +7,7 @@
 // kubelet's gRPC probe) work without .proto files; and the settings every
 // Colibri server and channel share (a thread cap, keepalive).
 
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
 
@@ -23,6 +24,12 @@ namespace runtime {
 // health service does not, and without them a reflection client asking for
 // grpc.health.v1.Health gets "Symbol not found" although the service is listed.
 void EnableStandardServices();
+
+// Sets what grpc.health.v1 answers for the server as a whole ("") and for
+// `service` (its full name, e.g. "colibri.v1.Router"): standard health
+// clients ask for either. gRPC's health service knows only "" by itself,
+// and says SERVING for it from the start.
+void SetServing(grpc::HealthCheckServiceInterface* health, const std::string& service, bool serving);
 
 // The threads a server may run synchronous handlers on. Reflection (and
 // any other synchronous service) holds one thread per open stream; without a

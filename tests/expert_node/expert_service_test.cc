@@ -197,13 +197,15 @@ TEST_CASE("an expert node reports SERVING over grpc.health.v1 once loaded, and N
       grpc::CreateChannel("127.0.0.1:" + std::to_string(node.server->port()), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
   grpc::health::v1::HealthCheckResponse response;
-  {
+  for (const char* service : {"", "colibri.v1.ExpertNode"}) {  // the server, and the service by its name
     grpc::ClientContext context;
-    const grpc::Status s = health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
-    INFO(s.error_message());
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    const grpc::Status s = health->Check(&context, request, &response);
+    INFO(service << ": " << s.error_message());
     REQUIRE(s.ok());
+    CHECK(response.status() == grpc::health::v1::HealthCheckResponse::SERVING);
   }
-  CHECK(response.status() == grpc::health::v1::HealthCheckResponse::SERVING);
   node.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));

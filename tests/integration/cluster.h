@@ -114,13 +114,16 @@ inline v1::GetClusterStatusResponse Status(v1::Router::Stub& stub) {
   return status;
 }
 
-inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port) {
+// grpc.health.v1's answer for `service` ("": the server as a whole).
+inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port, const std::string& service = "") {
   auto health =
       grpc::health::v1::Health::NewStub(grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
-  REQUIRE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+  REQUIRE(health->Check(&context, request, &response).ok());
   return response.status();
 }
 

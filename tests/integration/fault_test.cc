@@ -85,10 +85,12 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
   // Experts on the live node still serve; health says not every expert is covered.
   CHECK(Call(*stub, only_a, &response).ok());
   CHECK(WaitFor([&] { return Health(router.port) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; }));
+  CHECK(Health(router.port, "colibri.v1.Router") == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 
   Proc again = StartNode(model.path, "2-3", b_port);
   CHECK(WaitFor([&] { return Call(*stub, needs_b, &response).ok(); }));
   CHECK(WaitFor([&] { return Health(router.port) == grpc::health::v1::HealthCheckResponse::SERVING; }));
+  CHECK(Health(router.port, "colibri.v1.Router") == grpc::health::v1::HealthCheckResponse::SERVING);
   std::printf("no replica: UNAVAILABLE after %.3f s (\"%s\"), recovered after the node's return\n", seconds,
               failed.error_message().c_str());
 }
