@@ -84,10 +84,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
   grpc::ChannelArguments& args = setup->args;
   args.SetMaxReceiveMessageSize(static_cast<int>(message_limit));
   args.SetMaxSendMessageSize(static_cast<int>(message_limit));
-  // A node that comes back is reconnected within a second, not after minutes of backoff.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  runtime::ApplyChannelReconnect(&args);                     // a node that comes back is reconnected within a second
   runtime::ApplyChannelKeepalive(&args, options.keepalive);  // a node gone silent is noticed and reconnected
   COLIBRI_ASSIGN_OR_RETURN(setup->credentials, runtime::ChannelCredentialsFromFiles(
                                                    options.tls_ca_file, options.tls_cert_file, options.tls_key_file,

@@ -61,5 +61,11 @@ void ApplyChannelKeepalive(grpc::ChannelArguments* args, const Keepalive& keepal
   SetKeepalive(keepalive, [&](const char* name, int value) { args->SetInt(name, value); });
 }
 
+void ApplyChannelReconnect(grpc::ChannelArguments* args) {
+  args->SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args->SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args->SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(kConnectTimeout.count()));
+}
+
 }  // namespace runtime
 }  // namespace colibri

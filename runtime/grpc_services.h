@@ -76,6 +76,16 @@ void ApplyServerPolicy(grpc::ServerBuilder& builder, const Keepalive& keepalive 
 // Keepalive pings on a channel to a Colibri server.
 void ApplyChannelKeepalive(grpc::ChannelArguments* args, const Keepalive& keepalive = {});
 
+// How long one connection attempt of a Colibri channel may take.
+inline constexpr std::chrono::milliseconds kConnectTimeout{5000};
+
+// Reconnection of a channel to a Colibri server: a peer that comes back is
+// reached again within a second (backoff from 100 ms to 1 s, not gRPC's up
+// to 2 minutes), and each attempt has kConnectTimeout. (gRPC C-core takes
+// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as that attempt's timeout, not as a
+// backoff: at 100 ms a handshake on a loaded host would fail.)
+void ApplyChannelReconnect(grpc::ChannelArguments* args);
+
 }  // namespace runtime
 }  // namespace colibri
 

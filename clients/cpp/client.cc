@@ -207,10 +207,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   const int max_bytes = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
   args.SetMaxReceiveMessageSize(max_bytes);
   args.SetMaxSendMessageSize(max_bytes);
-  // A router that restarts is reached again within a second, not after minutes of backoff.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  runtime::ApplyChannelReconnect(&args);  // a router that restarts is reached again within a second
   runtime::ApplyChannelKeepalive(&args);  // a router gone silent is noticed and reconnected
   runtime::KeepCallbackQueue();           // ForwardAsync's callback may drop the channel's last owner
   auto channel = grpc::CreateCustomChannel(options.target, *credentials, args);
