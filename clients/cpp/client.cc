@@ -285,20 +285,27 @@ absl::StatusOr<ForwardResult> Client::Forward(const ForwardArgs& args) {
   v1::ForwardResponse response;
   if (direct_ != nullptr) {
     router_node::CallControl control(absl::Now() + options_.timeout);
-    common::Notification finished;
-    absl::Status status;
-    direct_->Start(*request, control, &response, [&](absl::Status s) {
-      status = std::move(s);
-      finished.Notify();
-    });
-    finished.WaitForNotification();
-    if (!status.ok()) return status;
-    return ReadResponse(*request, response);
+    return ForwardDirect(args, control);
   }
   grpc::ClientContext context;
   SetDeadline(&context, options_.timeout);
   const grpc::Status s = stub_->Forward(&context, *request, &response);
   if (!s.ok()) return FromGrpc(s);
+  return ReadResponse(*request, response);
+}
+
+absl::StatusOr<ForwardResult> Client::ForwardDirect(const ForwardArgs& args, router_node::CallControl& control) {
+  absl::StatusOr<v1::ForwardRequest> request = MakeRequest(args);
+  if (!request.ok()) return request.status();
+  v1::ForwardResponse response;
+  common::Notification finished;
+  absl::Status status;
+  direct_->Start(*request, control, &response, [&](absl::Status s) {
+    status = std::move(s);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  if (!status.ok()) return status;
   return ReadResponse(*request, response);
 }
 
@@ -381,7 +388,18 @@ Session::Session(const Client* client, std::unique_ptr<grpc::ClientContext> cont
 
 absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
   if (closed_) return absl::FailedPreconditionError(absl::StrCat("session closed: ", final_.ToString()));
-  if (stream_ == nullptr) return const_cast<Client*>(client_)->Forward(args);  // proxyless
+  if (stream_ == nullptr) {  // proxyless: the client's Forward, under a control Cancel can reach
+    router_node::CallControl control(absl::Now() + client_->options_.timeout);
+    {
+      std::lock_guard<std::mutex> lock(direct_mu_);
+      if (cancelled_) return absl::CancelledError("the session was cancelled");
+      direct_call_ = &control;
+    }
+    absl::StatusOr<ForwardResult> result = const_cast<Client*>(client_)->ForwardDirect(args, control);
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    direct_call_ = nullptr;
+    return result;
+  }
   absl::StatusOr<v1::ForwardRequest> request = client_->MakeRequest(args);
   if (!request.ok()) return request.status();
   v1::ForwardStreamResponse reply;
@@ -417,7 +435,13 @@ absl::Status Session::Close() {
 }
 
 void Session::Cancel() {
-  if (context_ != nullptr) context_->TryCancel();
+  if (context_ != nullptr) {
+    context_->TryCancel();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(direct_mu_);  // held: the control stays alive while cancelled
+  cancelled_ = true;
+  if (direct_call_ != nullptr) direct_call_->Cancel();
 }
 
 Session::~Session() {

@@ -40,6 +40,9 @@
 #include "colibri/v1/router.grpc.pb.h"
 
 namespace colibri {
+namespace router_node {
+class CallControl;
+}  // namespace router_node
 namespace runtime {
 class CallTimer;
 }  // namespace runtime
@@ -180,6 +183,9 @@ class Client {
   Client(ClientOptions options, std::unique_ptr<colibri::v1::Router::Stub> stub);
   static absl::StatusOr<std::unique_ptr<Client>> ConnectDirect(const ClientOptions& options);
 
+  friend class Session;
+  // Proxyless: one Forward through the router's core, under `control`.
+  absl::StatusOr<ForwardResult> ForwardDirect(const ForwardArgs& args, router_node::CallControl& control);
   // ForwardAsync calls between their start and their result; ~Client waits for none.
   void AsyncStarted();
   void AsyncEnded();
@@ -210,6 +216,8 @@ class Session {
   absl::Status Close();
   // Cancels the stream: a Forward or Close blocked on another thread returns
   // CANCELLED, and the session is broken. Thread-safe, unlike the others.
+  // (Proxyless: the Forward in progress returns CANCELLED, and so does every
+  // later one.)
   void Cancel();
 
  private:
@@ -227,6 +235,10 @@ class Session {
   std::unique_ptr<runtime::CallTimer> timer_;  // destroyed first: it calls back into context_ and timed_out_
   bool closed_ = false;
   absl::Status final_;
+  // Proxyless: the Forward in progress, for Cancel.
+  std::mutex direct_mu_;
+  router_node::CallControl* direct_call_ = nullptr;  // guarded by direct_mu_
+  bool cancelled_ = false;                           // guarded by direct_mu_
 };
 
 }  // namespace client

@@ -455,6 +455,26 @@ TEST_CASE("a session call with no reply within the timeout ends DEADLINE_EXCEEDE
   CHECK((*cancelled)->Forward(args).status().code() == absl::StatusCode::kCancelled);
   canceller.join();
   cluster.router->Signal(SIGCONT);
+
+  // Proxyless: Cancel ends the Forward in progress (on nodes that answer
+  // nothing it would end only at the node timeout, UNAVAILABLE), and every later one.
+  auto direct = ConnectDirect(cluster.dir / "model", {Loopback(cluster.port_a), Loopback(cluster.port_b)});
+  auto direct_session = direct->OpenSession();
+  REQUIRE(direct_session.ok());
+  REQUIRE((*direct_session)->Forward(args).ok());
+  cluster.a->Signal(SIGSTOP);
+  cluster.b->Signal(SIGSTOP);
+  std::thread direct_canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    (*direct_session)->Cancel();
+  });
+  const absl::Status stopped = (*direct_session)->Forward(args).status();
+  direct_canceller.join();
+  cluster.a->Signal(SIGCONT);
+  cluster.b->Signal(SIGCONT);
+  INFO(stopped);
+  CHECK(stopped.code() == absl::StatusCode::kCancelled);
+  CHECK((*direct_session)->Forward(args).status().code() == absl::StatusCode::kCancelled);
 }
 
 TEST_CASE("errors carry the server's code and message, and a missing router fails Connect clearly") {
