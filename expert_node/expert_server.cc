@@ -81,11 +81,17 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
         " bytes a reply of ServerOptions::limits.max_rows ", options.limits.max_rows, " f32 rows of d_model ", d_model,
         " (and limits.max_row_indices ", options.limits.max_row_indices, ") may take; lower limits.max_rows"));
   }
+  // Default: room for two calls of max_rows f32 rows, each row routed to
+  // every one of a token's experts with a reply per token (a router's call
+  // of max_rows tokens to a node that holds all their experts).
+  const common::Manifest& m = s->store_->Current()->model().manifest();
+  const int64_t routes = m.top_k + m.n_shared_experts;
   service_options.max_inflight_bytes =
       options.max_inflight_bytes > 0
           ? options.max_inflight_bytes
-          : 2 * ExpertService::Footprint(options.limits.max_rows * d_model * 4, options.limits.max_rows * d_model, 0,
-                                         options.limits.max_rows, d_model);
+          : 2 * ExpertService::Footprint(options.limits.max_rows * d_model * 4, options.limits.max_rows * d_model,
+                                         options.limits.max_rows * routes, options.limits.max_rows * (routes + 1),
+                                         d_model);
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.kernel_profile = kernels::ProfileChoices(kernels::SelectedProfile());

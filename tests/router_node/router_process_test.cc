@@ -267,6 +267,17 @@ std::unique_ptr<v1::Router::Stub> BigReplyStub(int port, bool fixed_window) {
 constexpr int kBigTokens = 60000;
 const char kBigBudget[] = "--max_inflight_bytes=150000000";
 
+TEST_CASE("a call of --max_tokens tokens to a node holding every expert fits the node's default budget") {
+  Model model(common::DType::kF32);
+  Proc node = StartNode(model.path, "all", 0, {"--max_rows=100"});
+  Proc router = StartRouter({"--model=" + model.path, "--experts-at=" + Address(node.port), "--max_tokens=100"});
+  auto stub = Connect(router.port);
+  v1::ForwardResponse response;
+  const grpc::Status s = Call(*stub, Request(0, std::vector<int32_t>(100, 3), 1), &response);
+  INFO(s.error_message());
+  CHECK(s.ok());
+}
+
 TEST_CASE("a reply the client does not read keeps its call's memory in the router's budget") {
   Model model(common::DType::kF32);
   Proc router = StartRouter({"--local=" + model.path, "--threads=1", kBigBudget});
