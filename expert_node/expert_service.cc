@@ -448,26 +448,24 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
   for (const v1::ExpertWork& w : request->experts()) call->entries += w.row_indices_size();
   call->rows = request->rows().shape(0);  // CheckComputeSizes: [R >= 0, d_model]
   call->mergeable = (request->per_expert_output() || request->num_output_rows() > 0) && call->entries <= kSliceRows;
-  // Refused calls (a node shutting down, a full queue) read nothing: the
-  // check comes before the paged read-ahead, and again when the call is queued.
-  if (std::optional<grpc::Status> refused = QueueRefusal(); refused.has_value()) {
-    Answer(*call, *refused);
-    return;
-  }
+  // Paged weights: the call's experts are read ahead once it is let in, while
+  // the calls ahead of it run — only experts with rows, of the model the call
+  // names. A refused call (a node shutting down, a full queue) reads nothing.
+  std::vector<int64_t> read_ahead;
+  std::shared_ptr<const WeightSet> target;
   if (options_.paged != nullptr) {
-    // The routes are known now: start reading the call's experts while the calls ahead of it run.
-    // Only experts with rows, of the model the call names: nothing else is read for it.
-    std::vector<int64_t> experts;
     for (const v1::ExpertWork& w : request->experts()) {
-      if (w.row_indices_size() > 0) experts.push_back(w.expert());
+      if (w.row_indices_size() > 0) read_ahead.push_back(w.expert());
     }
-    std::shared_ptr<const WeightSet> target = store_->ForModel(request->model_id());
-    if (target != nullptr && !experts.empty()) call->pin = options_.paged->Acquire(target, request->layer(), experts);
+    if (!read_ahead.empty()) target = store_->ForModel(request->model_id());
   }
   std::optional<grpc::Status> refused;
   {
     common::MutexLock lock(&mu_);
     refused = QueueRefusalLocked();
+    if (!refused.has_value() && target != nullptr) {
+      call->pin = options_.paged->Acquire(target, request->layer(), read_ahead);  // queues the reads; no I/O here
+    }
     if (!refused.has_value()) {
       if (!queue_.empty() || busy_ || call->entries > kSliceRows) {
         queue_.push_back(std::move(call));
@@ -491,11 +489,6 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
     QueueChanged();
   }
   if (!queue_.empty()) cv_.Signal();
-}
-
-std::optional<grpc::Status> ExpertService::QueueRefusal() {
-  common::MutexLock lock(&mu_);
-  return QueueRefusalLocked();
 }
 
 std::optional<grpc::Status> ExpertService::QueueRefusalLocked() {

@@ -143,7 +143,6 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   void ObservePaging(const ProcessIo& before);
   // Why a call cannot be queued now (the node is stopping, or the queue holds
   // max_queued_calls live calls), if it cannot.
-  std::optional<grpc::Status> QueueRefusal() ABSL_LOCKS_EXCLUDED(mu_);
   std::optional<grpc::Status> QueueRefusalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The colibri_expert_queued_calls gauge, after queue_ changed.
   void QueueChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
