@@ -94,7 +94,9 @@ type ExpertWork struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// Expert id in [0, n_experts); owned by the node for the request's layer.
+	// Expert id in [0, n_experts + n_shared_experts) (shared experts follow
+	// the routed ones, docs/MODEL_FORMAT.md); owned by the node for the
+	// request's layer.
 	// Each expert appears at most once per request.
 	Expert int32 `protobuf:"varint,1,opt,name=expert,proto3" json:"expert,omitempty"`
 	// Indices into ComputeRequest.rows (first dimension), each in [0, R),

@@ -1092,7 +1092,8 @@ type GetClusterStatusResponse struct {
 	Experts []*ExpertLoad `protobuf:"bytes,2,rep,name=experts,proto3" json:"experts,omitempty"`
 	// True when every (layer, expert) has at least one live node.
 	Serving bool `protobuf:"varint,3,opt,name=serving,proto3" json:"serving,omitempty"`
-	// Requests since start, and retries/failovers of node calls.
+	// Forward requests answered OK since start (refused or failed ones are in
+	// the metrics, by code), and retries/failovers of node calls.
 	Requests int64 `protobuf:"varint,4,opt,name=requests,proto3" json:"requests,omitempty"`
 	Retries  int64 `protobuf:"varint,5,opt,name=retries,proto3" json:"retries,omitempty"`
 }
