@@ -308,6 +308,15 @@ void RemoteBackend::HealthRound() {
     // A call found the node down after its probe left: the probe's "live" is
     // older news, so it waits for the next round.
     if (error.empty() && node.downs != downs[i]) continue;
+    // A live node whose probe only ran out of time (a loaded host answers
+    // late) stays in for this round: a second late probe in a row takes it
+    // out, as does any call that fails on it meanwhile.
+    const bool late = probes[i].status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    node.late_probes = late ? node.late_probes + 1 : 0;
+    if (late && node.live && node.late_probes < 2) {
+      ++live;
+      continue;
+    }
     const bool was_live = node.live;
     node.live = error.empty();
     node.last_error = error;

@@ -142,6 +142,11 @@ class FakeNode {
     common::MutexLock lock(&mu_);
     hold_info_ = true;
   }
+  // GetNodeInfo answers `code` from now on (OK: the node's info).
+  void FailInfo(grpc::StatusCode code) {
+    common::MutexLock lock(&mu_);
+    info_code_ = code;
+  }
   // The kernel choices GetNodeInfo reports from now on.
   void SetKernelProfile(std::string choices) {
     common::MutexLock lock(&mu_);
@@ -184,13 +189,16 @@ class FakeNode {
     }
     void GetNodeInfo(grpc::ClientContext*, const colibri::v1::GetNodeInfoRequest*,
                      colibri::v1::GetNodeInfoResponse* response, Done done) override {
+      grpc::StatusCode code = grpc::StatusCode::OK;
       {
         common::MutexLock lock(&node_->mu_);
         if (node_->hold_info_) {
           node_->held_info_.emplace_back(response, std::move(done));
           return;
         }
+        code = node_->info_code_;
       }
+      if (code != grpc::StatusCode::OK) return done(grpc::Status(code, "scripted probe failure"));
       node_->Info(response);
       done(grpc::Status::OK);
     }
@@ -322,6 +330,7 @@ class FakeNode {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   bool hold_info_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::StatusCode info_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::OK;
   std::string kernel_profile_ ABSL_GUARDED_BY(mu_) = "isa test";
   std::vector<std::pair<colibri::v1::GetNodeInfoResponse*, router_node::NodeChannel::Done>> held_info_
       ABSL_GUARDED_BY(mu_);

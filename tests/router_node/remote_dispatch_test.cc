@@ -328,6 +328,30 @@ TEST_CASE("a health probe sent before a call took its node out does not bring th
   CHECK(c.live(0));
 }
 
+TEST_CASE("a live node is taken out by its second late health probe in a row, not its first", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->FailInfo(grpc::StatusCode::DEADLINE_EXCEEDED);
+  c.backend->CheckNow();
+  CHECK(c.live(0));  // one late answer: a loaded host
+  c.backend->CheckNow();
+  CHECK(!c.live(0));  // two in a row
+  c.nodes[0]->FailInfo(grpc::StatusCode::OK);
+  c.backend->CheckNow();
+  CHECK(c.live(0));
+  // A late probe, an answer, a late probe: never two in a row.
+  c.nodes[0]->FailInfo(grpc::StatusCode::DEADLINE_EXCEEDED);
+  c.backend->CheckNow();
+  c.nodes[0]->FailInfo(grpc::StatusCode::OK);
+  c.backend->CheckNow();
+  c.nodes[0]->FailInfo(grpc::StatusCode::DEADLINE_EXCEEDED);
+  c.backend->CheckNow();
+  CHECK(c.live(0));
+  // A refused connection is no late answer: out at once.
+  c.nodes[1]->FailInfo(grpc::StatusCode::UNAVAILABLE);
+  c.backend->CheckNow();
+  CHECK(!c.live(1));
+}
+
 TEST_CASE("a call failing on a node already out does not void the probe that brings it back", "[remote_dispatch]") {
   // n0 alone holds experts 2 and 3: both layer calls below send it work.
   Cluster c({{0, 1, 2, 3}, {0, 1}});
