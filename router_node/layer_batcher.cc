@@ -72,8 +72,9 @@ struct Batch {
 struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   struct Layer {
     std::deque<std::shared_ptr<Entry>> queue;
-    int64_t tokens = 0;  // queued
-    bool in_flight = false;
+    int64_t tokens = 0;                           // queued
+    int in_flight = 0;                            // merged calls sent and not ended
+    absl::Time last_sent = absl::InfinitePast();  // when the latest of them went
     size_t expected = 1;  // callers active at the last merged call's end: the queue goes once it holds as many
     absl::Time idle_since = absl::InfinitePast();  // that end
     // When the queue goes at the latest: `window` after its oldest caller came or the layer became idle.
@@ -96,7 +97,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   // The layer's queue as a merged call, if it should go now.
   std::shared_ptr<Batch> TakeIfReady(int32_t layer, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Layer& l = layers[layer];
-    if (l.in_flight || l.queue.empty()) return nullptr;
+    if (l.queue.empty() || (l.in_flight > 0 && now < l.last_sent + options.stall_after)) return nullptr;
     const bool ready =
         l.queue.size() >= l.expected || l.tokens >= options.max_tokens || now >= l.WindowEnd(options.window);
     if (!ready) return nullptr;
@@ -117,7 +118,8 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       l.queue.pop_front();
     }
     batch->control = std::make_unique<CallControl>(deadline);
-    l.in_flight = true;
+    ++l.in_flight;
+    l.last_sent = now;
     return batch;
   }
 
@@ -252,11 +254,14 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       }
       if (!b->solo) {
         Layer& l = layers[b->layer];
-        l.in_flight = false;
-        // The callers still there come back with their next calls; so do the ones queued meanwhile.
-        l.expected = std::max<size_t>(1, live.size() + l.queue.size());
-        l.idle_since = absl::Now();
-        if (!stopping) next = TakeIfReady(b->layer, l.idle_since);
+        --l.in_flight;
+        const absl::Time now = absl::Now();
+        if (l.in_flight == 0) {
+          // The callers still there come back with their next calls; so do the ones queued meanwhile.
+          l.expected = std::max<size_t>(1, live.size() + l.queue.size());
+          l.idle_since = now;
+        }
+        if (!stopping) next = TakeIfReady(b->layer, now);
         if (next == nullptr && !l.queue.empty()) wake.Signal();  // the window of the queue starts to count
       }
     }
@@ -318,7 +323,10 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       for (size_t layer = 0; layer < layers.size(); ++layer) {
         if (std::shared_ptr<Batch> b = TakeIfReady(static_cast<int32_t>(layer), now)) launches.push_back(std::move(b));
         const Layer& l = layers[layer];
-        if (!l.in_flight && !l.queue.empty()) wake_at = std::min(wake_at, l.WindowEnd(options.window));
+        if (!l.queue.empty()) {
+          wake_at =
+              std::min(wake_at, l.in_flight > 0 ? l.last_sent + options.stall_after : l.WindowEnd(options.window));
+        }
       }
       if (drops.empty() && launches.empty()) {
         // At most a second: a far deadline must not overflow the clock's wait.

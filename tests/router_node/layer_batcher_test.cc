@@ -183,7 +183,9 @@ struct Fixture {
   std::unique_ptr<Router> plain;   // no merging
   std::unique_ptr<Router> merged;  // merging, on the gated backend
 
-  explicit Fixture(absl::Duration window = absl::Milliseconds(20), int64_t max_tokens = 65536) {
+  // stall_after: an hour unless a test says (a held call must hold the queue, however slow the machine).
+  explicit Fixture(absl::Duration window = absl::Milliseconds(20), int64_t max_tokens = 65536,
+                   absl::Duration stall_after = absl::Hours(1)) {
     colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), model_dir, DType::kBF16);
     std::ostringstream log;
     auto s = expert_node::ExpertStore::Create(model_dir, expert_node::StoreOptions{}, &log);
@@ -201,6 +203,7 @@ struct Fixture {
     options.max_tokens = max_tokens;
     options.batching.window = window;
     options.batching.max_tokens = 64;
+    options.batching.stall_after = stall_after;
     auto b = Router::Create(model_dir, gated.get(), options);
     REQUIRE(b.ok());
     merged = std::move(b).value();
@@ -446,6 +449,28 @@ TEST_CASE("a caller whose arrival sends the queue without it does not compute th
     CHECK(thread != last.thread.get_id());
   }
   CHECK(merged_seen);
+}
+
+TEST_CASE("a merged call out for stall_after no longer holds its layer's queue back") {
+  Fixture f(absl::Milliseconds(20), 65536, /*stall_after=*/absl::Milliseconds(50));
+  const common::Manifest& m = f.manifest();
+  const Request first = MakeRequest(m, 0, 2, common::RoutingMode::kLut, DType::kF32, DType::kF32, 71);
+  const Request next = MakeRequest(m, 0, 1, common::RoutingMode::kGate, DType::kF32, DType::kF32, 72);
+  f.gated->Arm();
+  Caller c0, c1;
+  c0.Start(*f.merged, first.in);
+  REQUIRE(Eventually([&] { return f.gated->holding(); }));  // a node that hangs, say
+  c1.Start(*f.merged, next.in);
+  const bool served = Eventually([&] { return c1.done(); });  // beside the held call
+  CHECK(f.gated->holding());
+  if (!served) f.gated->Release();  // then c1 goes after it, and the test ends
+  REQUIRE(served);
+  REQUIRE(c1.result.ok());
+  CHECK(c1.result->output == f.Alone(next));
+  f.gated->Release();
+  c0.finished.WaitForNotification();
+  REQUIRE(c0.result.ok());
+  CHECK(c0.result->output == f.Alone(first));
 }
 
 TEST_CASE("a merged call never holds more tokens than one Forward may") {
