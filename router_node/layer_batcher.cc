@@ -94,10 +94,16 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     }
   }
 
+  // Whether the layer's latest merged call has been out for stall_after on a
+  // backend that can compute two at once (a synchronous one runs them in turn).
+  bool Stalled(const Layer& l, absl::Time now) const {
+    return backend->asynchronous() && now >= l.last_sent + options.stall_after;
+  }
+
   // The layer's queue as a merged call, if it should go now.
   std::shared_ptr<Batch> TakeIfReady(int32_t layer, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Layer& l = layers[layer];
-    if (l.queue.empty() || (l.in_flight > 0 && now < l.last_sent + options.stall_after)) return nullptr;
+    if (l.queue.empty() || (l.in_flight > 0 && !Stalled(l, now))) return nullptr;
     const bool ready =
         l.queue.size() >= l.expected || l.tokens >= options.max_tokens || now >= l.WindowEnd(options.window);
     if (!ready) return nullptr;
@@ -323,9 +329,9 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       for (size_t layer = 0; layer < layers.size(); ++layer) {
         if (std::shared_ptr<Batch> b = TakeIfReady(static_cast<int32_t>(layer), now)) launches.push_back(std::move(b));
         const Layer& l = layers[layer];
-        if (!l.queue.empty()) {
-          wake_at =
-              std::min(wake_at, l.in_flight > 0 ? l.last_sent + options.stall_after : l.WindowEnd(options.window));
+        if (!l.queue.empty() && l.in_flight == 0) wake_at = std::min(wake_at, l.WindowEnd(options.window));
+        if (!l.queue.empty() && l.in_flight > 0 && backend->asynchronous()) {
+          wake_at = std::min(wake_at, l.last_sent + options.stall_after);
         }
       }
       if (drops.empty() && launches.empty()) {

@@ -5,10 +5,10 @@
 // call, so each expert's weights are read once for all of them.
 //
 // A call joins its layer's queue. The queue is sent as one merged call when
-// no merged call of that layer is in flight (or the latest has been out for
-// stall_after: a node that hangs holds it until the node timeout, and the
-// queue then goes beside it, so callers that other replicas can serve are
-// not held) and either it holds as many
+// no merged call of that layer is in flight (or, on an asynchronous backend,
+// the latest has been out for stall_after: a node that hangs holds it until
+// the node timeout, and the queue then goes beside it, so callers that other
+// replicas can serve are not held) and either it holds as many
 // callers as were active when the layer's last merged call ended (its
 // callers still there plus those queued meanwhile: so a lone caller goes at
 // once, and a group of callers that come back together is not split), or it
@@ -54,7 +54,7 @@ struct BatchOptions {
   absl::Duration window = absl::ZeroDuration();
   int64_t max_tokens = 256;  // tokens of one merged call; a caller with more is not merged
   // A merged call out this long no longer holds its layer's queue back.
-  absl::Duration stall_after = absl::Milliseconds(250);
+  absl::Duration stall_after = absl::Milliseconds(500);
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the batcher
 };
 

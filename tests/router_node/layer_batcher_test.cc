@@ -73,6 +73,10 @@ class GatedBackend final : public ExpertBackend {
   }
   bool Mergeable(const LayerWork& work) const override { return inner_->Mergeable(work); }
   std::string kind() const override { return "gated"; }
+  // As a remote backend says (one that only sends work, and may have calls
+  // in flight side by side); ComputeAsync still computes on its caller's thread.
+  bool asynchronous() const override { return asynchronous_; }
+  void SetAsynchronous() { asynchronous_ = true; }
 
   void Arm() {
     common::MutexLock lock(&mu_);
@@ -110,6 +114,7 @@ class GatedBackend final : public ExpertBackend {
   int64_t max_kernel_rows_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<std::thread::id, int64_t>> computed_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> refuse_over_tokens_{1 << 30};
+  std::atomic<bool> asynchronous_{false};
 };
 
 // Polls `condition` every millisecond for up to 20 s (a correctness wait,
@@ -453,6 +458,7 @@ TEST_CASE("a caller whose arrival sends the queue without it does not compute th
 
 TEST_CASE("a merged call out for stall_after no longer holds its layer's queue back") {
   Fixture f(absl::Milliseconds(20), 65536, /*stall_after=*/absl::Milliseconds(50));
+  f.gated->SetAsynchronous();  // calls side by side, as with nodes
   const common::Manifest& m = f.manifest();
   const Request first = MakeRequest(m, 0, 2, common::RoutingMode::kLut, DType::kF32, DType::kF32, 71);
   const Request next = MakeRequest(m, 0, 1, common::RoutingMode::kGate, DType::kF32, DType::kF32, 72);
