@@ -81,17 +81,17 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
         " bytes a reply of ServerOptions::limits.max_rows ", options.limits.max_rows, " f32 rows of d_model ", d_model,
         " (and limits.max_row_indices ", options.limits.max_row_indices, ") may take; lower limits.max_rows"));
   }
-  // Default: room for two calls of max_rows f32 rows, each row routed to
-  // every one of a token's experts with a reply per token (a router's call
-  // of max_rows tokens to a node that holds all their experts).
+  // Default: room for two calls of max_rows f32 rows, and for one whose
+  // rows each go to all of a token's experts with a reply per token (a
+  // router's call of max_rows tokens to a node that holds all their experts):
+  // a call the router's limits allow is never larger than the whole budget.
   const common::Manifest& m = s->store_->Current()->model().manifest();
-  const int64_t routes = m.top_k + m.n_shared_experts;
+  const int64_t rows = options.limits.max_rows, routes = m.top_k + m.n_shared_experts;
+  const int64_t plain = ExpertService::Footprint(rows * d_model * 4, rows * d_model, 0, rows, d_model);
+  const int64_t routed =
+      ExpertService::Footprint(rows * d_model * 4, rows * d_model, rows * routes, rows * (routes + 1), d_model);
   service_options.max_inflight_bytes =
-      options.max_inflight_bytes > 0
-          ? options.max_inflight_bytes
-          : 2 * ExpertService::Footprint(options.limits.max_rows * d_model * 4, options.limits.max_rows * d_model,
-                                         options.limits.max_rows * routes, options.limits.max_rows * (routes + 1),
-                                         d_model);
+      options.max_inflight_bytes > 0 ? options.max_inflight_bytes : std::max(2 * plain, routed);
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.kernel_profile = kernels::ProfileChoices(kernels::SelectedProfile());

@@ -453,11 +453,13 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
   // names. A refused call (a node shutting down, a full queue) reads nothing.
   std::vector<int64_t> read_ahead;
   std::shared_ptr<const WeightSet> target;
+  std::shared_ptr<const WeightSet> paged_before;  // released after the locks if Acquire replaces it
   if (options_.paged != nullptr) {
     for (const v1::ExpertWork& w : request->experts()) {
       if (w.row_indices_size() > 0) read_ahead.push_back(w.expert());
     }
     if (!read_ahead.empty()) target = store_->ForModel(request->model_id());
+    if (target != nullptr) paged_before = options_.paged->set();
   }
   std::optional<grpc::Status> refused;
   {

@@ -101,6 +101,11 @@ PagedWeights::Pin PagedWeights::Acquire(std::shared_ptr<const WeightSet> set, in
   return pin;
 }
 
+std::shared_ptr<const WeightSet> PagedWeights::set() const {
+  common::MutexLock lock(&mu_);
+  return set_;
+}
+
 void PagedWeights::Release(const Pin& pin) {
   common::MutexLock lock(&mu_);
   if (pin.set_ != set_) return;  // bookkeeping restarted for a newer set

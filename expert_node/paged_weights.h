@@ -74,7 +74,12 @@ class PagedWeights {
   // Starts reading the experts of `layer` in `experts` that `set` owns
   // (others are skipped: the call fails on them later) and pins them. A set
   // that is not paged gets an empty pin and no work.
+  // A set other than the last one's restarts the bookkeeping and drops this
+  // object's reference to the last (a caller holding locks keeps its own,
+  // from set(), so that the last's release — unmapping it — comes after them).
   Pin Acquire(std::shared_ptr<const WeightSet> set, int64_t layer, const std::vector<int64_t>& experts);
+  // The set the bookkeeping is for (null before the first Acquire).
+  std::shared_ptr<const WeightSet> set() const;
 
   struct Stats {
     int64_t kept_bytes = 0;  // bytes of the experts kept (used, not evicted since)

@@ -72,9 +72,8 @@ struct Batch {
 struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   struct Layer {
     std::deque<std::shared_ptr<Entry>> queue;
-    int64_t tokens = 0;                           // queued
-    int in_flight = 0;                            // merged calls sent and not ended
-    absl::Time last_sent = absl::InfinitePast();  // when the latest of them went
+    int64_t tokens = 0;                   // queued
+    std::multiset<absl::Time> in_flight;  // when each merged call sent and not ended went
     size_t expected = 1;  // callers active at the last merged call's end: the queue goes once it holds as many
     absl::Time idle_since = absl::InfinitePast();  // that end
     // When the queue goes at the latest: `window` after its oldest caller came or the layer became idle.
@@ -94,16 +93,20 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
     }
   }
 
-  // Whether the layer's latest merged call has been out for stall_after on a
-  // backend that can compute two at once (a synchronous one runs them in turn).
-  bool Stalled(const Layer& l, absl::Time now) const {
-    return backend->asynchronous() && now >= l.last_sent + options.stall_after;
+  // Whether every merged call of the layer in flight has been out for
+  // stall_after, on a backend that can compute calls side by side (a
+  // synchronous one runs them in turn). REQUIRES: calls in flight.
+  bool Stalled(const Layer& l, absl::Time now) const { return now >= StallEnd(l); }
+  // When the layer's queue no longer waits for its merged calls in flight:
+  // stall_after after the youngest went (never on a synchronous backend).
+  absl::Time StallEnd(const Layer& l) const {
+    return backend->asynchronous() ? *l.in_flight.rbegin() + options.stall_after : absl::InfiniteFuture();
   }
 
   // The layer's queue as a merged call, if it should go now.
   std::shared_ptr<Batch> TakeIfReady(int32_t layer, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Layer& l = layers[layer];
-    if (l.queue.empty() || (l.in_flight > 0 && !Stalled(l, now))) return nullptr;
+    if (l.queue.empty() || (!l.in_flight.empty() && !Stalled(l, now))) return nullptr;
     const bool ready =
         l.queue.size() >= l.expected || l.tokens >= options.max_tokens || now >= l.WindowEnd(options.window);
     if (!ready) return nullptr;
@@ -124,8 +127,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       l.queue.pop_front();
     }
     batch->control = std::make_unique<CallControl>(deadline);
-    ++l.in_flight;
-    l.last_sent = now;
+    l.in_flight.insert(now);
     return batch;
   }
 
@@ -260,9 +262,9 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       }
       if (!b->solo) {
         Layer& l = layers[b->layer];
-        --l.in_flight;
+        l.in_flight.erase(l.in_flight.find(b->sent));
         const absl::Time now = absl::Now();
-        if (l.in_flight == 0) {
+        if (l.in_flight.empty()) {
           // The callers still there come back with their next calls; so do the ones queued meanwhile.
           l.expected = std::max<size_t>(1, live.size() + l.queue.size());
           l.idle_since = now;
@@ -329,9 +331,11 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
       for (size_t layer = 0; layer < layers.size(); ++layer) {
         if (std::shared_ptr<Batch> b = TakeIfReady(static_cast<int32_t>(layer), now)) launches.push_back(std::move(b));
         const Layer& l = layers[layer];
-        if (!l.queue.empty() && l.in_flight == 0) wake_at = std::min(wake_at, l.WindowEnd(options.window));
-        if (!l.queue.empty() && l.in_flight > 0 && backend->asynchronous()) {
-          wake_at = std::min(wake_at, l.last_sent + options.stall_after);
+        // The queue's next chance to go: its window's end, or while calls are
+        // out the stall's end (then, if it is still short of callers, its window's).
+        if (!l.queue.empty()) {
+          const absl::Time stall_end = l.in_flight.empty() ? absl::InfinitePast() : StallEnd(l);
+          wake_at = std::min(wake_at, now < stall_end ? stall_end : l.WindowEnd(options.window));
         }
       }
       if (drops.empty() && launches.empty()) {

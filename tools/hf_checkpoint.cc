@@ -430,7 +430,13 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
   s.layer_prefix = kGateNamings[which].prefix;
   s.moe_layers.assign(found[which].begin(), found[which].end());
   s.model_type = ModelType(config);
-  if (s.model_type.empty()) s.model_type = s.naming == Naming::kMixtral ? "mixtral" : "qwen2_moe";
+  if (s.model_type.empty() && s.naming == Naming::kQwenMoe) {  // Qwen2-MoE, Qwen3-MoE, OLMoE and DeepSeek differ
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: no model_type, and gates named like '",
+                                                   kGateNamings[which].prefix, "N", kGateNamings[which].suffix,
+                                                   "' are several families' (qwen2_moe, qwen3_moe, olmoe, deepseek_v2, "
+                                                   "deepseek_v3): say which"));
+  }
+  if (s.model_type.empty()) s.model_type = "mixtral";
   // gpt-oss and Llama 4 are told apart from the others by their tensors as
   // much as by model_type: the two must agree.
   const bool gpt_oss_type = s.model_type == "gpt_oss";

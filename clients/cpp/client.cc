@@ -280,13 +280,13 @@ absl::StatusOr<ForwardResult> Client::ReadResponse(const v1::ForwardRequest& req
 }
 
 absl::StatusOr<ForwardResult> Client::Forward(const ForwardArgs& args) {
-  absl::StatusOr<v1::ForwardRequest> request = MakeRequest(args);
-  if (!request.ok()) return request.status();
-  v1::ForwardResponse response;
   if (direct_ != nullptr) {
     router_node::CallControl control(absl::Now() + options_.timeout);
     return ForwardDirect(args, control);
   }
+  absl::StatusOr<v1::ForwardRequest> request = MakeRequest(args);
+  if (!request.ok()) return request.status();
+  v1::ForwardResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, options_.timeout);
   const grpc::Status s = stub_->Forward(&context, *request, &response);

@@ -297,8 +297,8 @@ TEST_CASE("a stream message whose timeout passes during compute is answered DEAD
 TEST_CASE("a stream call whose call_id is in flight is refused at once, and the first one is answered") {
   TempDir dir;
   colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
-  Node node =
-      Start(dir / "model", "layer:0/expert:0-1", -1, "", /*inject_delay_ms=*/1000);  // the first stays in flight
+  // The first call stays in flight 5 s: the second message is read long before.
+  Node node = Start(dir / "model", "layer:0/expert:0-1", -1, "", /*inject_delay_ms=*/5000);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // if it fails: no hang
   auto stream = node.stub->ComputeStream(&context);

@@ -309,18 +309,22 @@ TEST_CASE("a reply the client does not read keeps its call's memory in the route
   CHECK(stream->Finish().ok());
 }
 
+// Calls `request`: true when served, false when refused for the memory
+// budget; any other answer fails the test.
+bool ServedOrRefused(v1::Router::Stub& stub, const v1::ForwardRequest& request) {
+  v1::ForwardResponse response;
+  const grpc::Status s = Call(stub, request, &response);
+  INFO(s.error_message());
+  CHECK((s.ok() || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
+  return s.ok();
+}
+
 TEST_CASE("a reply not taken within --send_timeout_ms cancels its call and frees its memory") {
   Model model(common::DType::kF32);
   Proc router = StartRouter({"--local=" + model.path, "--threads=1", kBigBudget, "--send_timeout_ms=4000"});
   auto stub = BigReplyStub(router.port, false);
   const v1::ForwardRequest big = Request(0, std::vector<int32_t>(kBigTokens, 3), 1);
-  v1::ForwardResponse response;
-  auto served = [&] {
-    const grpc::Status s = Call(*stub, big, &response);
-    INFO(s.error_message());
-    CHECK((s.ok() || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
-    return s.ok();
-  };
+  auto served = [&] { return ServedOrRefused(*stub, big); };
   // The client answers pings but does not read. (A gRPC client always reads
   // a unary reply; the unary Forward's timer is the same.)
   grpc::ClientContext context;
@@ -415,24 +419,20 @@ TEST_CASE("a unary reply not taken within --send_timeout_ms cancels its call and
   Model model(common::DType::kF32);
   // 256 tokens (48 KiB of f32 hidden states) reserve ~0.5 MB: one fits, two do not.
   Proc router =
-      StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=700000", "--send_timeout_ms=2000"});
+      StartRouter({"--local=" + model.path, "--threads=1", "--max_inflight_bytes=700000", "--send_timeout_ms=5000"});
   auto stub = Connect(router.port);
   v1::ForwardRequest request = Request(0, std::vector<int32_t>(256, 3), 1);
   request.set_return_routes(false);
-  v1::ForwardResponse response;
-  auto served = [&] {
-    const grpc::Status s = Call(*stub, request, &response);
-    INFO(s.error_message());
-    CHECK((s.ok() || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
-    return s.ok();
-  };
+  auto served = [&] { return ServedOrRefused(*stub, request); };
   UnreadUnaryCall unread(router.port, "/colibri.v1.Router/Forward", request);
   REQUIRE(WaitFor([&] { return Status(*stub).requests() == 1; }));  // computed: its reply is on its way
   const auto held = Clock::now();
   CHECK_FALSE(served());  // the reply is held, and with it the budget
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  CHECK_FALSE(served());  // still: nothing but the send timeout (5 s) frees it
   CHECK(WaitFor(served));
   const double freed = std::chrono::duration<double>(Clock::now() - held).count();
-  std::printf("send timeout 2 s: an unread unary Forward reply's call freed %.2f s after it was computed\n", freed);
+  std::printf("send timeout 5 s: an unread unary Forward reply's call freed %.2f s after it was computed\n", freed);
 }
 
 TEST_CASE("streams held open on a synchronous service are refused past a thread cap, and the router serves on") {

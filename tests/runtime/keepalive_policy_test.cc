@@ -4,7 +4,7 @@
 // ping more often than every 5 minutes without data as a strike and closes
 // the connection (GOAWAY "too_many_pings") after the third: every idle
 // channel between Colibri's processes would be dropped and reconnected over
-// and over. Here the channel pings every second for 6 s, against a server
+// and over. Here the channel pings every second for 8 s, against a server
 // with the policy (kept) and, to show that the check can fail, one without
 // (dropped after ~4 s).
 
@@ -22,7 +22,7 @@ namespace colibri {
 namespace runtime {
 namespace {
 
-// Whether an idle channel pinging every second lost its connection within 6 s.
+// Whether an idle channel pinging every second lost its connection within 8 s.
 bool IdleChannelDropped(bool server_policy) {
   grpc::EnableDefaultHealthCheckService(true);  // a service to serve
   grpc::ServerBuilder builder;
@@ -37,7 +37,7 @@ bool IdleChannelDropped(bool server_policy) {
       grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args);
   REQUIRE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
   const bool changed =
-      channel->WaitForStateChange(GRPC_CHANNEL_READY, std::chrono::system_clock::now() + std::chrono::seconds(6));
+      channel->WaitForStateChange(GRPC_CHANNEL_READY, std::chrono::system_clock::now() + std::chrono::seconds(8));
   server->Shutdown(std::chrono::system_clock::now());
   return changed;
 }

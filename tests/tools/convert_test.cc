@@ -737,6 +737,16 @@ TEST_CASE("the converter refuses model families and features it does not reprodu
     CHECK(Contains(s, message));
     CHECK_FALSE(std::filesystem::exists(dir / "model/manifest.json"));
   }
+  {  // Gates named mlp.gate are several families': without a model_type, which is not guessed.
+    TempDir dir;
+    WriteHandCheckpoint(dir / "ckpt", [](auto* specs) {
+      for (auto& spec : *specs) {
+        if (spec.name == "model.layers.0.block_sparse_moe.gate.weight") spec.name = "model.layers.0.mlp.gate.weight";
+      }
+    });
+    std::ofstream(dir / "ckpt/config.json", std::ios::trunc) << "{" << base << "}";
+    CHECK(Contains(ConvertHand(dir), "config.json: no model_type, and gates named like 'model.layers.N.mlp.gate"));
+  }
   for (const char* tensor : {"model.layers.0.block_sparse_moe.experts.0.w1.weight_scale_inv",
                              "model.layers.0.block_sparse_moe.experts.0.w1.weight_blocks",
                              "model.layers.0.block_sparse_moe.gate.e_score_correction_bias"}) {

@@ -459,7 +459,8 @@ type ComputeStreamRequest struct {
 
 	// The caller's id for the call, echoed in its response; distinct among the
 	// caller's calls in flight on the stream (a call whose id is in flight is
-	// answered INVALID_ARGUMENT at once; the earlier call goes on).
+	// answered INVALID_ARGUMENT at once, under that same id; the earlier call
+	// goes on and is answered too).
 	CallId uint64 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	// The call, as for Compute. Unset with `cancel`.
 	Request *ComputeRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
