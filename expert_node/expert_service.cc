@@ -459,13 +459,13 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
       if (w.row_indices_size() > 0) read_ahead.push_back(w.expert());
     }
     if (!read_ahead.empty()) target = store_->ForModel(request->model_id());
-    if (target != nullptr) paged_before = options_.paged->set();
   }
   std::optional<grpc::Status> refused;
   {
     common::MutexLock lock(&mu_);
     refused = QueueRefusalLocked();
     if (!refused.has_value() && target != nullptr) {
+      paged_before = options_.paged->set();  // under mu_, as every Acquire: exactly the set it may replace
       call->pin = options_.paged->Acquire(target, request->layer(), read_ahead);  // queues the reads; no I/O here
     }
     if (!refused.has_value()) {

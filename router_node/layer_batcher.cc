@@ -264,7 +264,7 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
         Layer& l = layers[b->layer];
         l.in_flight.erase(l.in_flight.find(b->sent));
         const absl::Time now = absl::Now();
-        if (l.in_flight.empty()) {
+        if (l.in_flight.empty() || Stalled(l, now)) {  // (calls still out hang: they do not count)
           // The callers still there come back with their next calls; so do the ones queued meanwhile.
           l.expected = std::max<size_t>(1, live.size() + l.queue.size());
           l.idle_since = now;
