@@ -440,7 +440,7 @@ TEST_CASE("a session call with no reply within the timeout ends DEADLINE_EXCEEDE
   REQUIRE(cancelled.ok());
   REQUIRE((*cancelled)->Forward(args).ok());
   // A router that is stopped keeps its connection (the kernel answers for it) but answers nothing.
-  cluster.router->Signal(SIGSTOP);
+  cluster.router->Pause();
   const auto start = std::chrono::steady_clock::now();
   const absl::StatusOr<ForwardResult> late = (*timed)->Forward(args);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -462,8 +462,8 @@ TEST_CASE("a session call with no reply within the timeout ends DEADLINE_EXCEEDE
   auto direct_session = direct->OpenSession();
   REQUIRE(direct_session.ok());
   REQUIRE((*direct_session)->Forward(args).ok());
-  cluster.a->Signal(SIGSTOP);
-  cluster.b->Signal(SIGSTOP);
+  cluster.a->Pause();
+  cluster.b->Pause();
   std::thread direct_canceller([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     (*direct_session)->Cancel();
