@@ -12,7 +12,7 @@ namespace {
 // A cpu_set_t of `n` CPUs, allocated to its size.
 class DynamicCpuSet {
  public:
-  explicit DynamicCpuSet(int n) : n_(n), bytes_(CPU_ALLOC_SIZE(n)), set_(CPU_ALLOC(n)) {
+  explicit DynamicCpuSet(int n) : bytes_(CPU_ALLOC_SIZE(n)), set_(CPU_ALLOC(n)) {
     if (set_ != nullptr) CPU_ZERO_S(bytes_, set_);
   }
   ~DynamicCpuSet() {
@@ -22,12 +22,10 @@ class DynamicCpuSet {
   DynamicCpuSet& operator=(const DynamicCpuSet&) = delete;
 
   bool ok() const { return set_ != nullptr; }
-  int n() const { return n_; }
   size_t bytes() const { return bytes_; }
   cpu_set_t* get() const { return set_; }
 
  private:
-  const int n_;
   const size_t bytes_;
   cpu_set_t* const set_;
 };
