@@ -137,9 +137,18 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
   const int64_t n = n_experts;
   std::vector<double> score(n), choice(n);
   ScoresOfLogits(spec, logits, bias, n, score.data());
+  // Where the choice is the score alone, and groups (if any) are scored by
+  // their best member, the (biased) logit ranks the same: sigmoid and
+  // softmax are increasing. It ranks without the ties that saturation makes
+  // of distinct logits (a sigmoid is 1.0 in double from a logit of ~36.7, a
+  // softmax 0 at ~745 below the top), as Hugging Face ranks Llama 4 and
+  // gpt-oss: by logit.
+  const bool by_logit = !spec.correction_bias && choice_offset == nullptr &&
+                        (spec.n_group <= 1 || spec.group_score == RoutingSpec::GroupScore::kMax);
   for (int64_t e = 0; e < n; ++e) {
-    choice[e] = score[e] + (spec.correction_bias ? static_cast<double>(bias[e]) : 0.0) +
-                (choice_offset != nullptr ? choice_offset[e] : 0.0);
+    choice[e] = by_logit ? logits[e] + (spec.logit_bias ? static_cast<double>(bias[e]) : 0.0)
+                         : score[e] + (spec.correction_bias ? static_cast<double>(bias[e]) : 0.0) +
+                               (choice_offset != nullptr ? choice_offset[e] : 0.0);
   }
   if (spec.n_group > 1) {
     const int64_t size = n / spec.n_group;
@@ -159,9 +168,9 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
     std::vector<int64_t> order(spec.n_group);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return group[a] > group[b]; });
-    // 0.0 as Hugging Face does; with an offset (balancing), which can push
-    // kept choices below 0, -inf so that no masked expert is ever chosen.
-    const double masked = choice_offset != nullptr ? -std::numeric_limits<double>::infinity() : 0.0;
+    // 0.0 as Hugging Face does on scores; on logits, or with an offset
+    // (balancing), which can push kept choices below 0, -inf: below every kept one.
+    const double masked = by_logit || choice_offset != nullptr ? -std::numeric_limits<double>::infinity() : 0.0;
     for (int64_t r = spec.topk_group; r < spec.n_group; ++r) {
       std::fill(choice.begin() + order[r] * size, choice.begin() + (order[r] + 1) * size, masked);
     }
@@ -171,12 +180,14 @@ void RouteBySpec(const RoutingSpec& spec, const double* logits, const float* bia
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
   double sum = 0.0;
   for (int64_t j = 0; j < top_k; ++j) sum += score[order[j]];
-  // Sigmoid scores can all be 0 (logits below about -745): their weights are
-  // then 0, not NaN, as DeepSeek-V3's 1e-20 in the denominator makes them.
-  // (Softmax scores never sum to 0: the top one is at least 1/n.)
+  // Sigmoid scores are divided by their sum plus 1e-20, as DeepSeek-V3's
+  // code does (it matters when the chosen scores sum below ~1e-13, and keeps
+  // all-zero scores at weight 0). Softmax scores never sum to 0 (the top one
+  // is at least 1/n), and their families add nothing.
+  if (spec.scoring == RoutingSpec::Scoring::kSigmoid) sum += 1e-20;
   for (int64_t j = 0; j < top_k; ++j) {
     ids[j] = order[j];
-    const double w = !normalize ? score[order[j]] : sum > 0.0 ? score[order[j]] / sum : 0.0;
+    const double w = normalize ? score[order[j]] / sum : score[order[j]];
     weights[j] = static_cast<float>(w * spec.scaling);
   }
 }

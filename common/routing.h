@@ -97,7 +97,9 @@ struct RoutingSpec {
 // spec.logit_bias; softmax over all experts or sigmoid of each), choice
 // c = s (+ bias when spec.correction_bias), groups masked, the
 // k best by c (ties toward the lower id, groups toward the lower index), in
-// descending c; weights s of those, divided by their sum when `normalize`,
+// descending c — ranked by the (biased) logit instead where that is the same
+// order, so saturated scores make no ties; weights s of those, divided by
+// their sum (plus 1e-20 for sigmoid scores, as DeepSeek-V3) when `normalize`,
 // times spec.scaling — in double, rounded once. (Softmax over all experts
 // renormalized over the k equals gpt-oss's softmax over the k logits.)
 // `choice_offset` (may be null) is added to c before groups are scored: the

@@ -104,8 +104,8 @@ void ExpertService::Answer(ComputeCall& call, grpc::Status status) {
 }
 
 absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
-                                      bool keep_previous) {
-  const absl::Status s = store_->Reload(model_dir, shard, keep_previous);
+                                      bool keep_previous, const std::function<bool()>& abandon) {
+  const absl::Status s = store_->Reload(model_dir, shard, keep_previous, abandon);
   if (s.code() == absl::StatusCode::kAborted) return s;  // another reload ran: its outcome stands
   {
     common::MutexLock lock(&mu_);
@@ -608,10 +608,13 @@ grpc::ServerUnaryReactor* ExpertService::ReloadAs(grpc::CallbackServerContext* c
       if (reload_thread_.joinable()) reload_thread_.join();
       reload_running_ = true;
       // Loading takes seconds: never on a gRPC thread, never on the compute thread.
-      reload_thread_ = std::thread([this, reactor, response, input] {
+      reload_thread_ = std::thread([this, context, reactor, response, input] {
         absl::Status s;
         if (input.drop_model_id.empty()) {
-          s = ReloadNow(input.model_dir, input.shard, input.keep_previous);
+          // A caller gone (its deadline passed, its connection lost) before the
+          // swap leaves the node as it was: it would not know to undo it.
+          s = ReloadNow(input.model_dir, input.shard, input.keep_previous,
+                        [context] { return context->IsCancelled(); });
         } else {
           s = store_->Drop(input.drop_model_id);
           UpdateWeightGauges();

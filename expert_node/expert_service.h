@@ -105,8 +105,9 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
 
   // The reload both the RPC and SIGHUP use: reloads the store and records the
   // outcome (GetNodeInfo.last_reload_error, metrics). Blocks for the load.
+  // `abandon`: as ExpertStore::Reload's (the RPC's caller gone).
   absl::Status ReloadNow(const std::string& model_dir, const std::optional<ShardSpec>& shard,
-                         bool keep_previous = false);
+                         bool keep_previous = false, const std::function<bool()>& abandon = {});
 
  private:
   friend class AdminService;

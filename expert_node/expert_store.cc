@@ -137,15 +137,15 @@ ExpertStore::Served ExpertStore::CurrentAndPrevious() const {
 }
 
 absl::Status ExpertStore::Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard,
-                                 bool keep_previous) {
+                                 bool keep_previous, const std::function<bool()>& abandon) {
   if (!reload_mu_.TryLock()) return absl::AbortedError("another reload is in progress");
-  absl::Status status = ReloadLocked(model_dir, shard, keep_previous);
+  absl::Status status = ReloadLocked(model_dir, shard, keep_previous, abandon);
   reload_mu_.Unlock();
   return status;
 }
 
 absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard,
-                                       bool keep_previous) {
+                                       bool keep_previous, const std::function<bool()>& abandon) {
   std::string dir;
   ShardSpec spec;
   uint64_t version = 0;
@@ -156,6 +156,10 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
     version = last_version_ + 1;
   }
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
+  if (abandon && abandon()) {
+    return absl::CancelledError(
+        absl::StrCat("the caller gave up while ", dir, " was loading: not installed, the weights in use stay"));
+  }
   // Sets replaced here are freed outside the lock, when their last in-flight call ends.
   std::shared_ptr<const WeightSet> released[2];
   {
@@ -169,10 +173,16 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
             " experts) has another shape than the one serving (d_model ", a.d_model, ", ", a.n_layers, " layers, ",
             a.total_experts(), " experts); a change of shape needs a new cluster (blue/green)"));
       }
-      released[0] = std::move(previous_);
-      previous_ = std::move(current_);
-      previous_dir_ = model_dir_;
-      previous_shard_ = shard_;
+      if (next->model().model_id() == current_->model().model_id()) {
+        // The model serving, again (a stage repeated): it replaces the
+        // current set, and the previous version stays served.
+        released[0] = std::move(current_);
+      } else {
+        released[0] = std::move(previous_);
+        previous_ = std::move(current_);
+        previous_dir_ = model_dir_;
+        previous_shard_ = shard_;
+      }
     } else {
       released[0] = std::move(previous_);
       released[1] = std::move(current_);

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -145,12 +146,17 @@ class ExpertStore {
   Served CurrentAndPrevious() const;
 
   // Loads `model_dir` (empty: the current directory again) with `shard`
-  // (nullopt: the current one) beside the current set, then swaps. With
-  // `keep_previous`, the set it replaces stays served to calls naming its
-  // model (ForModel) until Drop or the next reload; the new model must have
-  // its shape, else FAILED_PRECONDITION. On error the current set stays.
-  // ABORTED if another reload is running.
-  absl::Status Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard, bool keep_previous = false);
+  // (nullopt: the current one) beside the current set, then swaps — unless
+  // `abandon` (may be empty) says true once the set is loaded: CANCELLED,
+  // nothing changed (a caller that gave up must not find the reload done
+  // later). With `keep_previous`, the set it replaces stays served to calls
+  // naming its model (ForModel) until Drop or the next reload; the new model
+  // must have its shape, else FAILED_PRECONDITION. The same model as the
+  // current one again (a stage repeated) replaces the current set and keeps
+  // the previous one. On error the current set stays. ABORTED if another
+  // reload is running.
+  absl::Status Reload(const std::string& model_dir, const std::optional<ShardSpec>& shard, bool keep_previous = false,
+                      const std::function<bool()>& abandon = {});
   // Stops serving `model_id`: the previous set is released; the current one
   // is replaced by the previous set (a roll-back). NOT_FOUND if neither
   // serves it, FAILED_PRECONDITION if it is the only set. ABORTED if a reload
@@ -174,8 +180,8 @@ class ExpertStore {
   // waiters; stops early if the set is being destroyed. A refusal is logged
   // as a warning to `log` (if not null), naming the expert, and returned.
   static absl::Status LockAll(WeightSet* set, const std::vector<LockRange>& ranges, std::ostream* log);
-  absl::Status ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard, bool keep_previous)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
+  absl::Status ReloadLocked(const std::string& model_dir, const std::optional<ShardSpec>& shard, bool keep_previous,
+                            const std::function<bool()>& abandon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
 
   const StoreOptions options_;
   std::ostream* const log_;

@@ -189,7 +189,8 @@ void RemoteBackend::Rebuild() {
   std::vector<NodeState> states;
   for (const auto& n : topology_->nodes) {
     common::MutexLock lock(&n->mu);
-    states.push_back({n->address, n->live, n->last_error, n->owned, n->row_split_limit, n->reads_kernel_rows});
+    states.push_back(
+        {n->address, n->live, n->last_error, n->owned, n->row_split_limit, n->reads_kernel_rows, n->suspect});
   }
   auto topo = std::make_shared<Topology>(*topology_);
   topo->map = std::make_shared<const ShardMap>(options_.n_layers, options_.n_experts + options_.n_shared_experts,
@@ -319,6 +320,7 @@ void RemoteBackend::HealthRound() {
     }
     const bool was_live = node.live;
     node.live = error.empty();
+    node.suspect = false;  // the probe has decided
     node.last_error = error;
     if (node.live) {
       ++live;
@@ -401,6 +403,7 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
     if (!node->live) return;
     ++node->downs;
     node->live = false;
+    node->suspect = true;
     node->last_error = error;
   }
   // The node's own words, escaped: a newline in them must not start a log line of its own.

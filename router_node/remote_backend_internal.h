@@ -40,8 +40,9 @@ struct RemoteBackend::Node {
 
   common::Mutex mu;
   bool live ABSL_GUARDED_BY(mu) = false;
-  uint64_t downs ABSL_GUARDED_BY(mu) = 0;   // times MarkDown took the node out
-  int late_probes ABSL_GUARDED_BY(mu) = 0;  // health probes in a row that ran out of time
+  uint64_t downs ABSL_GUARDED_BY(mu) = 0;    // times MarkDown took the node out
+  int late_probes ABSL_GUARDED_BY(mu) = 0;   // health probes in a row that ran out of time
+  bool suspect ABSL_GUARDED_BY(mu) = false;  // NodeState::suspect: taken out by a call, not yet probed
   std::string last_error ABSL_GUARDED_BY(mu) = "not checked yet";
   std::vector<std::pair<int64_t, int64_t>> owned ABSL_GUARDED_BY(mu);
   uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;

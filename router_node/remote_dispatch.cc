@@ -260,9 +260,8 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     absl::StatusOr<std::vector<NodeCall>> plan = PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(),
                                                                excluded_, LastResorts(attempt_ > 0), rotation_);
     if (!plan.ok()) {
-      return first_failure_.empty()
-                 ? plan.status()
-                 : absl::UnavailableError(absl::StrCat(plan.status().message(), "; ", first_failure_));
+      return first_failure_.empty() ? plan.status()
+                                    : Failed(absl::StrCat(plan.status().message(), "; ", first_failure_));
     }
     const absl::Time now = clock_->Now();
     deadline_ = std::min(control_.deadline(), now + options_.node_timeout);
@@ -442,9 +441,8 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (attempt_ == 1) {
       std::string experts;
       for (const int w : failed) absl::StrAppend(&experts, experts.empty() ? "" : ",", (*experts_)[w].expert);
-      return absl::UnavailableError(absl::StrCat("layer ", work_.layer, " expert ", experts,
-                                                 ": failed on every replica tried (", first_failure_,
-                                                 "; retry failed on ", retry_failure_, ")"));
+      return Failed(absl::StrCat("layer ", work_.layer, " expert ", experts, ": failed on every replica tried (",
+                                 first_failure_, "; retry failed on ", retry_failure_, ")"));
     }
     std::sort(failed.begin(), failed.end());
     pending_ = std::move(failed);
@@ -458,6 +456,13 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     absl::Status s = PlanAttempt(to_start);
     if (!s.ok()) return s;
     return std::nullopt;
+  }
+
+  // The layer's error once its experts have no replica left to try:
+  // RESOURCE_EXHAUSTED when every node that failed it was busy (a client
+  // may back off and try again), else UNAVAILABLE.
+  absl::Status Failed(const std::string& message) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return only_busy_ ? absl::ResourceExhaustedError(message) : absl::UnavailableError(message);
   }
 
   // Nothing in the race answered: why its planned call failed. OK with its
@@ -486,6 +491,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     // the next health round brings the map up to date. A busy node
     // (RESOURCE_EXHAUSTED) is left out of this layer call; other failures
     // take the node out until a health check finds it live.
+    only_busy_ = only_busy_ && code == grpc::StatusCode::RESOURCE_EXHAUSTED;
     if (code == grpc::StatusCode::FAILED_PRECONDITION) {
       avoided_.insert(c.node);
     } else {
@@ -623,6 +629,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   std::unique_ptr<common::Clock::Timer> hedge_timer_ ABSL_GUARDED_BY(mu_);
   std::string first_failure_ ABSL_GUARDED_BY(mu_);
   std::string retry_failure_ ABSL_GUARDED_BY(mu_);
+  bool only_busy_ ABSL_GUARDED_BY(mu_) = true;  // every failure classified was RESOURCE_EXHAUSTED
 };
 
 std::optional<NodeReplies> ParseNodeReplies(absl::string_view name) {

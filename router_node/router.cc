@@ -79,9 +79,10 @@ absl::Status CheckClientRoutes(const ForwardInput& in, const common::Manifest& m
             absl::StrCat("routes.expert_ids[", s, "] = ", e, ": expert repeated for token ", s / m.top_k));
       }
     }
-    if (!std::isfinite(in.client_weights[s])) {
+    // Non-negative, as every family's gate makes them and a model's lookup table must hold them.
+    if (!std::isfinite(in.client_weights[s]) || in.client_weights[s] < 0.0f) {
       return absl::InvalidArgumentError(
-          absl::StrCat("routes.weights[", s, "] = ", in.client_weights[s], " is not finite"));
+          absl::StrCat("routes.weights[", s, "] = ", in.client_weights[s], " is not a finite number >= 0"));
     }
   }
   return absl::OkStatus();

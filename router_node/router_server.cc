@@ -57,8 +57,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     s->remote_ = std::make_shared<RemoteRouter>(std::move(remote));
     router = std::shared_ptr<Router>(s->remote_, s->remote_->router.get());  // keeps the whole version alive
     RouterServer* server = s.get();
-    options.service.load_model = [server](const std::string& dir, absl::Duration timeout) {
-      return server->LoadModel(dir, timeout);
+    options.service.load_model = [server](const std::string& dir, absl::Duration timeout,
+                                          const std::function<bool()>& abandon) {
+      return server->LoadModel(dir, timeout, abandon);
     };
   }
   if (options.metrics_port >= 0) {
@@ -162,7 +163,8 @@ bool RouterServer::ReleaseRetired() {
 }
 
 absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(const std::string& model_dir,
-                                                                            absl::Duration timeout) {
+                                                                            absl::Duration timeout,
+                                                                            const std::function<bool()>& abandon) {
   if (engine_ != nullptr) {
     return absl::FailedPreconditionError("a local-mode router cannot switch models: restart it with the new model");
   }
@@ -171,7 +173,7 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(cons
     load_mu_.Unlock();
     return absl::UnavailableError("the router is shutting down");
   }
-  absl::StatusOr<std::pair<std::string, std::string>> result = LoadModelLocked(model_dir, timeout);
+  absl::StatusOr<std::pair<std::string, std::string>> result = LoadModelLocked(model_dir, timeout, abandon);
   metrics_
       .GetCounter("colibri_router_model_loads_total", "LoadModel calls by result.",
                   {{"result", result.ok() ? "ok" : "failed"}})
@@ -180,8 +182,8 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(cons
   return result;
 }
 
-absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocked(const std::string& model_dir,
-                                                                                  absl::Duration timeout) {
+absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocked(
+    const std::string& model_dir, absl::Duration timeout, const std::function<bool()>& abandon) {
   COLIBRI_RETURN_IF_ERROR(MayLoad(model_dir, options_.model_root, options_.model_dir));
   // Not service_->router(): a reference held here would keep the old version
   // from being released below.
@@ -190,6 +192,10 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocke
   COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next,
                            PrepareVersion(current, model_dir, options_.remote, options_.router, timeout, &stopping_));
   if (next.router == nullptr) return std::make_pair(previous_id, previous_id);
+  if (abandon && abandon()) {
+    return absl::CancelledError(absl::StrCat("the caller gave up before the switch: model ", next.router->model_id(),
+                                             " not switched to, ", previous_id, " serves on"));
+  }
   auto version = std::make_shared<RemoteRouter>(std::move(next));
   std::shared_ptr<RemoteRouter> old = std::move(remote_);
   remote_ = version;

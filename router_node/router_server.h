@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <ostream>
@@ -87,7 +88,11 @@ class RouterServer {
   // waits (up to the same timeout) for the old version's requests to finish
   // and releases it. Returns the new and the replaced model_id. Any failure
   // leaves the old version serving. One at a time (ABORTED otherwise).
-  absl::StatusOr<std::pair<std::string, std::string>> LoadModel(const std::string& model_dir, absl::Duration timeout);
+  // When `abandon` (may be empty) says true just before the swap — the
+  // RPC's caller gave up —, CANCELLED and nothing switched: a caller that
+  // saw its call fail must find the old version serving.
+  absl::StatusOr<std::pair<std::string, std::string>> LoadModel(const std::string& model_dir, absl::Duration timeout,
+                                                                const std::function<bool()>& abandon = {});
 
   // Stops accepting calls, lets in-flight calls finish until `deadline`,
   // then cancels the rest (and their node calls).
@@ -97,7 +102,8 @@ class RouterServer {
   RouterServer() = default;
 
   absl::StatusOr<std::pair<std::string, std::string>> LoadModelLocked(const std::string& model_dir,
-                                                                      absl::Duration timeout)
+                                                                      absl::Duration timeout,
+                                                                      const std::function<bool()>& abandon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
   // Destroys retired versions nothing uses any more; true if none is left.
   bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);

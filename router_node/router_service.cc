@@ -535,8 +535,9 @@ grpc::ServerUnaryReactor* RouterService::LoadModelAs(grpc::CallbackServerContext
   load_running_ = true;
   // Loading and waiting for the nodes take seconds: never on a gRPC thread.
   const absl::Duration timeout = absl::Milliseconds(request->timeout_ms() > 0 ? request->timeout_ms() : 30000);
-  load_thread_ = std::thread([this, finish, response, dir = request->model_dir(), timeout] {
-    absl::StatusOr<std::pair<std::string, std::string>> ids = options_.load_model(dir, timeout);
+  load_thread_ = std::thread([this, context, finish, response, dir = request->model_dir(), timeout] {
+    absl::StatusOr<std::pair<std::string, std::string>> ids =
+        options_.load_model(dir, timeout, [context] { return context->IsCancelled(); });
     if (ids.ok()) {
       response->set_model_id(ids->first);
       response->set_previous_model_id(ids->second);

@@ -63,9 +63,10 @@ class RouterService final : public colibri::v1::Router::CallbackService {
     // GetClusterStatus, and may call LoadModel, on the data port (see RouterAdminService).
     std::vector<std::string> admin_identities;
     // LoadModel's work (RouterServer::LoadModel): the new model_id and the
-    // replaced one. Null: LoadModel is refused (FAILED_PRECONDITION).
-    std::function<absl::StatusOr<std::pair<std::string, std::string>>(const std::string& model_dir,
-                                                                      absl::Duration timeout)>
+    // replaced one; `abandon` says whether the caller has gone. Null:
+    // LoadModel is refused (FAILED_PRECONDITION).
+    std::function<absl::StatusOr<std::pair<std::string, std::string>>(
+        const std::string& model_dir, absl::Duration timeout, const std::function<bool()>& abandon)>
         load_model;
   };
 
@@ -182,6 +183,12 @@ class RouterService final : public colibri::v1::Router::CallbackService {
 class RouterAdminService final : public colibri::v1::Router::CallbackService {
  public:
   explicit RouterAdminService(RouterService* service) : service_(service) {}
+  // The model served, as on the data port (colibri-admin asks it around a switch).
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const colibri::v1::GetModelInfoRequest* request,
+                                         colibri::v1::GetModelInfoResponse* response) override {
+    return service_->GetModelInfo(context, request, response);
+  }
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const colibri::v1::GetClusterStatusRequest* request,
                                              colibri::v1::GetClusterStatusResponse* response) override;

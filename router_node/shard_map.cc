@@ -10,12 +10,16 @@ namespace colibri {
 namespace router_node {
 
 ShardMap::ShardMap(int64_t n_layers, int64_t n_experts, std::vector<NodeState> nodes)
-    : n_experts_(n_experts), nodes_(std::move(nodes)), replicas_(n_layers * n_experts) {
+    : n_experts_(n_experts),
+      nodes_(std::move(nodes)),
+      replicas_(n_layers * n_experts),
+      fallbacks_(n_layers * n_experts) {
   for (size_t n = 0; n < nodes_.size(); ++n) {
-    if (!nodes_[n].live) continue;
+    if (!nodes_[n].live && !nodes_[n].suspect) continue;
+    std::vector<std::vector<int>>& lists = nodes_[n].live ? replicas_ : fallbacks_;
     for (const auto& [layer, expert] : nodes_[n].owned) {
       if (layer < 0 || layer >= n_layers || expert < 0 || expert >= n_experts) continue;
-      std::vector<int>& r = replicas_[layer * n_experts + expert];
+      std::vector<int>& r = lists[layer * n_experts + expert];
       if (r.empty() || r.back() != static_cast<int>(n)) r.push_back(static_cast<int>(n));
     }
   }
@@ -83,23 +87,28 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
   std::set<std::pair<int32_t, int>> given;  // (expert, node): a part of the expert is planned there
   for (const int w : works) {
     const int32_t expert = experts[w].expert;
-    int best = -1;
-    const std::vector<int>& replicas = map.replicas(layer, expert);
-    const size_t R = replicas.size();
-    // The rank of the candidate at position i of the replicas: lower is better.
-    auto rank = [&](size_t i) {
-      const int n = replicas[i];
-      return std::make_tuple(avoided.count(n), given.count({expert, n}), load[n], calls.count(n) == 0,
-                             (i + R - rotation % R) % R);
-    };
-    size_t best_at = 0;
-    for (size_t i = 0; i < R; ++i) {
-      if (excluded.count(replicas[i]) > 0) continue;
-      if (best < 0 || rank(i) < rank(best_at)) {
-        best = replicas[i];
-        best_at = i;
+    // The best candidate of `nodes` not excluded, or -1.
+    auto choose = [&](const std::vector<int>& nodes) {
+      const size_t R = nodes.size();
+      // The rank of the candidate at position i: lower is better.
+      auto rank = [&](size_t i) {
+        const int n = nodes[i];
+        return std::make_tuple(avoided.count(n), given.count({expert, n}), load[n], calls.count(n) == 0,
+                               (i + R - rotation % R) % R);
+      };
+      int best = -1;
+      size_t best_at = 0;
+      for (size_t i = 0; i < R; ++i) {
+        if (excluded.count(nodes[i]) > 0) continue;
+        if (best < 0 || rank(i) < rank(best_at)) {
+          best = nodes[i];
+          best_at = i;
+        }
       }
-    }
+      return best;
+    };
+    int best = choose(map.replicas(layer, expert));
+    if (best < 0) best = choose(map.fallbacks(layer, expert));
     if (best < 0) {
       std::string why;
       for (const NodeState& node : map.nodes()) {

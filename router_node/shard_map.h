@@ -31,6 +31,10 @@ struct NodeState {
   // on the expert's row count in the call; -1: never depends on it; 0: unknown.
   int64_t row_split_limit = 0;
   bool reads_kernel_rows = false;  // GetNodeInfo's: rows of several callers may share an entry
+  // Not live only because a call failed on it since its last health probe
+  // (a probe may yet find it live: a call that outlived the node timeout on
+  // a node that was only slow). Such a node is a fallback (ShardMap::fallbacks).
+  bool suspect = false;
 };
 
 // Whether an expert's `rows` rows on `node` are below its row_split_limit:
@@ -50,6 +54,13 @@ class ShardMap {
   const std::vector<int>& replicas(int64_t layer, int64_t expert) const {
     return replicas_[layer * n_experts_ + expert];
   }
+  // Indices of the suspect nodes (NodeState::suspect) that served (layer,
+  // expert) at their last probe, ascending: planned on only where no live
+  // replica is left, rather than failing the request until the next health
+  // round. REQUIRES: layer and expert in range.
+  const std::vector<int>& fallbacks(int64_t layer, int64_t expert) const {
+    return fallbacks_[layer * n_experts_ + expert];
+  }
   const std::vector<NodeState>& nodes() const { return nodes_; }
   // The first (layer, expert) no live node serves, if any.
   std::optional<std::pair<int64_t, int64_t>> FirstUncovered() const;
@@ -57,7 +68,8 @@ class ShardMap {
  private:
   int64_t n_experts_;
   std::vector<NodeState> nodes_;
-  std::vector<std::vector<int>> replicas_;  // [layer * n_experts + expert]
+  std::vector<std::vector<int>> replicas_;   // [layer * n_experts + expert]
+  std::vector<std::vector<int>> fallbacks_;  // [layer * n_experts + expert]
 };
 
 // When an expert's rows in one layer call are split among its replicas
@@ -99,7 +111,9 @@ struct NodeCall {
 // this plan already calls (fewer calls), then the first of the expert's
 // replicas in their order rotated by `rotation` (the lowest index for 0), so
 // that calls with equal loads and successive rotations take the replicas in
-// turn. Returns one NodeCall per
+// turn. Where every live replica is excluded (or none is left), the same
+// choice among the expert's fallbacks (ShardMap::fallbacks) not excluded.
+// Returns one NodeCall per
 // node used, ascending by node. UNAVAILABLE naming the layer and the expert —
 // and why its nodes are out — when an expert has no replica left.
 // REQUIRES: load.size() == nodes().size().

@@ -369,8 +369,8 @@ def cmd_forward(args):
         # Stable ascending sort of -choice: descending, ties -> lower expert id.
         experts = torch.sort(-choice, dim=-1, stable=True).indices[:, :k]
         weights = probs.gather(1, experts)
-        if ck.norm:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if ck.norm:  # DeepSeek-V3 (sigmoid) adds 1e-20 to the sum; the softmax families nothing
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if ck.sigmoid else 0.0))
         weights = weights * ck.scale
         y = torch.zeros_like(x)
         for e in range(E):  # HF-style loop over experts with index_add_

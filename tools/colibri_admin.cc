@@ -71,6 +71,25 @@ int main(int argc, char* argv[]) {
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (timeout_s < 1 || timeout_s > 86400) {
+    std::cerr << "colibri-admin: --timeout_s must be in [1, 86400], not " << timeout_s << "\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_settle_ms) < 0) {
+    std::cerr << "colibri-admin: --settle_ms must be >= 0, not " << absl::GetFlag(FLAGS_settle_ms) << "\n";
+    return 2;
+  }
+  const bool known =
+      command == "upgrade" || command == "stage" || command == "switch" || command == "drop" || command == "apply-plan";
+  if (known && command != "switch" && o.nodes.empty()) {
+    std::cerr << "colibri-admin " << command << ": --nodes is required\n";
+    return 2;
+  }
+  if ((command == "upgrade" || command == "switch") && o.router.empty()) {
+    std::cerr << "colibri-admin " << command << ": --router is required\n";
+    return 2;
+  }
   if (command == "apply-plan") {
     const std::string plan = absl::GetFlag(FLAGS_plan);
     if (plan.empty()) {

@@ -43,6 +43,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"PlanToolOptions::load_path", "--load"},
     {"PlanToolOptions::calibration_path", "--calibration"},
     {"PlanToolOptions::max_replicas", "--max_replicas"},
+    {"PlanToolOptions::target_ratio", "--target_ratio"},
 };
 
 }  // namespace

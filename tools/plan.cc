@@ -88,6 +88,10 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
     }
     scale = std::ldexp(1.0, 10 * static_cast<int>(prefix + 1));
   }
+  // At most 1 PiB a node (so that the sum over 4096 nodes fits in 64 bits).
+  if (!(value * scale <= std::ldexp(1.0, 50))) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is more than 1 PiB"));
+  }
   return static_cast<int64_t>(std::llround(value * scale));
 }
 
@@ -185,6 +189,14 @@ absl::Status MakePlan(const PlanToolOptions& o, std::ostream& log, Placement* pl
     for (int64_t e = 0; e < X; ++e) in.bytes[l][e] = sizes[common::ExpertFilePath(l, e)];
   }
 
+  if (o.max_replicas < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PlanToolOptions::max_replicas must be >= 0 (0: one per node), not ", o.max_replicas));
+  }
+  if (!(o.target_ratio >= 1.0 && o.target_ratio < 1e6)) {  // NaN fails too
+    return absl::InvalidArgumentError(
+        absl::StrCat("PlanToolOptions::target_ratio must be a number >= 1, not ", o.target_ratio));
+  }
   PlanOptions po;
   po.nodes = o.nodes;
   po.max_replicas = o.max_replicas;

@@ -42,50 +42,87 @@ grpc::Status Reload(const RolloutOptions& o, const std::string& node, const v1::
   return v1::ExpertNode::NewStub(*channel)->Reload(&context, request, response);
 }
 
-// The nodes that staged `model_id` drop it: the model they served before is current again.
-void RollBack(const RolloutOptions& o, const std::vector<std::string>& nodes, const std::string& model_id,
-              std::ostream& log) {
-  RolloutOptions staged = o;
-  staged.nodes = nodes;
-  if (absl::Status s = DropOnNodes(staged, model_id, log); !s.ok()) log << "rollback: " << s.message() << "\n";
+// The model the router serves: its GetModelInfo, tried for up to 10 s (a
+// router busy switching, or a connection being re-made, answers late).
+absl::StatusOr<std::string> RouterModel(const RolloutOptions& o) {
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, Channel(o, o.router));
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  grpc::Status s;
+  do {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    v1::GetModelInfoResponse info;
+    s = v1::Router::NewStub(channel)->GetModelInfo(&context, {}, &info);
+    if (s.ok()) return info.model_id();
+    absl::SleepFor(absl::Milliseconds(200));
+  } while (absl::Now() < give_up);
+  return absl::UnavailableError(absl::StrCat("router ", o.router, ": GetModelInfo: ", Describe(s)));
 }
 
-}  // namespace
+// Each (node, model) pair: the node drops the model it staged, making the
+// one it served before current again. What failed, named; OK if all dropped.
+absl::Status RollBack(const RolloutOptions& o, const std::vector<std::pair<std::string, std::string>>& staged,
+                      std::ostream& log) {
+  std::string errors;
+  for (const auto& [node, model_id] : staged) {
+    RolloutOptions one = o;
+    one.nodes = {node};
+    if (absl::Status s = DropOnNodes(one, model_id, log); !s.ok()) {
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", s.message());
+    }
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InternalError(errors);
+}
 
-absl::Status StageOnNodes(const RolloutOptions& o, std::ostream& log, std::string* model_id) {
+// The error of a failed step after its roll-back: what failed, and what the
+// cluster serves now.
+absl::Status RolledBack(const absl::Status& failed, const absl::Status& rollback) {
+  return absl::Status(failed.code(), rollback.ok() ? absl::StrCat(failed.message(),
+                                                                  "; rolled back: the nodes serve the previous "
+                                                                  "model as before")
+                                                   : absl::StrCat(failed.message(),
+                                                                  "; roll-back incomplete, these nodes still serve "
+                                                                  "both models (drop the new one there): ",
+                                                                  rollback.message()));
+}
+
+absl::Status StageOn(const RolloutOptions& o, std::ostream& log, std::string* model_id,
+                     std::vector<std::pair<std::string, std::string>>* staged) {
   if (o.nodes.empty()) return absl::InvalidArgumentError("no expert nodes given (RolloutOptions::nodes)");
-  std::vector<std::string> staged;
   std::string new_id;
-  absl::Status failed;
   for (const std::string& node : o.nodes) {
     v1::ReloadRequest request;
     request.set_model_dir(o.model_dir);
     request.set_keep_previous(true);
     v1::ReloadResponse response;
+    // A call that fails here leaves the node as it was: a node whose load
+    // outlives the deadline sees its caller gone and does not install it.
     const grpc::Status s = Reload(o, node, request, &response);
     if (!s.ok()) {
-      failed = absl::FailedPreconditionError(
+      return absl::FailedPreconditionError(
           absl::StrCat("stage: node ", node, " could not load ", o.model_dir, ": ", Describe(s)));
-      break;
     }
+    staged->emplace_back(node, response.model_id());
     if (!new_id.empty() && response.model_id() != new_id) {
-      staged.push_back(node);
-      failed = absl::FailedPreconditionError(absl::StrCat("stage: node ", node, " loaded model ", response.model_id(),
-                                                          " from ", o.model_dir, ", the others ", new_id));
-      break;
+      return absl::FailedPreconditionError(absl::StrCat("stage: node ", node, " loaded model ", response.model_id(),
+                                                        " from ", o.model_dir, ", the others ", new_id));
     }
     new_id = response.model_id();
-    staged.push_back(node);
     log << "stage: node " << node << " serves " << new_id << " beside the previous model (weights version "
         << response.weights_version() << ")\n";
   }
-  if (failed.ok()) {
-    *model_id = new_id;
-    return absl::OkStatus();
-  }
-  RollBack(o, staged, new_id, log);
-  return absl::Status(failed.code(),
-                      absl::StrCat(failed.message(), "; rolled back: the previous model serves on every node"));
+  *model_id = new_id;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status StageOnNodes(const RolloutOptions& o, std::ostream& log, std::string* model_id) {
+  std::vector<std::pair<std::string, std::string>> staged;
+  absl::Status s = StageOn(o, log, model_id, &staged);
+  if (s.ok() || staged.empty()) return s;
+  return RolledBack(s, RollBack(o, staged, log));
 }
 
 absl::Status SwitchRouter(const RolloutOptions& o, std::ostream& log, std::string* previous_model_id) {
@@ -108,6 +145,7 @@ absl::Status SwitchRouter(const RolloutOptions& o, std::ostream& log, std::strin
 }
 
 absl::Status DropOnNodes(const RolloutOptions& o, const std::string& model_id, std::ostream& log) {
+  if (o.nodes.empty()) return absl::InvalidArgumentError("no expert nodes given (RolloutOptions::nodes)");
   std::string errors;
   for (const std::string& node : o.nodes) {
     v1::ReloadRequest request;
@@ -125,15 +163,33 @@ absl::Status DropOnNodes(const RolloutOptions& o, const std::string& model_id, s
 }
 
 absl::Status Rollout(const RolloutOptions& o, std::ostream& log) {
-  std::string new_id, old_id;
-  COLIBRI_RETURN_IF_ERROR(StageOnNodes(o, log, &new_id));
-  if (absl::Status s = SwitchRouter(o, log, &old_id); !s.ok()) {
-    RollBack(o, o.nodes, new_id, log);  // the router still serves the old version: the nodes go back to it
-    return absl::Status(s.code(), absl::StrCat(s.message(), "; rolled back: the previous model serves on"));
+  if (o.router.empty()) return absl::InvalidArgumentError("no router given (RolloutOptions::router)");
+  if (o.nodes.empty()) return absl::InvalidArgumentError("no expert nodes given (RolloutOptions::nodes)");
+  // The router's model before anything changes: what the nodes go back to, and drop at the end.
+  COLIBRI_ASSIGN_OR_RETURN(const std::string old_id, RouterModel(o));
+  std::string new_id;
+  std::vector<std::pair<std::string, std::string>> staged;
+  if (absl::Status s = StageOn(o, log, &new_id, &staged); !s.ok()) {
+    return staged.empty() ? s : RolledBack(s, RollBack(o, staged, log));
   }
   if (old_id == new_id) {
-    log << "the router already served " << new_id << "\n";
+    log << "the router already serves " << new_id << "\n";
     return absl::OkStatus();
+  }
+  std::string was;
+  if (absl::Status s = SwitchRouter(o, log, &was); !s.ok()) {
+    // The call failed, but the switch may have happened (a connection lost
+    // after it): ask. Roll back only from a router known to serve the old
+    // version; nodes serving both versions are right for either.
+    const absl::StatusOr<std::string> serving = RouterModel(o);
+    if (!serving.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(s.message(), "; the router's model is unknown (", serving.status().message(),
+                                       "): every node serves both ", old_id, " and ", new_id,
+                                       "; once the router answers, drop the one it does not serve"));
+    }
+    if (*serving != new_id) return RolledBack(s, RollBack(o, staged, log));
+    log << "switch: the call failed (" << s.message() << ") but router " << o.router << " serves " << new_id << "\n";
   }
   COLIBRI_RETURN_IF_ERROR(DropOnNodes(o, old_id, log));
   log << "rolled out " << new_id << " (replacing " << old_id << ")\n";
@@ -258,8 +314,23 @@ absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::stri
                                                    " node endpoints were given (RolloutOptions::nodes): one each"));
   }
   std::vector<Pairs> owned(o.nodes.size()), target(o.nodes.size()), grown(o.nodes.size());
+  int64_t n_layers = 0, n_experts = 0;  // the model's, as the first node reports it
   for (size_t n = 0; n < o.nodes.size(); ++n) {
     COLIBRI_ASSIGN_OR_RETURN(v1::GetNodeInfoResponse info, NodeInfo(o, o.nodes[n]));
+    // A shard reload is a plain reload: it would release a staged version.
+    if (info.model_ids_size() > 1) {
+      return absl::FailedPreconditionError(absl::StrCat("node ", o.nodes[n], " serves two models (", info.model_ids(0),
+                                                        ", ", info.model_ids(1),
+                                                        "): a roll-out is in progress; finish it first"));
+    }
+    if (n == 0) {
+      n_layers = info.n_layers();
+      n_experts = info.n_experts() + info.n_shared_experts();
+    } else if (info.n_layers() != n_layers || info.n_experts() + info.n_shared_experts() != n_experts) {
+      return absl::FailedPreconditionError(absl::StrCat("node ", o.nodes[n], " serves ", info.n_layers(), " x ",
+                                                        info.n_experts() + info.n_shared_experts(), " experts, node ",
+                                                        o.nodes[0], " ", n_layers, " x ", n_experts));
+    }
     for (const v1::OwnedExperts& layer : info.owned()) {
       for (const int32_t e : layer.experts()) owned[n].insert({layer.layer(), e});
     }
@@ -275,8 +346,28 @@ absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::stri
     grown[n] = owned[n];
     grown[n].insert(target[n].begin(), target[n].end());
   }
+  // Every expert keeps a copy: the plan must place each one somewhere.
+  const Counts planned = CopiesOf(target);
+  for (int64_t layer = 0; layer < n_layers; ++layer) {
+    for (int64_t e = 0; e < n_experts; ++e) {
+      if (planned.count({layer, e}) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("the plan places ", Name({layer, e}),
+                                                       " on no node: applying it would leave the expert unserved "
+                                                       "(a plan made for another model?)"));
+      }
+    }
+  }
+  std::string grown_nodes;  // those whose shard changed, for the error of a later failure
   for (size_t n = 0; n < o.nodes.size(); ++n) {
-    COLIBRI_RETURN_IF_ERROR(ReloadShard(o, "grow", n, &owned[n], grown[n], log));
+    const bool changes = owned[n] != grown[n];
+    if (absl::Status s = ReloadShard(o, "grow", n, &owned[n], grown[n], log); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat(s.message(), grown_nodes.empty() ? "; no node changed"
+                                                                  : absl::StrCat("; grown already, serving their old "
+                                                                                 "and new experts: ",
+                                                                                 grown_nodes)));
+    }
+    if (changes) absl::StrAppend(&grown_nodes, grown_nodes.empty() ? "" : ", ", o.nodes[n]);
   }
   const Counts grown_copies = CopiesOf(grown);
   COLIBRI_RETURN_IF_ERROR(AwaitRouter(

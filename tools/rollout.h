@@ -15,8 +15,18 @@
 //
 // A failure in 1 or 2 rolls back: the nodes that staged the new version drop
 // it (making the old one current again) and the router keeps the old
-// version; the old version serves throughout. A failure in 3 leaves the old
-// weights loaded on that node, nothing else (reported).
+// version; the old version serves throughout. A node or router whose call
+// fails (its deadline, a lost connection) before it switched does not switch
+// later (Reload and LoadModel abandon a load whose caller is gone); when the
+// switch call fails, the router is asked what it serves, and the nodes roll
+// back only if that is the old version (if the router cannot say, nothing is
+// rolled back: the nodes serve both, right for either; the error says so).
+// A failure in 3 leaves the old weights loaded on that node, nothing else
+// (reported). A roll-back that fails names the nodes left serving both.
+//
+// Several routers in front of the same nodes: `stage`, then `switch` each
+// router, then `drop` — not `upgrade`, whose drop would take the old version
+// from the nodes while the other routers still serve it.
 //
 // Every call goes to admin endpoints (the nodes' and router's
 // --admin_listen, or their data ports with an admin certificate).
@@ -34,9 +44,9 @@ namespace colibri {
 namespace tools {
 
 struct RolloutOptions {
-  std::string model_dir;           // the new version, as the nodes and the router see it
-  std::vector<std::string> nodes;  // host:port of every expert node's admin endpoint
-  std::string router;              // host:port of the router's admin endpoint (several: run once per router)
+  std::string model_dir;                        // the new version, as the nodes and the router see it
+  std::vector<std::string> nodes;               // host:port of every expert node's admin endpoint
+  std::string router;                           // host:port of the router's admin endpoint (several routers: see above)
   absl::Duration timeout = absl::Seconds(120);  // per step: a node's load, the router's switch
   // TLS to the admin endpoints: a CA enables it; cert + key for mutual TLS.
   std::string tls_ca_file;

@@ -159,6 +159,34 @@ TEST_CASE("Llama 4's routing: top-k by logit, weighted by the sigmoid of each, n
   CHECK(weight == static_cast<float>(1 / (1 + std::exp(-1.5))));
 }
 
+TEST_CASE("logits whose sigmoids saturate to 1.0 still rank by logit, as Hugging Face's top-k on logits") {
+  const double logits[3] = {38.0, 45.0, -1.0};  // sigmoid(38) == sigmoid(45) == 1.0 in double
+  RoutingSpec spec;
+  spec.scoring = RoutingSpec::Scoring::kSigmoid;
+  spec.weight_at_input = true;
+  int32_t id;
+  float weight;
+  RouteBySpec(spec, logits, nullptr, 3, 1, /*normalize=*/false, &id, &weight);
+  CHECK(id == 1);
+  CHECK(weight == 1.0f);
+}
+
+TEST_CASE("renormalized sigmoid scores are divided by their sum plus 1e-20, as DeepSeek-V3's code") {
+  const double tiny = std::log(1e-20);  // sigmoid(tiny) ~ 1e-20
+  const double logits[3] = {tiny, tiny, -1000.0};
+  const float bias[3] = {0.0f, 0.0f, 0.0f};
+  RoutingSpec spec;
+  spec.scoring = RoutingSpec::Scoring::kSigmoid;
+  spec.correction_bias = true;
+  spec.scaling = 2.5;
+  int32_t ids[2];
+  float weights[2];
+  RouteBySpec(spec, logits, bias, 3, 2, /*normalize=*/true, ids, weights);
+  const double s = 1 / (1 + std::exp(-tiny));
+  CHECK(weights[0] == static_cast<float>(s / (2 * s + 1e-20) * 2.5));  // ~2.5 / 3, not 2.5 / 2
+  CHECK(weights[0] < 0.9f);
+}
+
 TEST_CASE("the default routing spec is plain softmax top-k and routes exactly as the gate") {
   RoutingSpec spec;
   CHECK(spec.plain());

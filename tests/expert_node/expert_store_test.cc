@@ -287,6 +287,39 @@ TEST_CASE("a reload can keep the previous model served beside the new one, and e
   CHECK(store.Previous() == nullptr);
 }
 
+TEST_CASE(
+    "staging the model already current again keeps the previous one; a reload whose caller gave up installs "
+    "nothing") {
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "v1", DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "v2", DType::kInt8);
+  auto created = ExpertStore::Create(dir / "v1", StoreOptions{}, nullptr);
+  REQUIRE(created.ok());
+  ExpertStore& store = **created;
+  const std::string v1 = store.Current()->model().model_id();
+  REQUIRE(store.Reload(dir / "v2", std::nullopt, /*keep_previous=*/true).ok());
+  const std::string v2 = store.Current()->model().model_id();
+
+  // A stage repeated: v2 again, and v1 still served beside it (not v2 twice).
+  REQUIRE(store.Reload(dir / "v2", std::nullopt, /*keep_previous=*/true).ok());
+  CHECK(store.Current()->model().model_id() == v2);
+  CHECK(store.Current()->version() == 3);
+  REQUIRE(store.Previous() != nullptr);
+  CHECK(store.Previous()->model().model_id() == v1);
+  CHECK(store.ForModel(v1) != nullptr);
+
+  // Abandoned once loaded: CANCELLED, the sets in use unchanged, the version not taken.
+  const absl::Status gone = store.Reload(dir / "v1", std::nullopt, /*keep_previous=*/false, [] { return true; });
+  CHECK(gone.code() == absl::StatusCode::kCancelled);
+  CHECK(store.Current()->model().model_id() == v2);
+  CHECK(store.Current()->version() == 3);
+  CHECK(store.Previous()->model().model_id() == v1);
+  REQUIRE(store.Reload(dir / "v1", std::nullopt, /*keep_previous=*/false, [] { return false; }).ok());
+  CHECK(store.Current()->model().model_id() == v1);
+  CHECK(store.Previous() == nullptr);
+}
+
 }  // namespace
 }  // namespace expert_node
 }  // namespace colibri

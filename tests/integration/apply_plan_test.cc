@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
@@ -167,6 +168,17 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
   CHECK(applied.find("placement applied to 2 nodes") != std::string::npos);
   CHECK(applied.find("shrink: node " + Address(x_admin)) != std::string::npos);
   CHECK(applied.find("shrink: node " + Address(y_admin)) != std::string::npos);
+
+  // A plan that leaves experts 2 and 3 on no node is refused before any node changes.
+  const std::string x_owned = Owned(x_admin), y_owned = Owned(y_admin);
+  std::filesystem::create_directories(root / "bad_plan");
+  { std::ofstream(root / "bad_plan/shards.txt") << "node-0 a 0-1\nnode-1 b 0-1\n"; }
+  CHECK(RunCommand(Binary("tools/colibri-admin") + " apply-plan --plan=" + root / "bad_plan" +
+                       " --nodes=" + Address(x_admin) + "," + Address(y_admin) + " --router=" + Address(router_admin),
+                   root / "bad.txt") == 1);
+  CHECK(ReadFile(root / "bad.txt").find("expert 2 on no node") != std::string::npos);
+  CHECK(Owned(x_admin) == x_owned);
+  CHECK(Owned(y_admin) == y_owned);
 }
 
 TEST_CASE("a plan applied by restarting nodes one at a time, two per shard, fails no request and keeps the bits") {

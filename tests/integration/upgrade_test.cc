@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
+#include "colibri/v1/router.grpc.pb.h"
 #include "tests/integration/cluster.h"
 
 namespace colibri {
@@ -72,7 +73,7 @@ TEST_CASE("a model upgrade under load fails no request and never mixes versions,
   MakeModel(synth, root / "v1", common::DType::kBF16);
   MakeModel(synth, root / "v2", common::DType::kInt8);
   MakeModel(synth, root / "bad", common::DType::kInt8);
-  FlipByte(root / "bad/layer_001/expert_002.bin", 9000);
+  FlipByte(root / "bad/layer_001/expert_003.bin", 9000);  // only the second node owns it
   const std::vector<std::string> a = LocalAnswers(root / "v1");
   const std::vector<std::string> b = LocalAnswers(root / "v2");
   REQUIRE(a[0] != b[0]);
@@ -92,10 +93,14 @@ TEST_CASE("a model upgrade under load fails no request and never mixes versions,
   load.Start(router.port, a, b);
   REQUIRE(WaitFor([&] { return load.v1 > 30; }));
 
-  // A v2 with a corrupt file: the first node refuses it, nothing changes.
+  // A v2 with a corrupt file: the second node refuses it, the first drops
+  // what it staged, nothing changes.
   CHECK(Admin("upgrade --model=" + root / "bad " + endpoints, root / "bad.txt") == 1);
   CHECK(ReadFile(root / "bad.txt").find("checksum") != std::string::npos);
-  CHECK(ReadFile(root / "bad.txt").find("rolled back") != std::string::npos);
+  CHECK(ReadFile(root / "bad.txt").find("rolled back: the nodes serve the previous model") != std::string::npos);
+  CHECK(ReadFile(root / "bad.txt").find("drop: node " + Address(x_admin)) != std::string::npos);
+  CHECK(ModelIds(x_admin).size() == 1);
+  CHECK(ModelIds(y_admin).size() == 1);
   int before = load.v1;
   CHECK(WaitFor([&] { return load.v1 > before + 30; }));
   CHECK(load.v2 == 0);
@@ -121,6 +126,67 @@ TEST_CASE("a model upgrade under load fails no request and never mixes versions,
   CHECK(load.v1_after_switch == 0);
   CHECK(ModelIds(x_admin).size() == 1);  // v1 dropped
   CHECK(ModelIds(y_admin).size() == 1);
+
+  // The same again: nothing to switch, and no node holds v2 twice.
+  CHECK(Admin("upgrade --model=" + root / "v2 " + endpoints, root / "again.txt") == 0);
+  CHECK(ReadFile(root / "again.txt").find("already serves") != std::string::npos);
+  CHECK(ModelIds(x_admin).size() == 1);
+  CHECK(ModelIds(y_admin).size() == 1);
+  // Flags missing: a usage error (2), before any node is touched.
+  CHECK(Admin("upgrade --model=" + root / "v2 --nodes=" + Address(x_admin), root / "usage.txt") == 2);
+  CHECK(ReadFile(root / "usage.txt").find("--router is required") != std::string::npos);
+}
+
+TEST_CASE("a router whose LoadModel caller gave up before the switch does not switch later") {
+  TempDir root;
+  const tools::SynthOptions synth = SmallSynth(root / "ckpt");
+  MakeModel(synth, root / "v1", common::DType::kBF16);
+  MakeModel(synth, root / "v2", common::DType::kInt8);
+  Proc node = StartNode(root / "v1", "0-3", 0, {"--model_root=" + root.path(), "--admin_listen=127.0.0.1:0"});
+  const int node_admin = node.process->ReadPort("admin on port ");
+  Proc router = StartRouter({"--model=" + root / "v1", "--model_root=" + root.path(), "--admin_listen=127.0.0.1:0",
+                             "--experts_at=" + Address(node.port)});
+  const int router_admin = router.process->ReadPort("admin on port ");
+  auto router_stub =
+      v1::Router::NewStub(grpc::CreateChannel(Address(router_admin), grpc::InsecureChannelCredentials()));
+  const auto model = [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetModelInfoResponse info;
+    REQUIRE(router_stub->GetModelInfo(&context, {}, &info).ok());
+    return info.model_id();
+  };
+  const std::string v1_id = model();
+
+  // The router waits (up to 30 s) for a node serving v2; its caller leaves after 1 s.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::LoadModelRequest request;
+    request.set_model_dir(root / "v2");
+    request.set_timeout_ms(30000);
+    v1::LoadModelResponse response;
+    CHECK(router_stub->LoadModel(&context, request, &response).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // Then the node serves v2 too: the router's wait would now end, but its caller is gone.
+  auto node_stub =
+      v1::ExpertNode::NewStub(grpc::CreateChannel(Address(node_admin), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::ReloadRequest request;
+    request.set_model_dir(root / "v2");
+    request.set_keep_previous(true);
+    v1::ReloadResponse response;
+    REQUIRE(node_stub->Reload(&context, request, &response).ok());
+  }
+  // A router that went on would switch within a health round (100 ms here): it stays on v1.
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < until) {
+    REQUIRE(model() == v1_id);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  CHECK(ModelIds(node_admin).size() == 2);  // v2 beside v1, as staged
 }
 
 }  // namespace

@@ -208,6 +208,58 @@ TEST_CASE("a retry that fails too, or has no replica left, is UNAVAILABLE saying
   }
 }
 
+TEST_CASE("a layer whose every replica was busy is RESOURCE_EXHAUSTED, UNAVAILABLE if one was not just busy",
+          "[remote_dispatch]") {
+  const bool both_busy = GENERATE(true, false);
+  CAPTURE(both_busy);
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::RESOURCE_EXHAUSTED}});
+  c.nodes[1]->Script(
+      {{FakeNode::kFail, both_busy ? grpc::StatusCode::RESOURCE_EXHAUSTED : grpc::StatusCode::UNAVAILABLE}});
+  Layer l;
+  const absl::Status result = Run(c, l);
+  CHECK(result.code() == (both_busy ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kUnavailable));
+  CHECK_THAT(std::string(result.message()), Catch::Contains("failed on every replica tried"));
+}
+
+TEST_CASE("a node a failed call took out is still tried where it is the last replica, until a probe says it is down",
+          "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}});
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::DEADLINE_EXCEEDED}});
+  Layer first;
+  CHECK(Run(c, first).code() == absl::StatusCode::kUnavailable);
+  CHECK(!c.live(0));
+  // Only slow (the call outlived the node timeout): the next request is
+  // served by it, not failed until the next health round.
+  Layer second;
+  REQUIRE(Run(c, second).ok());
+  for (int s = 0; s < 4; ++s) CHECK(second.answered_by(s) == 1);
+  CHECK(!c.live(0));  // the probe decides
+  // A probe finds it down: no more calls go to it.
+  c.nodes[0]->FailInfo(grpc::StatusCode::UNAVAILABLE);
+  c.backend->CheckNow();
+  const int calls = c.nodes[0]->calls();
+  Layer third;
+  const absl::Status result = Run(c, third);
+  CHECK(result.code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(result.message()), Catch::Contains("no live expert node serves it (node-0: down)"));
+  CHECK(c.nodes[0]->calls() == calls);
+}
+
+TEST_CASE("a node a failed call took out is not tried while a live replica serves its experts", "[remote_dispatch]") {
+  Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+  c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::UNAVAILABLE}});
+  Layer first;
+  REQUIRE(Run(c, first).ok());
+  const int calls = c.nodes[0]->calls();
+  for (int i = 0; i < 4; ++i) {
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 2);
+  }
+  CHECK(c.nodes[0]->calls() == calls);
+}
+
 TEST_CASE("only the failed node's experts are retried", "[remote_dispatch]") {
   // n0 owns 0-1, n1 owns 2-3, n2 owns everything (a spare).
   Cluster c({{0, 1}, {2, 3}, {0, 1, 2, 3}});

@@ -215,6 +215,10 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field and value") 
   ExpectInvalid(f.engine->Forward(in), "routes.weights[1] = nan");
   weights[1] = std::numeric_limits<float>::infinity();
   ExpectInvalid(f.engine->Forward(in), "routes.weights[1] = inf");
+  weights[1] = -0.25f;
+  ExpectInvalid(f.engine->Forward(in), "routes.weights[1] = -0.25 is not a finite number >= 0");
+  weights[1] = 0.0f;
+  REQUIRE(f.engine->Forward(in).ok());
   weights[1] = 0.5f;
   in.client_expert_ids = absl::MakeConstSpan(experts.data(), 3);
   ExpectInvalid(f.engine->Forward(in), "routes.expert_ids has 3 entries");

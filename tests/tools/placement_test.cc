@@ -197,6 +197,8 @@ TEST_CASE("sizes and node lists parse") {
   CHECK(*ParseBytes("2 TiB") == int64_t{2} << 40);
   CHECK(!ParseBytes("lots").ok());
   CHECK(!ParseBytes("5 parsecs").ok());
+  CHECK(*ParseBytes("1024TiB") == int64_t{1} << 50);
+  CHECK(ParseBytes("8000000T").status().message().find("more than 1 PiB") != absl::string_view::npos);
   auto nodes = ParseNodes("4", "1GiB", 2, "");
   REQUIRE(nodes.ok());
   REQUIRE(nodes->size() == 4);

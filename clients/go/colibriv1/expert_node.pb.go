@@ -974,7 +974,8 @@ type ReloadRequest struct {
 	// whose model_id names them (a roll-out: routers still on the old model
 	// keep working) until a Reload with drop_model_id or without
 	// keep_previous. The new model must have the old one's shape (d_model,
-	// layers, experts), else FAILED_PRECONDITION.
+	// layers, experts), else FAILED_PRECONDITION. Loading the model already
+	// current again (a stage repeated) replaces it and keeps the previous one.
 	KeepPrevious bool `protobuf:"varint,3,opt,name=keep_previous,json=keepPrevious,proto3" json:"keep_previous,omitempty"`
 	// Instead of loading (model_dir and experts must be empty): stop serving
 	// this model. Dropping the previous model releases it; dropping the current

@@ -97,6 +97,8 @@ type ExpertNodeClient interface {
 	//	                     drop_model_id naming the only model served.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
+	//	CANCELLED            the caller gave up (deadline, lost connection)
+	//	                     while the new weights loaded: not installed.
 	//	PERMISSION_DENIED    also: the caller is not an admin. Reload is served on
 	//	                     the node's admin listener (--admin_listen) and, with
 	//	                     mutual TLS, to certificates named in
@@ -254,6 +256,8 @@ type ExpertNodeServer interface {
 	//	                     drop_model_id naming the only model served.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
+	//	CANCELLED            the caller gave up (deadline, lost connection)
+	//	                     while the new weights loaded: not installed.
 	//	PERMISSION_DENIED    also: the caller is not an admin. Reload is served on
 	//	                     the node's admin listener (--admin_listen) and, with
 	//	                     mutual TLS, to certificates named in

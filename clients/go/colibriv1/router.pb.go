@@ -284,8 +284,8 @@ type ForwardRequest struct {
 	Hidden  *Tensor     `protobuf:"bytes,3,opt,name=hidden,proto3" json:"hidden,omitempty"`
 	Routing RoutingMode `protobuf:"varint,4,opt,name=routing,proto3,enum=colibri.v1.RoutingMode" json:"routing,omitempty"`
 	// Client mode only: top_k equal to the model's, T * top_k experts and
-	// weights; each token's experts distinct and in [0, n_experts); finite
-	// weights.
+	// weights; each token's experts distinct and in [0, n_experts); weights
+	// finite and >= 0 (as a gate makes them).
 	Routes *Routes `protobuf:"bytes,5,opt,name=routes,proto3" json:"routes,omitempty"`
 	// Dtype of the output: f32 (also when UNSPECIFIED), bf16 or f16, rounded
 	// once from the fp32 sum (nearest even).

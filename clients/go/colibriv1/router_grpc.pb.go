@@ -84,6 +84,10 @@ type RouterClient interface {
 	//	UNAVAILABLE          some expert of the new model has no live node
 	//	                     within `timeout_ms` (names it).
 	//	ABORTED              another load is in progress.
+	//	CANCELLED            the caller gave up (deadline, lost connection)
+	//	                     before the switch: nothing switched. A caller
+	//	                     whose call failed otherwise (e.g. its connection
+	//	                     broke after the switch) asks GetModelInfo.
 	LoadModel(ctx context.Context, in *LoadModelRequest, opts ...grpc.CallOption) (*LoadModelResponse, error)
 }
 
@@ -233,6 +237,10 @@ type RouterServer interface {
 	//	UNAVAILABLE          some expert of the new model has no live node
 	//	                     within `timeout_ms` (names it).
 	//	ABORTED              another load is in progress.
+	//	CANCELLED            the caller gave up (deadline, lost connection)
+	//	                     before the switch: nothing switched. A caller
+	//	                     whose call failed otherwise (e.g. its connection
+	//	                     broke after the switch) asks GetModelInfo.
 	LoadModel(context.Context, *LoadModelRequest) (*LoadModelResponse, error)
 	mustEmbedUnimplementedRouterServer()
 }
