@@ -317,8 +317,9 @@ void ExpertService::AddWeightBytes(const WeightSet& set, const std::set<std::pai
   std::map<int64_t, double> bytes;  // per layer
   for (const auto& [layer, expert] : experts) {
     if (auto e = set.Find(layer, expert); e.ok()) {
-      bytes[layer] +=
-          static_cast<double>((*e)->w1.layout.data_bytes + (*e)->w3.layout.data_bytes + (*e)->w2.layout.data_bytes);
+      for (const common::MatrixView* m : {&(*e)->w1, &(*e)->w3, &(*e)->w2}) {  // weights, scales, zero points
+        bytes[layer] += static_cast<double>(m->layout.data_bytes + m->layout.scale_bytes + m->layout.zero_bytes);
+      }
     }
   }
   // Divided by colibri_expert_rows_total: the weight bytes read per token.

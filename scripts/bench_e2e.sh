@@ -37,7 +37,7 @@ proc_start router "$build/router_node/colibri-router" --model "$model" --experts
 router=127.0.0.1:$port
 results=$proc_logs/results.jsonl
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
-run=(run --batch_size 0 --seq_len 1 --layers 1 --repeat "$repeat" --warmup 2 --routing gate --json --progress=false)
+run=(run --batch_size 0 --seq_len 1 --layers 1 --repeat "$((repeat + 2))" --warmup 2 --routing gate --json --progress=false)
 for t in ${tokens//,/ }; do
   run[2]=$t
   "$build/tools/colibri-bench" "${run[@]}" --local "$model" | sed 's/^{/{"path":"engine",/' >>"$results"

@@ -65,8 +65,8 @@ def verdicts(colibri, torch, amx):
         if row is None:
             add(f"T=1 {dtype} >= {goal:.2f} of the read bandwidth", "-", None)
             continue
-        per_call = f", {1 / row['x_floor']:.2f} per call" if row["x_floor"] else ""
-        add(f"T=1 {dtype} >= {goal:.2f} of the read bandwidth", f"{row['frac']:.2f}{per_call}",
+        per_call = f", {1 / row['x_floor']:.3f} per call" if row["x_floor"] else ""
+        add(f"T=1 {dtype} >= {goal:.2f} of the read bandwidth", f"{row['frac']:.3f}{per_call}",
             row["frac"] >= goal)
 
     row, base = colibri.get(("bf16", 128)), torch.get(128)

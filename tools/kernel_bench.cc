@@ -38,9 +38,12 @@ struct Timing {
   double floor_ms = 0, x_floor = 0;
 };
 
+// The middle value, or the mean of the two middle ones (as Python's
+// statistics.median, which the PyTorch baseline uses).
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Times `repeat` calls of fn after `warmup`. With `probe`, a bandwidth pass
@@ -62,8 +65,8 @@ Timing Time(const std::function<void()>& fn, int warmup, int repeat, kernels::Re
     t.floor_ms = Median(floors);
     t.x_floor = Median(ratios);
   }
+  t.median_ms = Median(ms);
   std::sort(ms.begin(), ms.end());
-  t.median_ms = ms[ms.size() / 2];
   t.p99_ms = ms[std::min(ms.size() - 1, static_cast<size_t>(std::ceil(0.99 * ms.size())) - 1)];
   t.max_ms = ms.back();
   return t;
@@ -126,8 +129,8 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
                            "median_ms", "p99_ms", "p99/p50", "GB/s", "frac_bw", "GFLOP/s", "MB_read", "floor_ms",
                            "x_floor");
   }
-  // floor_ms / x_floor (layer case): the time to read the touched experts'
-  // bytes at the bandwidth of a probe pass run just before each call — the
+  // floor_ms / x_floor: the time to read the expert's (layer case: the
+  // touched experts') bytes at the bandwidth of a probe pass run just before each call — the
   // memory-bound limit of a decode step at that moment — and the median of
   // call time / that floor.
   auto report = [&](const char* label, int64_t tokens, const Timing& t, size_t bytes, double flops) {
@@ -141,11 +144,11 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
           kernels::IsaName(table.isa), common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms, t.max_ms,
           gbps, gbps / before.best_gbps, gflops, before.best_gbps, bytes / 1e6, t.floor_ms, t.x_floor);
     } else {
-      out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.2f %9.1f %9.1f %9s %8s\n", "colibri",
+      out << absl::StrFormat("%-8s %-6s %-7s %5d %10.3f %10.3f %7.2f %8.1f %8.3f %9.1f %9.1f %9s %8s\n", "colibri",
                              common::DTypeName(m.weight_type), label, tokens, t.median_ms, t.p99_ms,
                              t.p99_ms / t.median_ms, gbps, gbps / before.best_gbps, gflops, bytes / 1e6,
                              t.floor_ms > 0 ? absl::StrFormat("%.3f", t.floor_ms) : "-",
-                             t.x_floor > 0 ? absl::StrFormat("%.2f", t.x_floor) : "-");
+                             t.x_floor > 0 ? absl::StrFormat("%.3f", t.x_floor) : "-");
     }
     out.flush();
   };
@@ -160,9 +163,11 @@ absl::Status RunKernelBench(const KernelBenchOptions& o, std::ostream& out) {
       std::vector<float> ones(tokens, 1.0f);
       for (int64_t t = 0; t < tokens; ++t) rows[t] = static_cast<int32_t>(t);
       const kernels::ExpertTask task{experts[0].get(), rows.data(), ones.data(), tokens};
+      // A probe pass before each call, as for the layer: re-read back to
+      // back, an expert smaller than the last-level cache would come from it.
       const Timing t =
           Time([&] { kernels::RunExperts(*pool, {task}, x.data(), m.d_model, dst.data(), workspace, exec); }, o.warmup,
-               o.repeat);
+               o.repeat, probe.get(), ExpertBytes(*experts[0]));
       report("expert", tokens, t, ExpertBytes(*experts[0]), FfnFlops(*experts[0]) * tokens);
     }
     // The full layer with the gate's real top-k routes and the shared

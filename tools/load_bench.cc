@@ -326,6 +326,15 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   std::vector<CallRecord> records;
   absl::Status failure;
   std::atomic<int64_t> calls_done{0}, tokens_done{0}, abandoned{0};
+  // Each client's measured window and what it finished in it: from the start
+  // of its first step after its warm-up to the end of its last whole step.
+  // Throughput is the sum of the clients' rates, so no client's warm-up (nor
+  // a step cut short at the end, or abandoned) counts in anyone's time or tokens.
+  struct Window {
+    Clock::time_point from{}, to{};
+    int64_t tokens = 0, calls = 0;
+  };
+  std::vector<Window> windows(o.concurrency);
   std::atomic<bool> stop{false};
   std::atomic<int> running{o.concurrency};
   std::vector<std::thread> threads;
@@ -337,6 +346,10 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
       int calls = 0;
       for (int64_t seq = 0; !stop && (o.duration_seconds > 0 || seq < o.repeat); ++seq) {
         for (int64_t step = 0; step < o.seq_len && !stop; ++step) {
+          Window& window = windows[c];
+          const bool timed = calls >= o.warmup;  // every call of this step is measured
+          if (timed && window.tokens == 0 && window.calls == 0) window.from = Clock::now();
+          int32_t finished = 0;  // layers of this step answered
           client::ForwardArgs args;
           std::vector<float> hidden(o.batch_size * model.d_model);
           for (float& v : hidden) v = normal(rng);
@@ -369,6 +382,8 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
               break;
             }
             for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += r->output[i];  // residual
+            ++finished;
+            if (timed) ++window.calls;
             if (++calls > o.warmup) {
               CallRecord rec;
               rec.client = c;
@@ -382,7 +397,11 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
             }
             if (Clock::now() >= deadline) stop = true;
           }
-          if (calls > o.warmup) tokens_done += o.batch_size;
+          if (timed && finished == layers) {
+            window.tokens += o.batch_size;
+            window.to = Clock::now();
+            tokens_done += o.batch_size;
+          }
         }
       }
       common::MutexLock lock(&mu);
@@ -420,8 +439,13 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
       if (e >= 0 && e < model.n_experts) ++load[c.layer * model.n_experts + e];
     }
   }
-  const double tokens_per_s = tokens_done.load() / elapsed;
-  const double calls_per_s = records.size() / elapsed;
+  double tokens_per_s = 0, calls_per_s = 0;
+  for (const Window& w : windows) {
+    const double seconds = std::chrono::duration<double>(w.to - w.from).count();
+    if (w.tokens == 0 || seconds <= 0) continue;
+    tokens_per_s += w.tokens / seconds;
+    calls_per_s += w.calls / seconds;
+  }
   std::string check_summary;
   absl::Status check = absl::OkStatus();
   if (o.check_tokens > 0) {

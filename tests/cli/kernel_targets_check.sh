@@ -77,7 +77,7 @@ cat "$tmp/known.txt"
 verdict "$tmp/known.txt" "T=1 bf16 >= 0.90" "met"
 verdict "$tmp/known.txt" "T=1 int8 >= 0.85" "not met"
 verdict "$tmp/known.txt" "T=1 int4 >= 0.80" "met"
-grep -F "T=1 bf16" "$tmp/known.txt" | grep -q "0.90, 0.95 per call" || fail "per-call fraction not 1 / x_floor"
+grep -F "T=1 bf16" "$tmp/known.txt" | grep -q "0.900, 0.952 per call" || fail "per-call fraction not 1 / x_floor"
 verdict "$tmp/known.txt" "T=128 bf16 >= 1.5x PyTorch (no AMX)" "met"  # 300 / 200
 verdict "$tmp/known.txt" "T=8 bf16 >= 2x" "met"                        # 100 / 50
 verdict "$tmp/known.txt" "T=8 int8 >= 2x" "not met"                    # 100 / 51
