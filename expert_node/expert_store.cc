@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/anonymous_memory.h"
 #include "common/file_verifier.h"
 #include "common/log_line.h"
@@ -221,6 +222,7 @@ absl::Status ExpertStore::Drop(const std::string& model_id) {
 }
 
 absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<LockRange>& ranges, std::ostream* log) {
+  const absl::Time start = absl::Now();
   absl::Status status;
   for (const auto& [data, size, layer, expert] : ranges) {
     // In pieces: mlock holds the process's memory-map lock while it faults
@@ -244,6 +246,11 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<LockRange>& 
     break;
   }
   set->lock_state_ = status.ok() && !set->stop_locking_.load() ? WeightSet::kLocked : WeightSet::kRefused;
+  if (set->lock_state_ == WeightSet::kLocked) {  // until now calls may have waited on the pages' first reads
+    common::LogLine(
+        log, absl::StrFormat("weights version %d locked in RAM: %.2f GB in %.1f s", set->version(),
+                             static_cast<double>(set->bytes_) / 1e9, absl::ToDoubleSeconds(absl::Now() - start)));
+  }
   set->lock_done_.Notify();
   return status;
 }

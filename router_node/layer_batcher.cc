@@ -69,11 +69,16 @@ struct Batch {
 
 }  // namespace
 
+absl::Duration StallThreshold(absl::Duration stall_after, absl::Duration typical) {
+  return std::clamp(4 * typical, stall_after, 4 * stall_after);
+}
+
 struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   struct Layer {
     std::deque<std::shared_ptr<Entry>> queue;
     int64_t tokens = 0;                   // queued
     std::multiset<absl::Time> in_flight;  // when each merged call sent and not ended went
+    absl::Duration typical;               // moving average of its merged calls' durations (StallThreshold)
     size_t expected = 1;  // callers active at the last merged call's end: the queue goes once it holds as many
     absl::Time idle_since = absl::InfinitePast();  // that end
     // When the queue goes at the latest: `window` after its oldest caller came or the layer became idle.
@@ -100,7 +105,8 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   // When the layer's queue no longer waits for its merged calls in flight:
   // stall_after after the youngest went (never on a synchronous backend).
   absl::Time StallEnd(const Layer& l) const {
-    return backend->asynchronous() ? *l.in_flight.rbegin() + options.stall_after : absl::InfiniteFuture();
+    return backend->asynchronous() ? *l.in_flight.rbegin() + StallThreshold(options.stall_after, l.typical)
+                                   : absl::InfiniteFuture();
   }
 
   // The layer's queue as a merged call, if it should go now.
@@ -264,6 +270,8 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
         Layer& l = layers[b->layer];
         l.in_flight.erase(l.in_flight.find(b->sent));
         const absl::Time now = absl::Now();
+        const absl::Duration took = now - b->sent;
+        l.typical = l.typical == absl::ZeroDuration() ? took : (3 * l.typical + took) / 4;
         if (l.in_flight.empty() || Stalled(l, now)) {  // (calls still out hang: they do not count)
           // The callers still there come back with their next calls; so do the ones queued meanwhile.
           l.expected = std::max<size_t>(1, live.size() + l.queue.size());

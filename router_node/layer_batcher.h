@@ -48,12 +48,22 @@
 namespace colibri {
 namespace router_node {
 
+// How long the merged calls of a layer in flight hold its queue back, given
+// `typical`, the moving average of the layer's merged calls' durations
+// (zero before the first ends): 4 × typical, at least stall_after and at
+// most 4 × stall_after. A busy node whose calls take 600 ms is not taken for
+// a hung one (sending the queue beside its calls would only add to its
+// work, and slow every call more); a hung one still lets the queue go
+// within 4 × stall_after.
+absl::Duration StallThreshold(absl::Duration stall_after, absl::Duration typical);
+
 struct BatchOptions {
   // > 0: merging on, and the longest a caller waits for others while no
   // merged call of its layer is in flight. 0: off.
   absl::Duration window = absl::ZeroDuration();
   int64_t max_tokens = 256;  // tokens of one merged call; a caller with more is not merged
-  // A merged call out this long no longer holds its layer's queue back.
+  // A merged call out this long — or, when the layer's merged calls have
+  // been taking longer, StallThreshold's — no longer holds its layer's queue back.
   absl::Duration stall_after = absl::Milliseconds(500);
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the batcher
 };

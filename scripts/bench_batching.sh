@@ -81,6 +81,7 @@ for mode in off on; do
   proc_start "node-$mode" taskset -c "$all_cpus" "$build/expert_node/colibri-expert" --model "$model" \
     --threads 2 --listen 127.0.0.1:0 --metrics_port 0 --merge_calls="$merge" --residency "$residency"
   node="127.0.0.1:$port"
+  proc_wait_locked "node-$mode"
   node_metrics[$mode]=$(metrics_port "node-$mode")
   proc_start "router-$mode" taskset -c "$all_cpus" "$build/router_node/colibri-router" --model "$model" \
     --experts_at "$node" --listen 127.0.0.1:0 --batch_window_us "$w" --metrics_port 0

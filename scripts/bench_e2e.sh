@@ -32,6 +32,8 @@ proc_init
 node=("$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --threads 2)
 proc_start node_a "${node[@]}" --experts 0-3; a=$port
 proc_start node_b "${node[@]}" --experts 4-7; b=$port
+proc_wait_locked node_a
+proc_wait_locked node_b
 proc_start router "$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
   --listen 127.0.0.1:0
 router=127.0.0.1:$port

@@ -30,6 +30,8 @@ proc_init
 node=("$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --experts all --threads 1)
 proc_start slow "${node[@]}" --inject_delay_ms "$delay" --inject_delay_every "$every"; a=$port
 proc_start fast "${node[@]}"; b=$port
+proc_wait_locked slow
+proc_wait_locked fast
 router=("$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" --listen 127.0.0.1:0)
 proc_start plain "${router[@]}"; plain=$port
 proc_start hedged "${router[@]}" --hedge_after_ms "$hedge"; hedged=$port

@@ -80,6 +80,8 @@ start_cluster() {
   proc_start "$1-node1" taskset -c 1 "$build/expert_node/colibri-expert" --model "$model" --threads 1 \
     --experts "$3" --listen 127.0.0.1:0
   local b=$port
+  proc_wait_locked "$1-node0"
+  proc_wait_locked "$1-node1"
   proc_start "$1-router" taskset -c "$all_cpus" "$build/router_node/colibri-router" --model "$model" \
     --experts_at "127.0.0.1:$a,127.0.0.1:$b" --listen 127.0.0.1:0
   router="127.0.0.1:$port"

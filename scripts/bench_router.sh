@@ -77,6 +77,8 @@ else
   proc_start node_a "${node[@]}" --experts $experts_a; a=$port
   proc_start node_b "${node[@]}" --experts $experts_b; b=$port
 fi
+proc_wait_locked node_a
+proc_wait_locked node_b
 proc_start router env COLIBRI_DEBUG=${COLIBRI_DEBUG:-0} "$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
   --listen 127.0.0.1:0 "${router_args[@]}"
 router_port=$port

@@ -107,6 +107,7 @@ run_load "engine, 1 CPU" --local "$model" --threads 1
 
 proc_start node_all on 1 0 "${node[@]}" --experts all --listen "$(address 1):0"
 all_port=$port
+proc_wait_locked node_all
 start_router "$(address 1):$all_port"
 run_load "1 node (all experts), 1 CPU" --router "$router"
 proc_stop_all >/dev/null
@@ -115,6 +116,8 @@ proc_start node_a on 1 0 "${node[@]}" --experts 0-3 --listen "$(address 1):0"
 a=$port
 proc_start node_b on 2 1 "${node[@]}" --experts 4-7 --listen "$(address 2):0"
 b=$port
+proc_wait_locked node_a
+proc_wait_locked node_b
 start_router "$(address 1):$a" "$(address 2):$b"
 run_load "2 nodes (4 experts each), 1 CPU each" --router "$router"
 

@@ -12,6 +12,11 @@
 #                          (HEALTH: the colibri-health binary), up to 30 s; a
 #                          router serves once its health checks reached its
 #                          nodes. Fails (exit 1) saying so.
+#   proc_wait_locked NAME  for an expert node started as NAME whose weights
+#                          are being locked in RAM (its default residency):
+#                          waits until they are (or the lock was refused), up
+#                          to 300 s, so that no timed call waits on their
+#                          first reads. Returns at once for other residencies.
 #   proc_track PID...      background jobs (clients, samplers) that proc_stop_all
 #                          also ends (SIGTERM, not waited for, not printed).
 #   proc_stop_all          SIGTERM to every started process, waits (SIGKILL after
@@ -50,6 +55,15 @@ proc_wait_serving() {
     sleep 0.1
   done
   echo "$target did not report SERVING within 30 s" >&2; exit 1
+}
+proc_wait_locked() {
+  local logs=("$proc_logs/$1.err" "$proc_logs/$1.out") deadline=$((SECONDS + 300))
+  grep -q 'being locked in RAM' "${logs[@]}" 2>/dev/null || return 0
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    grep -q -e 'locked in RAM:' -e 'unlocked weights' "${logs[@]}" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  echo "$1: weights not locked within 300 s" >&2; exit 1
 }
 proc_stop_all() {
   local i p status

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -317,26 +318,38 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
     }
   }
 
-  // The run.
+  // The run: every client makes its warm-up calls (whole steps), then waits
+  // until all have; the measured window starts then (t0), with every client
+  // warm, and lasts `duration` (or until the last sequence ends). Tokens and
+  // calls count when they end inside it, so neither warm-up nor the tail of
+  // calls still out at its end is counted, in time or in work.
   const auto run_start = Clock::now();
-  const auto deadline = o.duration_seconds > 0
-                            ? run_start + std::chrono::microseconds(static_cast<int64_t>(o.duration_seconds * 1e6))
-                            : Clock::time_point::max();
-  common::Mutex mu;  // guards records and failure (locals: not annotatable)
+  const bool timed_run = o.duration_seconds > 0;
+  common::Mutex mu;  // guards records, failure and the warm-up barrier (locals: not annotatable)
+  common::CondVar warm_cv;
+  int warming = o.concurrency;  // clients not yet warm
+  Clock::time_point t0{}, t_end{};
+  std::atomic<int64_t> window_end_nanos{std::numeric_limits<int64_t>::max()};  // since run_start
   std::vector<CallRecord> records;
   absl::Status failure;
-  std::atomic<int64_t> calls_done{0}, tokens_done{0}, abandoned{0};
-  // Each client's measured window and what it finished in it: from the start
-  // of its first step after its warm-up to the end of its last whole step.
-  // Throughput is the sum of the clients' rates, so no client's warm-up (nor
-  // a step cut short at the end, or abandoned) counts in anyone's time or tokens.
-  struct Window {
-    Clock::time_point from{}, to{};
-    int64_t tokens = 0, calls = 0;
-  };
-  std::vector<Window> windows(o.concurrency);
+  std::atomic<int64_t> calls_done{0}, tokens_done{0}, calls_in_window{0}, abandoned{0};
   std::atomic<bool> stop{false};
   std::atomic<int> running{o.concurrency};
+  const auto since_start = [&](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t - run_start).count();
+  };
+  // A client warm (or leaving): the last one starts the window.
+  const auto arrive = [&] {
+    common::MutexLock lock(&mu);
+    if (--warming == 0) {
+      t0 = Clock::now();
+      if (timed_run) {
+        window_end_nanos = since_start(t0) + static_cast<int64_t>(o.duration_seconds * 1e9);
+      }
+      warm_cv.SignalAll();
+    }
+    while (warming > 0 && !stop) warm_cv.Wait(&mu);
+  };
   std::vector<std::thread> threads;
   for (int c = 0; c < o.concurrency; ++c) {
     threads.emplace_back([&, c] {
@@ -344,11 +357,15 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
       std::normal_distribution<float> normal(0.f, 1.f);
       std::vector<CallRecord> mine;
       int calls = 0;
-      for (int64_t seq = 0; !stop && (o.duration_seconds > 0 || seq < o.repeat); ++seq) {
+      bool warm = false;
+      Clock::time_point last_end{};
+      for (int64_t seq = 0; !stop && (timed_run || seq < o.repeat); ++seq) {
         for (int64_t step = 0; step < o.seq_len && !stop; ++step) {
-          Window& window = windows[c];
-          const bool timed = calls >= o.warmup;  // every call of this step is measured
-          if (timed && window.tokens == 0 && window.calls == 0) window.from = Clock::now();
+          if (!warm && calls >= o.warmup) {
+            warm = true;
+            arrive();
+            if (stop) break;
+          }
           int32_t finished = 0;  // layers of this step answered
           client::ForwardArgs args;
           std::vector<float> hidden(o.batch_size * model.d_model);
@@ -379,33 +396,36 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
               common::MutexLock lock(&mu);
               if (failure.ok()) failure = r.status();
               stop = true;
+              warm_cv.SignalAll();
               break;
             }
             for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += r->output[i];  // residual
             ++finished;
-            if (timed) ++window.calls;
-            if (++calls > o.warmup) {
+            ++calls;
+            if (warm) {
               CallRecord rec;
               rec.client = c;
               rec.layer = layer;
-              rec.start_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(start - run_start).count();
+              rec.start_nanos = since_start(start);
               rec.nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count();
               rec.timings = std::move(r->timings);
               rec.expert_ids = std::move(r->routes.expert_ids);
               mine.push_back(std::move(rec));
               ++calls_done;
+              if (since_start(end) <= window_end_nanos) ++calls_in_window;
             }
-            if (Clock::now() >= deadline) stop = true;
+            if (since_start(Clock::now()) >= window_end_nanos) stop = true;
           }
-          if (timed && finished == layers) {
-            window.tokens += o.batch_size;
-            window.to = Clock::now();
-            tokens_done += o.batch_size;
+          if (warm && finished == layers) {
+            last_end = Clock::now();
+            if (since_start(last_end) <= window_end_nanos) tokens_done += o.batch_size;
           }
         }
       }
+      if (!warm) arrive();  // a client done before its warm-up ended holds no one back
       common::MutexLock lock(&mu);
       records.insert(records.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
+      t_end = std::max(t_end, last_end);
       --running;
     });
   }
@@ -439,13 +459,10 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
       if (e >= 0 && e < model.n_experts) ++load[c.layer * model.n_experts + e];
     }
   }
-  double tokens_per_s = 0, calls_per_s = 0;
-  for (const Window& w : windows) {
-    const double seconds = std::chrono::duration<double>(w.to - w.from).count();
-    if (w.tokens == 0 || seconds <= 0) continue;
-    tokens_per_s += w.tokens / seconds;
-    calls_per_s += w.calls / seconds;
-  }
+  // The window: `duration` from t0, or t0 to the last step's end.
+  const double window = timed_run ? o.duration_seconds : std::chrono::duration<double>(t_end - t0).count();
+  const double tokens_per_s = window > 0 ? tokens_done.load() / window : 0;
+  const double calls_per_s = window > 0 ? calls_in_window.load() / window : 0;
   std::string check_summary;
   absl::Status check = absl::OkStatus();
   if (o.check_tokens > 0) {

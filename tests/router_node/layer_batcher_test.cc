@@ -479,6 +479,14 @@ TEST_CASE("a merged call out for stall_after no longer holds its layer's queue b
   CHECK(c0.result->output == f.Alone(first));
 }
 
+TEST_CASE("the stall threshold follows the layer's merged call time, between stall_after and 4 x stall_after") {
+  const absl::Duration half = absl::Milliseconds(500);
+  CHECK(StallThreshold(half, absl::ZeroDuration()) == half);    // no call has ended yet
+  CHECK(StallThreshold(half, absl::Milliseconds(20)) == half);  // fast calls: a hang shows in 500 ms
+  CHECK(StallThreshold(half, absl::Milliseconds(300)) == absl::Milliseconds(1200));  // a busy node is not hung
+  CHECK(StallThreshold(half, absl::Seconds(5)) == absl::Seconds(2));  // hung calls in the average: still 2 s
+}
+
 TEST_CASE("a merged call never holds more tokens than one Forward may") {
   Fixture f(absl::Milliseconds(20), /*max_tokens=*/4);  // batching.max_tokens is 64
   const common::Manifest& m = f.manifest();
