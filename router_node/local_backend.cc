@@ -1,9 +1,11 @@
 #include "router_node/local_backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -22,11 +24,28 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
     tasks.push_back({*weights, w.rows.data(), w.weights.data(), static_cast<int64_t>(w.rows.size()), w.slots.data(),
                      w.kernel_rows});
   }
-  common::MutexLock lock(&mu_);
+  // Wait for this call's turn; a call cancelled or past its deadline meanwhile leaves the line.
+  const char place = 0;  // this call's place in line: an address no other call in flight has
+  const void* const me = &place;
+  {
+    common::MutexLock lock(&turn_mu_);
+    turns_.push_back(me);
+    while (turns_.front() != me) {
+      if (control.cancelled() || absl::Now() > control.deadline()) {
+        turns_.erase(std::find(turns_.begin(), turns_.end(), me));  // behind the front: in the line
+        break;
+      }
+      // Cancellation sends no signal here: look again every 10 ms.
+      turn_cv_.WaitWithTimeout(&turn_mu_, std::min(absl::Milliseconds(10), control.deadline() - absl::Now()));
+    }
+  }
+  // Leaves the front of the line (if there) when the call returns.
+  const auto leave = absl::MakeCleanup([this, me] { LeaveTurn(me); });
   if (control.cancelled()) return absl::CancelledError("cancelled before the experts ran");
   if (absl::Now() > control.deadline()) {
     return absl::DeadlineExceededError(absl::StrCat("deadline passed before layer ", work.layer, " ran"));
   }
+  common::MutexLock lock(&mu_);
   const auto begin = std::chrono::steady_clock::now();
   kernels::RunExperts(*pool_, tasks, work.x, set->model().manifest().d_model, contributions, workspace_);
   if (stats != nullptr) {
@@ -44,6 +63,14 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
     stats->calls.push_back(r);
   }
   return absl::OkStatus();
+}
+
+void LocalBackend::LeaveTurn(const void* me) {
+  common::MutexLock lock(&turn_mu_);
+  if (!turns_.empty() && turns_.front() == me) {
+    turns_.pop_front();
+    turn_cv_.SignalAll();
+  }
 }
 
 bool LocalBackend::Mergeable(const LayerWork& work) const {

@@ -6,6 +6,7 @@
 // node runs, writing each (token, expert) result to its slot — so local and
 // distributed answers are the same bits.
 
+#include <deque>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -25,8 +26,10 @@ class LocalBackend final : public ExpertBackend {
 
   // FAILED_PRECONDITION naming the layer and expert if the store does not
   // own one the work needs; CANCELLED / DEADLINE_EXCEEDED checked before
-  // the kernels start (a running layer is not interrupted). Calls are
-  // serialized on the pool.
+  // the kernels start, also while the call waits its turn (a running layer
+  // is not interrupted). Calls are serialized on the pool in the order they
+  // came (a plain mutex would let a caller that comes straight back take it
+  // again and again, leaving others waiting for seconds).
   absl::Status Compute(const LayerWork& work, float* contributions, CallControl& control, BackendStats* stats) override;
   bool Mergeable(const LayerWork& work) const override;
   std::string kind() const override { return "local"; }
@@ -34,7 +37,14 @@ class LocalBackend final : public ExpertBackend {
  private:
   expert_node::ExpertStore* const store_;
   kernels::ThreadPool* const pool_;
-  common::Mutex mu_;
+  // Drops `me` from the front of the line, if it is there, and wakes the next.
+  void LeaveTurn(const void* me);
+
+  // The callers waiting or running, in arrival order: the front one runs.
+  common::Mutex turn_mu_;
+  common::CondVar turn_cv_;  // signalled when the front leaves
+  std::deque<const void*> turns_ ABSL_GUARDED_BY(turn_mu_);
+  common::Mutex mu_;  // held by the front caller while it runs
   kernels::Workspace workspace_ ABSL_GUARDED_BY(mu_);
 };
 
