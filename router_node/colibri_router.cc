@@ -259,8 +259,8 @@ int main(int argc, char** argv) {
         const auto ids = (*server)->LoadModel(o.model_dir, absl::Seconds(30));
         if (!ids.ok()) {
           LOG(ERROR) << "colibri-router: SIGHUP: " << ids.status().message();
-        } else if (ids->first != ids->second) {
-          LOG(INFO) << "colibri-router: SIGHUP: now serving model " << ids->first;
+        } else if (ids->model_id != ids->previous_model_id) {
+          LOG(INFO) << "colibri-router: SIGHUP: now serving model " << ids->model_id;
         }
       }
       continue;

@@ -99,11 +99,11 @@ struct LayerBatcher::State : std::enable_shared_from_this<LayerBatcher::State> {
   }
 
   // Whether every merged call of the layer in flight has been out for
-  // stall_after, on a backend that can compute calls side by side (a
+  // StallThreshold, on a backend that can compute calls side by side (a
   // synchronous one runs them in turn). REQUIRES: calls in flight.
   bool Stalled(const Layer& l, absl::Time now) const { return now >= StallEnd(l); }
   // When the layer's queue no longer waits for its merged calls in flight:
-  // stall_after after the youngest went (never on a synchronous backend).
+  // StallThreshold after the youngest went (never on a synchronous backend).
   absl::Time StallEnd(const Layer& l) const {
     return backend->asynchronous() ? *l.in_flight.rbegin() + StallThreshold(options.stall_after, l.typical)
                                    : absl::InfiniteFuture();

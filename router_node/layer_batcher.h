@@ -6,7 +6,7 @@
 //
 // A call joins its layer's queue. The queue is sent as one merged call when
 // no merged call of that layer is in flight (or, on an asynchronous backend,
-// each one in flight has been out for stall_after: a node that hangs holds it until
+// each one in flight has been out for StallThreshold: a node that hangs holds it until
 // the node timeout, and the queue then goes beside it, so callers that other
 // replicas can serve are not held) and either it holds as many
 // callers as were active when the layer's last merged call ended (its

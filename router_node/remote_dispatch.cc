@@ -506,7 +506,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     // Every hedge has ended (Settled): those that failed are not tried again;
     // one that answered is a node that works, and may take the retry.
     for (const Call* h : r.hedges) {
-      if (!h->status.ok()) excluded_.insert(h->node);
+      if (h->status.ok()) continue;
+      excluded_.insert(h->node);
+      only_busy_ = only_busy_ && h->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     }
     failed->insert(failed->end(), c.plan.works.begin(), c.plan.works.end());
     if (first_failure_.empty()) first_failure_ = absl::StrCat("first try failed on ", what);
@@ -533,8 +535,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         if (r.primary->done || !r.hedges.empty()) continue;
         std::set<int> avoid = excluded_;
         avoid.insert(r.primary->node);
-        absl::StatusOr<std::vector<NodeCall>> alternative = PlanNodeCalls(
-            *topo_->map, work_.layer, *experts_, r.primary->plan.works, load, avoid, last_resorts, rotation_);
+        absl::StatusOr<std::vector<NodeCall>> alternative =
+            PlanNodeCalls(*topo_->map, work_.layer, *experts_, r.primary->plan.works, load, avoid, last_resorts,
+                          rotation_, /*use_fallbacks=*/false);
         if (!alternative.ok()) continue;  // no other replica: wait for the slow one
         for (NodeCall& nc : *alternative) {
           r.hedges.push_back(NewCall(std::move(nc), true));

@@ -40,7 +40,8 @@ absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, Remo
 
 absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::string& model_dir,
                                             const RemoteOptions& remote, const RouterOptions& router,
-                                            absl::Duration timeout, const std::atomic<bool>* stop) {
+                                            absl::Duration timeout, const std::atomic<bool>* stop,
+                                            const std::function<bool()>& abandon) {
   COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, MakeRemoteRouter(model_dir, remote, router));
   if (next.router->model_id() == current.model_id()) return RemoteRouter{};
   const common::Manifest& a = current.manifest();
@@ -56,6 +57,10 @@ absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::st
     if (stop != nullptr && stop->load()) {
       return absl::UnavailableError("the router is shutting down: model " + next.router->model_id() +
                                     " not switched to");
+    }
+    if (abandon && abandon()) {
+      return absl::CancelledError("the caller gave up while the nodes were awaited: model " + next.router->model_id() +
+                                  " not switched to");
     }
     absl::SleepFor(std::min(remote.health_interval, absl::Milliseconds(100)));
     next.backend->CheckNow();

@@ -7,6 +7,7 @@
 // distributed mode; a proxyless client runs one in its own process.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -47,10 +48,12 @@ absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, Remo
 // experts, top_k, vocabulary: callers would see it change mid-stream);
 // UNAVAILABLE naming the first expert without a live node (and a node's last
 // error) when the timeout passes, or "shutting down" as soon as *stop (if
-// given) becomes true. Blocks; the caller swaps the result in.
+// given) becomes true; CANCELLED as soon as `abandon` (if given) says true
+// (the caller gone). Blocks; the caller swaps the result in.
 absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::string& model_dir,
                                             const RemoteOptions& remote, const RouterOptions& router,
-                                            absl::Duration timeout, const std::atomic<bool>* stop = nullptr);
+                                            absl::Duration timeout, const std::atomic<bool>* stop = nullptr,
+                                            const std::function<bool()>& abandon = {});
 
 }  // namespace router_node
 }  // namespace colibri

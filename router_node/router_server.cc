@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     router = std::shared_ptr<Router>(s->remote_, s->remote_->router.get());  // keeps the whole version alive
     RouterServer* server = s.get();
     options.service.load_model = [server](const std::string& dir, absl::Duration timeout,
-                                          const std::function<bool()>& abandon) {
+                                          const std::function<bool()>& abandon) -> absl::StatusOr<ModelSwitch> {
       return server->LoadModel(dir, timeout, abandon);
     };
   }
@@ -162,9 +162,8 @@ bool RouterServer::ReleaseRetired() {
   return retired_.empty();
 }
 
-absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(const std::string& model_dir,
-                                                                            absl::Duration timeout,
-                                                                            const std::function<bool()>& abandon) {
+absl::StatusOr<ModelSwitch> RouterServer::LoadModel(const std::string& model_dir, absl::Duration timeout,
+                                                    const std::function<bool()>& abandon) {
   if (engine_ != nullptr) {
     return absl::FailedPreconditionError("a local-mode router cannot switch models: restart it with the new model");
   }
@@ -173,7 +172,7 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(cons
     load_mu_.Unlock();
     return absl::UnavailableError("the router is shutting down");
   }
-  absl::StatusOr<std::pair<std::string, std::string>> result = LoadModelLocked(model_dir, timeout, abandon);
+  absl::StatusOr<ModelSwitch> result = LoadModelLocked(model_dir, timeout, abandon);
   metrics_
       .GetCounter("colibri_router_model_loads_total", "LoadModel calls by result.",
                   {{"result", result.ok() ? "ok" : "failed"}})
@@ -182,16 +181,30 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModel(cons
   return result;
 }
 
-absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocked(
-    const std::string& model_dir, absl::Duration timeout, const std::function<bool()>& abandon) {
+absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& model_dir, absl::Duration timeout,
+                                                          const std::function<bool()>& abandon) {
   COLIBRI_RETURN_IF_ERROR(MayLoad(model_dir, options_.model_root, options_.model_dir));
   // Not service_->router(): a reference held here would keep the old version
   // from being released below.
   const Router& current = *remote_->router;
   const std::string previous_id = current.model_id();
-  COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next,
-                           PrepareVersion(current, model_dir, options_.remote, options_.router, timeout, &stopping_));
-  if (next.router == nullptr) return std::make_pair(previous_id, previous_id);
+  COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, PrepareVersion(current, model_dir, options_.remote, options_.router,
+                                                             timeout, &stopping_, abandon));
+  // The old versions' requests finish on them; each is released once they
+  // have (or, if some take longer, at the next load or at shutdown). A
+  // shutdown does not wait for this: it releases what is left itself.
+  const auto drain = [&] {
+    const absl::Time drain_until = absl::Now() + timeout;
+    bool released = ReleaseRetired();
+    while (!released && absl::Now() < drain_until && !stopping_.load()) {
+      absl::SleepFor(absl::Milliseconds(20));
+      released = ReleaseRetired();
+    }
+    return released;
+  };
+  // Nothing to switch: the versions replaced before get their wait again
+  // (a caller that was told they were not released asks again this way).
+  if (next.router == nullptr) return ModelSwitch{previous_id, previous_id, drain()};
   if (abandon && abandon()) {
     return absl::CancelledError(absl::StrCat("the caller gave up before the switch: model ", next.router->model_id(),
                                              " not switched to, ", previous_id, " serves on"));
@@ -206,12 +219,7 @@ absl::StatusOr<std::pair<std::string, std::string>> RouterServer::LoadModelLocke
   retired_.push_back(std::move(old));
   common::LogLine(log_, absl::StrCat("colibri-router: now serving model ", version->router->model_id(), " from ",
                                      model_dir, " (was ", previous_id, ")"));
-  // The old version's requests finish on it; release it once they have
-  // (or, if some take longer, at the next load or at shutdown).
-  // A shutdown does not wait for this: it releases what is left itself.
-  const absl::Time drain_until = absl::Now() + timeout;
-  while (!ReleaseRetired() && absl::Now() < drain_until && !stopping_.load()) absl::SleepFor(absl::Milliseconds(20));
-  return std::make_pair(version->router->model_id(), previous_id);
+  return ModelSwitch{version->router->model_id(), previous_id, drain()};
 }
 
 void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {

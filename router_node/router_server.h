@@ -86,13 +86,15 @@ class RouterServer {
   // and LUTs beside the serving ones, waits up to `timeout` until every
   // (layer, expert) of it has a live node, then serves new requests with it;
   // waits (up to the same timeout) for the old version's requests to finish
-  // and releases it. Returns the new and the replaced model_id. Any failure
+  // and releases it (with nothing to switch, waits so for the versions
+  // replaced before). Returns the new and the replaced model_id, and
+  // whether the replaced versions were released (ModelSwitch). Any failure
   // leaves the old version serving. One at a time (ABORTED otherwise).
   // When `abandon` (may be empty) says true just before the swap — the
   // RPC's caller gave up —, CANCELLED and nothing switched: a caller that
   // saw its call fail must find the old version serving.
-  absl::StatusOr<std::pair<std::string, std::string>> LoadModel(const std::string& model_dir, absl::Duration timeout,
-                                                                const std::function<bool()>& abandon = {});
+  absl::StatusOr<ModelSwitch> LoadModel(const std::string& model_dir, absl::Duration timeout,
+                                        const std::function<bool()>& abandon = {});
 
   // Stops accepting calls, lets in-flight calls finish until `deadline`,
   // then cancels the rest (and their node calls).
@@ -101,9 +103,8 @@ class RouterServer {
  private:
   RouterServer() = default;
 
-  absl::StatusOr<std::pair<std::string, std::string>> LoadModelLocked(const std::string& model_dir,
-                                                                      absl::Duration timeout,
-                                                                      const std::function<bool()>& abandon)
+  absl::StatusOr<ModelSwitch> LoadModelLocked(const std::string& model_dir, absl::Duration timeout,
+                                              const std::function<bool()>& abandon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
   // Destroys retired versions nothing uses any more; true if none is left.
   bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);

@@ -536,11 +536,11 @@ grpc::ServerUnaryReactor* RouterService::LoadModelAs(grpc::CallbackServerContext
   // Loading and waiting for the nodes take seconds: never on a gRPC thread.
   const absl::Duration timeout = absl::Milliseconds(request->timeout_ms() > 0 ? request->timeout_ms() : 30000);
   load_thread_ = std::thread([this, context, finish, response, dir = request->model_dir(), timeout] {
-    absl::StatusOr<std::pair<std::string, std::string>> ids =
-        options_.load_model(dir, timeout, [context] { return context->IsCancelled(); });
+    absl::StatusOr<ModelSwitch> ids = options_.load_model(dir, timeout, [context] { return context->IsCancelled(); });
     if (ids.ok()) {
-      response->set_model_id(ids->first);
-      response->set_previous_model_id(ids->second);
+      response->set_model_id(ids->model_id);
+      response->set_previous_model_id(ids->previous_model_id);
+      response->set_previous_released(ids->previous_released);
     }
     {
       common::MutexLock guard(&mu_);

@@ -37,6 +37,15 @@
 namespace colibri {
 namespace router_node {
 
+// What a LoadModel did: the model now serving, the one it replaced (equal
+// when nothing changed), and whether every version replaced so far has been
+// released (its last request ended within the call's timeout).
+struct ModelSwitch {
+  std::string model_id;
+  std::string previous_model_id;
+  bool previous_released = true;
+};
+
 class RouterService final : public colibri::v1::Router::CallbackService {
  public:
   struct Options {
@@ -62,11 +71,10 @@ class RouterService final : public colibri::v1::Router::CallbackService {
     // Certificate identities (mutual TLS) that get the admin view of
     // GetClusterStatus, and may call LoadModel, on the data port (see RouterAdminService).
     std::vector<std::string> admin_identities;
-    // LoadModel's work (RouterServer::LoadModel): the new model_id and the
-    // replaced one; `abandon` says whether the caller has gone. Null:
-    // LoadModel is refused (FAILED_PRECONDITION).
-    std::function<absl::StatusOr<std::pair<std::string, std::string>>(
-        const std::string& model_dir, absl::Duration timeout, const std::function<bool()>& abandon)>
+    // LoadModel's work (RouterServer::LoadModel); `abandon` says whether the
+    // caller has gone. Null: LoadModel is refused (FAILED_PRECONDITION).
+    std::function<absl::StatusOr<ModelSwitch>(const std::string& model_dir, absl::Duration timeout,
+                                              const std::function<bool()>& abandon)>
         load_model;
   };
 

@@ -82,7 +82,7 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
                                                     const std::vector<ExpertWork>& experts,
                                                     const std::vector<int>& works, absl::Span<const int> load,
                                                     const std::set<int>& excluded, const std::set<int>& avoided,
-                                                    uint32_t rotation) {
+                                                    uint32_t rotation, bool use_fallbacks) {
   std::map<int, NodeCall> calls;
   std::set<std::pair<int32_t, int>> given;  // (expert, node): a part of the expert is planned there
   for (const int w : works) {
@@ -108,7 +108,7 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
       return best;
     };
     int best = choose(map.replicas(layer, expert));
-    if (best < 0) best = choose(map.fallbacks(layer, expert));
+    if (best < 0 && use_fallbacks) best = choose(map.fallbacks(layer, expert));
     if (best < 0) {
       std::string why;
       for (const NodeState& node : map.nodes()) {

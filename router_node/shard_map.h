@@ -112,7 +112,9 @@ struct NodeCall {
 // replicas in their order rotated by `rotation` (the lowest index for 0), so
 // that calls with equal loads and successive rotations take the replicas in
 // turn. Where every live replica is excluded (or none is left), the same
-// choice among the expert's fallbacks (ShardMap::fallbacks) not excluded.
+// choice among the expert's fallbacks (ShardMap::fallbacks) not excluded,
+// with `use_fallbacks` (a hedge does without: a node that just failed is no
+// second opinion on a slow one).
 // Returns one NodeCall per
 // node used, ascending by node. UNAVAILABLE naming the layer and the expert —
 // and why its nodes are out — when an expert has no replica left.
@@ -121,7 +123,7 @@ absl::StatusOr<std::vector<NodeCall>> PlanNodeCalls(const ShardMap& map, int32_t
                                                     const std::vector<ExpertWork>& experts,
                                                     const std::vector<int>& works, absl::Span<const int> load,
                                                     const std::set<int>& excluded, const std::set<int>& avoided = {},
-                                                    uint32_t rotation = 0);
+                                                    uint32_t rotation = 0, bool use_fallbacks = true);
 
 }  // namespace router_node
 }  // namespace colibri

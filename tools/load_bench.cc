@@ -339,16 +339,28 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(t - run_start).count();
   };
   // A client warm (or leaving): the last one starts the window.
+  // A timed run waits for the warm-ups at most `duration`: a client whose
+  // calls keep failing (abandoned at --deadline_ms) must not hold the others.
+  const auto warm_limit = timed_run
+                              ? run_start + std::chrono::microseconds(static_cast<int64_t>(o.duration_seconds * 1e6))
+                              : Clock::time_point::max();
+  const auto start_window = [&] {  // with mu held
+    warming = 0;
+    t0 = Clock::now();
+    if (timed_run) window_end_nanos = since_start(t0) + static_cast<int64_t>(o.duration_seconds * 1e9);
+    warm_cv.SignalAll();
+  };
   const auto arrive = [&] {
     common::MutexLock lock(&mu);
-    if (--warming == 0) {
-      t0 = Clock::now();
-      if (timed_run) {
-        window_end_nanos = since_start(t0) + static_cast<int64_t>(o.duration_seconds * 1e9);
+    if (warming <= 0) return;  // the window started without this client
+    if (--warming == 0) start_window();
+    while (warming > 0 && !stop) {
+      if (Clock::now() >= warm_limit) {
+        start_window();
+        break;
       }
-      warm_cv.SignalAll();
+      warm_cv.WaitWithTimeout(&mu, absl::Milliseconds(100));
     }
-    while (warming > 0 && !stop) warm_cv.Wait(&mu);
   };
   std::vector<std::thread> threads;
   for (int c = 0; c < o.concurrency; ++c) {
@@ -390,6 +402,8 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
                 (r.status().code() == absl::StatusCode::kDeadlineExceeded ||
                  r.status().code() == absl::StatusCode::kCancelled)) {
               ++abandoned;
+              ++calls;  // toward the warm-up too: a client whose calls all time out still arrives
+              if (since_start(Clock::now()) >= window_end_nanos) stop = true;
               break;  // this step's hidden state is gone: start the next step
             }
             if (!r.ok()) {

@@ -54,9 +54,27 @@ absl::StatusOr<std::string> RouterModel(const RolloutOptions& o) {
     v1::GetModelInfoResponse info;
     s = v1::Router::NewStub(channel)->GetModelInfo(&context, {}, &info);
     if (s.ok()) return info.model_id();
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("router ", o.router, ": GetModelInfo: ", Describe(s),
+                       s.error_code() == grpc::StatusCode::UNIMPLEMENTED
+                           ? " (not an admin endpoint that serves it: a router older than this tool?)"
+                           : ""));
+    }
     absl::SleepFor(absl::Milliseconds(200));
   } while (absl::Now() < give_up);
   return absl::UnavailableError(absl::StrCat("router ", o.router, ": GetModelInfo: ", Describe(s)));
+}
+
+// The models a node serves (GetNodeInfo.model_ids), or empty if it does not answer.
+std::vector<std::string> NodeModels(const RolloutOptions& o, const std::string& node) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Channel(o, node);
+  if (!channel.ok()) return {};
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::GetNodeInfoResponse info;
+  if (!v1::ExpertNode::NewStub(*channel)->GetNodeInfo(&context, {}, &info).ok()) return {};
+  return {info.model_ids().begin(), info.model_ids().end()};
 }
 
 // Each (node, model) pair: the node drops the model it staged, making the
@@ -96,10 +114,17 @@ absl::Status StageOn(const RolloutOptions& o, std::ostream& log, std::string* mo
     request.set_model_dir(o.model_dir);
     request.set_keep_previous(true);
     v1::ReloadResponse response;
-    // A call that fails here leaves the node as it was: a node whose load
-    // outlives the deadline sees its caller gone and does not install it.
+    const std::vector<std::string> before = NodeModels(o, node);
     const grpc::Status s = Reload(o, node, request, &response);
     if (!s.ok()) {
+      // A node whose load outlives the deadline sees its caller gone and
+      // does not install it; but one may have swapped just before its answer
+      // was lost: what it serves now that it did not is rolled back too.
+      for (const std::string& id : NodeModels(o, node)) {
+        if (!before.empty() && std::find(before.begin(), before.end(), id) == before.end()) {
+          staged->emplace_back(node, id);
+        }
+      }
       return absl::FailedPreconditionError(
           absl::StrCat("stage: node ", node, " could not load ", o.model_dir, ": ", Describe(s)));
     }
@@ -125,21 +150,45 @@ absl::Status StageOnNodes(const RolloutOptions& o, std::ostream& log, std::strin
   return RolledBack(s, RollBack(o, staged, log));
 }
 
-absl::Status SwitchRouter(const RolloutOptions& o, std::ostream& log, std::string* previous_model_id) {
+namespace {
+
+// Router.LoadModel of o.model_dir: the switch (or, when the router serves it
+// already, a wait for its old versions to be released).
+absl::Status LoadModelOnRouter(const RolloutOptions& o, v1::LoadModelResponse* response) {
   if (o.router.empty()) return absl::InvalidArgumentError("no router given (RolloutOptions::router)");
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, Channel(o, o.router));
   v1::LoadModelRequest request;
   request.set_model_dir(o.model_dir);
   request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(o.timeout)));
-  v1::LoadModelResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + 2 * o.timeout + absl::Seconds(5)));
-  const grpc::Status s = v1::Router::NewStub(channel)->LoadModel(&context, request, &response);
-  if (!s.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("switch: router ", o.router, ": ", Describe(s)));
+  const grpc::Status s = v1::Router::NewStub(channel)->LoadModel(&context, request, response);
+  if (!s.ok()) return absl::FailedPreconditionError(absl::StrCat("switch: router ", o.router, ": ", Describe(s)));
+  return absl::OkStatus();
+}
+
+// Until the router has released every old version (LoadModel again: each
+// call waits up to o.timeout for their requests), at most 5 more times.
+absl::Status AwaitReleased(const RolloutOptions& o, bool released, std::ostream& log) {
+  for (int i = 0; !released && i < 5; ++i) {
+    log << "switch: requests of the old version still run on router " << o.router << "; waiting\n";
+    v1::LoadModelResponse response;
+    COLIBRI_RETURN_IF_ERROR(LoadModelOnRouter(o, &response));
+    released = response.previous_released();
   }
+  if (released) return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat("router ", o.router, " still runs requests of the old version after 6 waits of ",
+                   absl::FormatDuration(o.timeout), ": the old model stays on the nodes; drop it once they end"));
+}
+
+}  // namespace
+
+absl::Status SwitchRouter(const RolloutOptions& o, std::ostream& log, std::string* previous_model_id) {
+  v1::LoadModelResponse response;
+  COLIBRI_RETURN_IF_ERROR(LoadModelOnRouter(o, &response));
   log << "switch: router " << o.router << " serves " << response.model_id() << " (was " << response.previous_model_id()
-      << ")\n";
+      << ")" << (response.previous_released() ? "" : "; requests of the old version still run") << "\n";
   *previous_model_id = response.previous_model_id();
   return absl::OkStatus();
 }
@@ -176,8 +225,11 @@ absl::Status Rollout(const RolloutOptions& o, std::ostream& log) {
     log << "the router already serves " << new_id << "\n";
     return absl::OkStatus();
   }
-  std::string was;
-  if (absl::Status s = SwitchRouter(o, log, &was); !s.ok()) {
+  v1::LoadModelResponse switched;
+  if (absl::Status s = LoadModelOnRouter(o, &switched); s.ok()) {
+    log << "switch: router " << o.router << " serves " << switched.model_id() << " (was "
+        << switched.previous_model_id() << ")\n";
+  } else {
     // The call failed, but the switch may have happened (a connection lost
     // after it): ask. Roll back only from a router known to serve the old
     // version; nodes serving both versions are right for either.
@@ -190,7 +242,10 @@ absl::Status Rollout(const RolloutOptions& o, std::ostream& log) {
     }
     if (*serving != new_id) return RolledBack(s, RollBack(o, staged, log));
     log << "switch: the call failed (" << s.message() << ") but router " << o.router << " serves " << new_id << "\n";
+    switched.set_previous_released(false);  // not known: asked below
   }
+  // The old version leaves the nodes only once no request of the router runs on it.
+  COLIBRI_RETURN_IF_ERROR(AwaitReleased(o, switched.previous_released(), log));
   COLIBRI_RETURN_IF_ERROR(DropOnNodes(o, old_id, log));
   log << "rolled out " << new_id << " (replacing " << old_id << ")\n";
   return absl::OkStatus();

@@ -11,7 +11,9 @@
 //      waits until every expert of the new version has a live node, serves
 //      new requests with it, and lets the requests of the old version finish
 //      on it — a request is answered by one version, never a mix;
-//   3. drop: every node releases the old version (Reload drop_model_id).
+//   3. drop: once the router reports the old version released (its
+//      requests ended; asked again while they run), every node releases it
+//      (Reload drop_model_id).
 //
 // A failure in 1 or 2 rolls back: the nodes that staged the new version drop
 // it (making the old one current again) and the router keeps the old

@@ -287,9 +287,7 @@ TEST_CASE("a reload can keep the previous model served beside the new one, and e
   CHECK(store.Previous() == nullptr);
 }
 
-TEST_CASE(
-    "staging the model already current again keeps the previous one; a reload whose caller gave up installs "
-    "nothing") {
+TEST_CASE("staging the model already current again keeps the previous one, and an abandoned reload installs nothing") {
   TempDir dir;
   tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
   colibri::testing::MakeModel(synth, dir / "v1", DType::kBF16);

@@ -492,12 +492,15 @@ TEST_CASE("the in-process backend serves its callers in the order they came") {
   const int64_t d = f.manifest().d_model;
   // Callers that each come straight back for their next call, more of them
   // than CPUs: with a plain mutex the one that just finished takes it again
-  // and the others wait for many calls; in turn, no call waits for more than
-  // about one call of each other caller.
+  // and the others wait for many calls; in turn, a call waits for about one
+  // call of each other caller. Judged on the 95th percentile of the calls
+  // others completed while one call was out (a caller preempted outside the
+  // line on a loaded machine sees many, now and then, in either case).
   constexpr int kCallers = 6, kCalls = 150;
   std::atomic<int> completed{0};
-  std::atomic<int> worst{0};  // the most calls of others completed while one call waited
   std::atomic<int> failed{0};
+  common::Mutex mu;
+  std::vector<int> waits;  // guarded by mu
   std::vector<std::thread> callers;
   for (int c = 0; c < kCallers; ++c) {
     callers.emplace_back([&] {
@@ -507,21 +510,23 @@ TEST_CASE("the in-process backend serves its callers in the order they came") {
       w.num_tokens = 1;
       w.num_slots = 2;
       w.experts = {{0, {0}, {0.5f}, {0}}, {1, {0}, {0.5f}, {1}}};
+      std::vector<int> mine;
       for (int i = 0; i < kCalls; ++i) {
         const int before = completed;
         CallControl control;
         if (!f.local->Compute(w, out.data(), control, nullptr).ok()) ++failed;  // (Catch asserts on this thread only)
-        const int others = completed++ - before;
-        int seen = worst;
-        while (others > seen && !worst.compare_exchange_weak(seen, others)) {
-        }
+        mine.push_back(completed++ - before);
       }
+      common::MutexLock lock(&mu);
+      waits.insert(waits.end(), mine.begin(), mine.end());
     });
   }
   for (std::thread& t : callers) t.join();
   CHECK(failed == 0);
-  CAPTURE(worst.load());
-  CHECK(worst <= 4 * kCallers);
+  std::sort(waits.begin(), waits.end());
+  const int p95 = waits[waits.size() * 95 / 100];
+  CAPTURE(p95, waits.back());
+  CHECK(p95 <= 3 * kCallers);  // in turn ~5; a plain mutex 27 and more (max 45-430)
 }
 
 TEST_CASE("a merged call never holds more tokens than one Forward may") {
