@@ -190,21 +190,12 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& mod
   const std::string previous_id = current.model_id();
   COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, PrepareVersion(current, model_dir, options_.remote, options_.router,
                                                              timeout, &stopping_, abandon));
-  // The old versions' requests finish on them; each is released once they
-  // have (or, if some take longer, at the next load or at shutdown). A
-  // shutdown does not wait for this: it releases what is left itself.
-  const auto drain = [&] {
-    const absl::Time drain_until = absl::Now() + timeout;
-    bool released = ReleaseRetired();
-    while (!released && absl::Now() < drain_until && !stopping_.load()) {
-      absl::SleepFor(absl::Milliseconds(20));
-      released = ReleaseRetired();
-    }
-    return released;
-  };
-  // Nothing to switch: the versions replaced before get their wait again
-  // (a caller that was told they were not released asks again this way).
-  if (next.router == nullptr) return ModelSwitch{previous_id, previous_id, drain()};
+  // Nothing to switch: for an RPC caller (`abandon` set; not SIGHUP, whose
+  // thread also handles SIGTERM) the versions replaced before get their wait
+  // again: a caller told they were not released asks again this way.
+  if (next.router == nullptr) {
+    return ModelSwitch{previous_id, previous_id, abandon ? DrainRetired(timeout, abandon) : ReleaseRetired()};
+  }
   if (abandon && abandon()) {
     return absl::CancelledError(absl::StrCat("the caller gave up before the switch: model ", next.router->model_id(),
                                              " not switched to, ", previous_id, " serves on"));
@@ -219,7 +210,21 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& mod
   retired_.push_back(std::move(old));
   common::LogLine(log_, absl::StrCat("colibri-router: now serving model ", version->router->model_id(), " from ",
                                      model_dir, " (was ", previous_id, ")"));
-  return ModelSwitch{version->router->model_id(), previous_id, drain()};
+  return ModelSwitch{version->router->model_id(), previous_id, DrainRetired(timeout, abandon)};
+}
+
+bool RouterServer::DrainRetired(absl::Duration timeout, const std::function<bool()>& abandon) {
+  // The old versions' requests finish on them; each is released once they
+  // have (or, if some take longer, at the next load or at shutdown). A
+  // shutdown does not wait for this, nor a caller gone: what is left is
+  // released later.
+  const absl::Time until = absl::Now() + timeout;
+  bool released = ReleaseRetired();
+  while (!released && absl::Now() < until && !stopping_.load() && !(abandon && abandon())) {
+    absl::SleepFor(absl::Milliseconds(20));
+    released = ReleaseRetired();
+  }
+  return released;
 }
 
 void RouterServer::Shutdown(std::chrono::system_clock::time_point deadline) {

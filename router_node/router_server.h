@@ -86,8 +86,8 @@ class RouterServer {
   // and LUTs beside the serving ones, waits up to `timeout` until every
   // (layer, expert) of it has a live node, then serves new requests with it;
   // waits (up to the same timeout) for the old version's requests to finish
-  // and releases it (with nothing to switch, waits so for the versions
-  // replaced before). Returns the new and the replaced model_id, and
+  // and releases it (with nothing to switch and `abandon` set, i.e. for an
+  // RPC, waits so for the versions replaced before). Returns the new and the replaced model_id, and
   // whether the replaced versions were released (ModelSwitch). Any failure
   // leaves the old version serving. One at a time (ABORTED otherwise).
   // When `abandon` (may be empty) says true just before the swap — the
@@ -108,6 +108,10 @@ class RouterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
   // Destroys retired versions nothing uses any more; true if none is left.
   bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+  // ReleaseRetired until none is left, for up to `timeout` (less when the
+  // server stops or `abandon`, if set, says the caller is gone).
+  bool DrainRetired(absl::Duration timeout, const std::function<bool()>& abandon)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
 
   RouterServerOptions options_;  // as completed by Create (log, metrics)
   std::ostream* log_ = nullptr;

@@ -113,8 +113,7 @@ struct NodeCall {
 // that calls with equal loads and successive rotations take the replicas in
 // turn. Where every live replica is excluded (or none is left), the same
 // choice among the expert's fallbacks (ShardMap::fallbacks) not excluded,
-// with `use_fallbacks` (a hedge does without: a node that just failed is no
-// second opinion on a slow one).
+// with `use_fallbacks` (a hedge does without: it goes to live replicas only).
 // Returns one NodeCall per
 // node used, ascending by node. UNAVAILABLE naming the layer and the expert —
 // and why its nodes are out — when an expert has no replica left.

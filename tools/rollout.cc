@@ -167,19 +167,27 @@ absl::Status LoadModelOnRouter(const RolloutOptions& o, v1::LoadModelResponse* r
   return absl::OkStatus();
 }
 
-// Until the router has released every old version (LoadModel again: each
-// call waits up to o.timeout for their requests), at most 5 more times.
+// Until the router has released every old version (LoadModel again, with
+// the model it serves now: each call waits up to o.timeout for their
+// requests), at most 5 more times; a call that finds another load running
+// or the router unreachable counts as one and is tried again 1 s later.
 absl::Status AwaitReleased(const RolloutOptions& o, bool released, std::ostream& log) {
+  std::string last;
   for (int i = 0; !released && i < 5; ++i) {
-    log << "switch: requests of the old version still run on router " << o.router << "; waiting\n";
+    log << "switch: requests of an old version still run on router " << o.router << "; waiting\n";
     v1::LoadModelResponse response;
-    COLIBRI_RETURN_IF_ERROR(LoadModelOnRouter(o, &response));
+    if (absl::Status s = LoadModelOnRouter(o, &response); !s.ok()) {
+      last = std::string(s.message());
+      absl::SleepFor(absl::Seconds(1));
+      continue;
+    }
     released = response.previous_released();
   }
   if (released) return absl::OkStatus();
-  return absl::DeadlineExceededError(
-      absl::StrCat("router ", o.router, " still runs requests of the old version after 6 waits of ",
-                   absl::FormatDuration(o.timeout), ": the old model stays on the nodes; drop it once they end"));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "router ", o.router, " serves the new model, but requests of an old version still ran after 5 more waits of ",
+      absl::FormatDuration(o.timeout), last.empty() ? "" : absl::StrCat(" (last: ", last, ")"),
+      ": the old model stays on the nodes; drop it there once they have ended"));
 }
 
 }  // namespace
@@ -187,10 +195,15 @@ absl::Status AwaitReleased(const RolloutOptions& o, bool released, std::ostream&
 absl::Status SwitchRouter(const RolloutOptions& o, std::ostream& log, std::string* previous_model_id) {
   v1::LoadModelResponse response;
   COLIBRI_RETURN_IF_ERROR(LoadModelOnRouter(o, &response));
-  log << "switch: router " << o.router << " serves " << response.model_id() << " (was " << response.previous_model_id()
-      << ")" << (response.previous_released() ? "" : "; requests of the old version still run") << "\n";
+  if (response.model_id() == response.previous_model_id()) {
+    log << "switch: router " << o.router << " already serves " << response.model_id() << "\n";
+  } else {
+    log << "switch: router " << o.router << " serves " << response.model_id() << " (was "
+        << response.previous_model_id() << ")\n";
+  }
   *previous_model_id = response.previous_model_id();
-  return absl::OkStatus();
+  // Done only when no request runs on an old version any more: the next step drops it.
+  return AwaitReleased(o, response.previous_released(), log);
 }
 
 absl::Status DropOnNodes(const RolloutOptions& o, const std::string& model_id, std::ostream& log) {

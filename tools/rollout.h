@@ -27,8 +27,9 @@
 // (reported). A roll-back that fails names the nodes left serving both.
 //
 // Several routers in front of the same nodes: `stage`, then `switch` each
-// router, then `drop` — not `upgrade`, whose drop would take the old version
-// from the nodes while the other routers still serve it.
+// router (SwitchRouter ends once that router has released the old version),
+// then `drop` — not `upgrade`, whose drop would take the old version from
+// the nodes while the other routers still serve it.
 //
 // Every call goes to admin endpoints (the nodes' and router's
 // --admin_listen, or their data ports with an admin certificate).
