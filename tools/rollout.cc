@@ -66,15 +66,21 @@ absl::StatusOr<std::string> RouterModel(const RolloutOptions& o) {
   return absl::UnavailableError(absl::StrCat("router ", o.router, ": GetModelInfo: ", Describe(s)));
 }
 
+absl::StatusOr<v1::GetNodeInfoResponse> NodeInfo(const RolloutOptions& o, const std::string& node) {
+  COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, node));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + o.timeout));
+  v1::GetNodeInfoResponse info;
+  const grpc::Status s = v1::ExpertNode::NewStub(channel)->GetNodeInfo(&context, {}, &info);
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("node ", node, ": GetNodeInfo: ", Describe(s)));
+  return info;
+}
+
 // The models a node serves (GetNodeInfo.model_ids), or empty if it does not answer.
 std::vector<std::string> NodeModels(const RolloutOptions& o, const std::string& node) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Channel(o, node);
-  if (!channel.ok()) return {};
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  v1::GetNodeInfoResponse info;
-  if (!v1::ExpertNode::NewStub(*channel)->GetNodeInfo(&context, {}, &info).ok()) return {};
-  return {info.model_ids().begin(), info.model_ids().end()};
+  const absl::StatusOr<v1::GetNodeInfoResponse> info = NodeInfo(o, node);
+  if (!info.ok()) return {};
+  return {info->model_ids().begin(), info->model_ids().end()};
 }
 
 // Each (node, model) pair: the node drops the model it staged, making the
@@ -294,16 +300,6 @@ absl::StatusOr<std::vector<std::vector<double>>> FetchExpertLoad(const RolloutOp
 namespace {
 
 using Pairs = std::set<std::pair<int64_t, int64_t>>;
-
-absl::StatusOr<v1::GetNodeInfoResponse> NodeInfo(const RolloutOptions& o, const std::string& node) {
-  COLIBRI_ASSIGN_OR_RETURN(auto channel, Channel(o, node));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + o.timeout));
-  v1::GetNodeInfoResponse info;
-  const grpc::Status s = v1::ExpertNode::NewStub(channel)->GetNodeInfo(&context, {}, &info);
-  if (!s.ok()) return absl::UnavailableError(absl::StrCat("node ", node, ": GetNodeInfo: ", Describe(s)));
-  return info;
-}
 
 // Node n's shard becomes `target`.
 absl::Status ReloadShard(const RolloutOptions& o, const char* step, size_t n, Pairs* owned, const Pairs& target,
