@@ -118,6 +118,9 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                                               std::numeric_limits<int>::max());
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
+  // The limit is fixed now: a reload may bring a larger d_model only while
+  // a call of limits.max_rows rows of it still fits.
+  s->store_->SetMaxDModel((max_bytes - options.limits.max_row_indices * 8 - (1 << 20)) / (options.limits.max_rows * 4));
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

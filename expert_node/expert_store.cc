@@ -115,6 +115,11 @@ std::shared_ptr<const WeightSet> ExpertStore::Current() const {
   return current_;
 }
 
+void ExpertStore::SetMaxDModel(int64_t d_model) {
+  common::MutexLock lock(&mu_);
+  max_d_model_ = d_model;
+}
+
 std::string ExpertStore::model_dir() const {
   common::MutexLock lock(&mu_);
   return model_dir_;
@@ -150,13 +155,21 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
   std::string dir;
   ShardSpec spec;
   uint64_t version = 0;
+  int64_t max_d_model = 0;
   {
     common::MutexLock lock(&mu_);
     dir = model_dir.empty() ? model_dir_ : model_dir;
     spec = shard.has_value() ? *shard : shard_;
     version = last_version_ + 1;
+    max_d_model = max_d_model_;
   }
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
+  if (const int64_t d_model = next->model().manifest().d_model; max_d_model > 0 && d_model > max_d_model) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " has d_model ", d_model, ", above the ", max_d_model,
+        " this node's message limits were set for at start (--max_rows and --max_message_bytes): not installed, "
+        "the weights in use stay; restart the node to serve it"));
+  }
   if (abandon && abandon()) {
     return absl::CancelledError(
         absl::StrCat("the caller gave up while ", dir, " was loading: not installed, the weights in use stay"));

@@ -163,6 +163,12 @@ class ExpertStore {
   // is running.
   absl::Status Drop(const std::string& model_id);
 
+  // Reloads of a model whose d_model is above `d_model` are refused
+  // (FAILED_PRECONDITION, nothing changed): the server's gRPC message
+  // limits, fixed at start, hold calls of up to this d_model. <= 0: no bound
+  // (the default).
+  void SetMaxDModel(int64_t d_model);
+
   std::string model_dir() const;
 
  private:
@@ -196,6 +202,7 @@ class ExpertStore {
   std::shared_ptr<const WeightSet> previous_ ABSL_GUARDED_BY(mu_);
   std::string previous_dir_ ABSL_GUARDED_BY(mu_);
   ShardSpec previous_shard_ ABSL_GUARDED_BY(mu_);
+  int64_t max_d_model_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace expert_node

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "common/model_dir.h"
 #include "kernels/block_kernel.h"
 #include "kernels/dispatch.h"
@@ -316,6 +317,32 @@ TEST_CASE("staging the model already current again keeps the previous one, and a
   REQUIRE(store.Reload(dir / "v1", std::nullopt, /*keep_previous=*/false, [] { return false; }).ok());
   CHECK(store.Current()->model().model_id() == v1);
   CHECK(store.Previous() == nullptr);
+}
+
+TEST_CASE("a reload of a model with a larger d_model than the node's limits hold is refused") {
+  TempDir dir;
+  tools::SynthOptions small = colibri::testing::SmallSynth(dir / "small");
+  tools::SynthOptions wide = colibri::testing::SmallSynth(dir / "wide");
+  wide.d_model = 2 * small.d_model;
+  colibri::testing::MakeModel(small, dir / "v1", DType::kBF16);
+  colibri::testing::MakeModel(wide, dir / "v2", DType::kBF16);
+  auto created = ExpertStore::Create(dir / "v1", StoreOptions{}, nullptr);
+  REQUIRE(created.ok());
+  ExpertStore& store = **created;
+  const std::string v1 = store.Current()->model().model_id();
+  store.SetMaxDModel(small.d_model);
+  for (bool keep_previous : {false, true}) {
+    const absl::Status refused = store.Reload(dir / "v2", std::nullopt, keep_previous);
+    INFO(refused.message());
+    CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(refused.message(), "d_model 96"));
+    CHECK(store.Current()->model().model_id() == v1);
+  }
+  // The same d_model reloads; without a bound, the wider model does too.
+  CHECK(store.Reload(dir / "v1", std::nullopt).ok());
+  store.SetMaxDModel(0);
+  REQUIRE(store.Reload(dir / "v2", std::nullopt).ok());
+  CHECK(store.Current()->model().manifest().d_model == wide.d_model);
 }
 
 }  // namespace
