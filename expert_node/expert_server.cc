@@ -119,8 +119,10 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
   // The limit is fixed now: a reload may bring a larger d_model only while
-  // a call of limits.max_rows rows of it still fits.
-  s->store_->SetMaxDModel((max_bytes - options.limits.max_row_indices * 8 - (1 << 20)) / (options.limits.max_rows * 4));
+  // a call of limits.max_rows rows of it still fits (never below the loaded
+  // model's, whose calls the limit was set for, capped at 2 GiB or not).
+  s->store_->SetMaxDModel(std::max(
+      d_model, (max_bytes - options.limits.max_row_indices * 8 - (1 << 20)) / (options.limits.max_rows * 4)));
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

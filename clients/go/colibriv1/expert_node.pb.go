@@ -654,7 +654,8 @@ type OwnedExperts struct {
 
 	// MoE layer index in [0, n_layers).
 	Layer int32 `protobuf:"varint,1,opt,name=layer,proto3" json:"layer,omitempty"`
-	// Expert ids in [0, n_experts), ascending.
+	// Expert ids in [0, n_experts + n_shared_experts) (shared experts after
+	// the routed ones), ascending.
 	Experts []int32 `protobuf:"varint,2,rep,packed,name=experts,proto3" json:"experts,omitempty"`
 }
 

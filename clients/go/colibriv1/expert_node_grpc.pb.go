@@ -94,6 +94,8 @@ type ExpertNodeClient interface {
 	//	DATA_LOSS            a file's checksum does not match the manifest.
 	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked;
 	//	                     keep_previous with a model of another shape;
+	//	                     a d_model larger than the node's message limit,
+	//	                     set at start, holds (restart the node);
 	//	                     drop_model_id naming the only model served.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
@@ -253,6 +255,8 @@ type ExpertNodeServer interface {
 	//	DATA_LOSS            a file's checksum does not match the manifest.
 	//	FAILED_PRECONDITION  --require_mlock and the new weights cannot be locked;
 	//	                     keep_previous with a model of another shape;
+	//	                     a d_model larger than the node's message limit,
+	//	                     set at start, holds (restart the node);
 	//	                     drop_model_id naming the only model served.
 	//	RESOURCE_EXHAUSTED   no memory for huge-page / NUMA copies.
 	//	ABORTED              another reload is in progress; retry later.
