@@ -71,11 +71,16 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   options.service.metrics = &s->metrics_;
   options.service.log = log;
   const common::Manifest& m = router->manifest();
-  // A reply is up to max_tokens f32 rows of d_model.
-  if (const int64_t most = runtime::MaxF32RowsPerMessage(m.d_model); options.router.max_tokens > most) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RouterOptions::max_tokens ", options.router.max_tokens, ": replies of that many tokens of d_model ", m.d_model,
-        " in f32 would pass gRPC's 2 GiB message limit (at most ", most, ")"));
+  // A reply is up to max_tokens f32 rows of d_model, each with its routes
+  // when asked (return_routes: an expert id of at most 5 bytes and a weight
+  // of 4 per route).
+  const int64_t route_bytes = 9 * (m.top_k + m.n_shared_experts);
+  if (const int64_t most = runtime::MaxF32RowsPerMessage(m.d_model, route_bytes); options.router.max_tokens > most) {
+    return absl::InvalidArgumentError(absl::StrCat("RouterOptions::max_tokens ", options.router.max_tokens,
+                                                   ": replies of that many tokens of d_model ", m.d_model,
+                                                   " in f32 with their routes would pass gRPC's 2 GiB message limit "
+                                                   "(at most ",
+                                                   most, ")"));
   }
   if (options.service.max_inflight_bytes <= 0) {  // room for two requests of max_tokens f32 hidden states
     const int64_t values = options.router.max_tokens * m.d_model;

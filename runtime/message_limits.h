@@ -10,10 +10,11 @@
 namespace colibri {
 namespace runtime {
 
-// The most f32 rows of `d_model` values one message may hold, leaving 1 MiB
-// for its other fields. REQUIRES: d_model >= 1.
-inline int64_t MaxF32RowsPerMessage(int64_t d_model) {
-  return (std::numeric_limits<int>::max() - (int64_t{1} << 20)) / (d_model * 4);
+// The most f32 rows of `d_model` values one message may hold, each with
+// `extra_bytes` more of per-row fields (e.g. a token's routes), leaving 1 MiB
+// for the others. REQUIRES: d_model >= 1, extra_bytes >= 0.
+inline int64_t MaxF32RowsPerMessage(int64_t d_model, int64_t extra_bytes = 0) {
+  return (std::numeric_limits<int>::max() - (int64_t{1} << 20)) / (d_model * 4 + extra_bytes);
 }
 
 }  // namespace runtime

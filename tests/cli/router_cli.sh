@@ -37,8 +37,10 @@ expect_exit 2 "exactly one of" --local "$tmp/model" --experts-at 127.0.0.1:1
 expect_exit 1 "manifest.json" --model "$tmp/nowhere" --experts_at 127.0.0.1:1
 expect_exit 1 "not host:port" --model "$tmp/model" --experts_at nohostport
 expect_exit 1 "(--max_tokens)" --local "$tmp/model" --max_tokens 0
-expect_exit 1 "(--max_tokens) 16777216: replies of that many tokens of d_model 64 in f32 would pass gRPC's 2 GiB message limit (at most 8384511)" \
+expect_exit 1 "(--max_tokens) 16777216: replies of that many tokens of d_model 64 in f32 with their routes would pass gRPC's 2 GiB message limit (at most 7833704)" \
   --local "$tmp/model" --max_tokens 16777216
+# Below what the rows alone allow (8384511), above what they take with their top-2 routes.
+expect_exit 1 "(at most 7833704)" --local "$tmp/model" --max_tokens 8000000
 expect_exit 1 "(--node_timeout_ms) 0 must be positive" --model "$tmp/model" --experts_at 127.0.0.1:1 --node_timeout_ms 0
 expect_exit 1 "(--health_interval_ms) -5ms must be positive" --model "$tmp/model" --experts_at 127.0.0.1:1 \
   --health_interval_ms -5
