@@ -96,6 +96,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"shard spec", "--experts"},
     {"ServerOptions::limits.max_rows", "--max_rows"},
     {"ServerOptions::max_message_bytes", "--max_message_bytes"},
+    {"ServerOptions::max_queued_calls", "--max_queued_calls"},
     {"ServerOptions::keepalive.interval", "--keepalive_interval_ms"},
     {"ServerOptions::keepalive.timeout", "--keepalive_timeout_ms"},
     {"ServerOptions::tls_cert_file", "--tls_cert"},

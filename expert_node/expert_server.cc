@@ -61,6 +61,11 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
     return absl::InvalidArgumentError(
         absl::StrCat("ServerOptions::limits.max_rows ", options.limits.max_rows, " must be in [1, 2^24]"));
   }
+  if (options.max_queued_calls < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_queued_calls ", options.max_queued_calls,
+                                                   " must be at least 1 (every call waits in the queue for the "
+                                                   "compute thread)"));
+  }
   if (options.limits.max_row_indices < 1 || options.limits.max_row_indices > (int64_t{1} << 28)) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::limits.max_row_indices ",
                                                    options.limits.max_row_indices, " must be in [1, 2^28]"));
@@ -121,8 +126,8 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   // The limit is fixed now: a reload may bring a larger d_model only while
   // a call of limits.max_rows rows of it still fits (never below the loaded
   // model's, whose calls the limit was set for, capped at 2 GiB or not).
-  s->store_->SetMaxDModel(std::max(
-      d_model, (max_bytes - options.limits.max_row_indices * 8 - (1 << 20)) / (options.limits.max_rows * 4)));
+  s->store_->SetMaxDModel(
+      std::max(d_model, (max_bytes - options.limits.max_row_indices * 8 - (1 << 20)) / (options.limits.max_rows * 4)));
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

@@ -124,6 +124,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"RouterServerOptions::service.admin_identities", "--admin_identities"},
     {"RouterServerOptions::keepalive.interval", "--keepalive_interval_ms"},
     {"RouterServerOptions::service.send_timeout", "--send_timeout_ms"},
+    {"RouterServerOptions::service.max_queued_requests", "--max_queued_requests"},
     {"RouterServerOptions::keepalive.timeout", "--keepalive_timeout_ms"},
     {"RemoteOptions::addresses", "--experts_at"},
     {"RemoteOptions::cluster_file", "--cluster_file"},

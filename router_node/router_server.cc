@@ -36,6 +36,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
                                                    absl::FormatDuration(options.service.send_timeout),
                                                    " is negative (0 turns it off)"));
   }
+  if (options.service.max_queued_requests < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("RouterServerOptions::service.max_queued_requests ",
+                                                   options.service.max_queued_requests,
+                                                   " must be at least 1 (every request waits in the queue for a "
+                                                   "worker, however briefly)"));
+  }
   std::unique_ptr<RouterServer> s(new RouterServer());
   s->log_ = log;
   std::shared_ptr<Router> router;

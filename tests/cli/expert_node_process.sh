@@ -36,6 +36,10 @@ if "$build/expert_node/colibri-expert" --model "$tmp/model" --residency swapped 
   fail "started with --residency swapped"
 fi
 grep -q -- "locked, copy, paged" "$tmp/err" || fail "error does not list the residencies: $(cat "$tmp/err")"
+if "$build/expert_node/colibri-expert" --model "$tmp/model" --max_queued_calls 0 --residency=paged 2>"$tmp/err"; then
+  fail "started with --max_queued_calls 0 (it would refuse every call)"
+fi
+grep -q -- "(--max_queued_calls) 0 must be at least 1" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
 
 echo "--- start, SIGHUP, SIGTERM"
 "$build/expert_node/colibri-expert" --model "$tmp/model" --experts "layer:1/expert:0-1" --listen 127.0.0.1:0 \

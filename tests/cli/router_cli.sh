@@ -41,6 +41,7 @@ expect_exit 1 "(--max_tokens) 16777216: replies of that many tokens of d_model 6
   --local "$tmp/model" --max_tokens 16777216
 # Below what the rows alone allow (8384511), above what they take with their top-2 routes.
 expect_exit 1 "(at most 7833704)" --local "$tmp/model" --max_tokens 8000000
+expect_exit 1 "(--max_queued_requests) 0 must be at least 1" --local "$tmp/model" --max_queued_requests 0
 expect_exit 1 "(--node_timeout_ms) 0 must be positive" --model "$tmp/model" --experts_at 127.0.0.1:1 --node_timeout_ms 0
 expect_exit 1 "(--health_interval_ms) -5ms must be positive" --model "$tmp/model" --experts_at 127.0.0.1:1 \
   --health_interval_ms -5
