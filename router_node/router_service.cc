@@ -5,6 +5,7 @@
 #include <memory>
 #include <ostream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/log_line.h"
@@ -225,7 +226,9 @@ class RouterService::StreamReactor final
     service_->CountCall("ForwardStream", s.code());
     reply_.set_code(static_cast<int32_t>(s.code()));
     reply_.set_message(std::string(s.message()));
-    reply_.set_request_id(request_.request_id());
+    // A request_id over the limit is refused; its echo is cut to the limit,
+    // so an oversized id is not sent back outside the memory budget.
+    reply_.set_request_id(request_.request_id().substr(0, kMaxRequestIdBytes));
     if (!s.ok()) reply_.clear_response();
     send_timeout_.Start();
     StartWrite(&reply_);
@@ -417,7 +420,7 @@ void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::
   }
   if (!options_.debug || options_.log == nullptr) return;
   std::string line = absl::StrCat(
-      "colibri-router: request '", request_id, "' layer ", layer, " tokens ", tokens, ": route ",
+      "colibri-router: request '", absl::CEscape(request_id), "' layer ", layer, " tokens ", tokens, ": route ",
       out.timings.route_nanos / 1000, " us, dispatch ", out.timings.dispatch_nanos / 1000, " us, aggregate ",
       out.timings.aggregate_nanos / 1000, " us, total ", out.timings.total_nanos / 1000, " us; nodes:");
   for (const NodeCallRecord& c : out.backend.calls) {
