@@ -257,7 +257,14 @@ int main(int argc, char** argv) {
     if (sig == SIGHUP) {
       (*server)->CheckNodesNow();
       if (!o.local) {  // --model re-read: a new version there (a switched symlink) is rolled out
-        const auto ids = (*server)->LoadModel(o.model_dir, absl::Seconds(30));
+        // SIGTERM or SIGINT (blocked, so pending until sigwait takes them)
+        // ends the load's waits: the drain below must not wait 30 s for it.
+        const auto stop_pending = [] {
+          sigset_t pending;
+          sigpending(&pending);
+          return sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1;
+        };
+        const auto ids = (*server)->LoadModel(o.model_dir, absl::Seconds(30), stop_pending);
         if (!ids.ok()) {
           LOG(ERROR) << "colibri-router: SIGHUP: " << ids.status().message();
         } else if (ids->model_id != ids->previous_model_id) {

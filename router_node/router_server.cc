@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
     RouterServer* server = s.get();
     options.service.load_model = [server](const std::string& dir, absl::Duration timeout,
                                           const std::function<bool()>& abandon) -> absl::StatusOr<ModelSwitch> {
-      return server->LoadModel(dir, timeout, abandon);
+      return server->LoadModel(dir, timeout, abandon, /*wait_again=*/true);
     };
   }
   if (options.metrics_port >= 0) {
@@ -174,7 +174,7 @@ bool RouterServer::ReleaseRetired() {
 }
 
 absl::StatusOr<ModelSwitch> RouterServer::LoadModel(const std::string& model_dir, absl::Duration timeout,
-                                                    const std::function<bool()>& abandon) {
+                                                    const std::function<bool()>& abandon, bool wait_again) {
   if (engine_ != nullptr) {
     return absl::FailedPreconditionError("a local-mode router cannot switch models: restart it with the new model");
   }
@@ -183,7 +183,7 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModel(const std::string& model_dir
     load_mu_.Unlock();
     return absl::UnavailableError("the router is shutting down");
   }
-  absl::StatusOr<ModelSwitch> result = LoadModelLocked(model_dir, timeout, abandon);
+  absl::StatusOr<ModelSwitch> result = LoadModelLocked(model_dir, timeout, abandon, wait_again);
   metrics_
       .GetCounter("colibri_router_model_loads_total", "LoadModel calls by result.",
                   {{"result", result.ok() ? "ok" : "failed"}})
@@ -193,7 +193,7 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModel(const std::string& model_dir
 }
 
 absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& model_dir, absl::Duration timeout,
-                                                          const std::function<bool()>& abandon) {
+                                                          const std::function<bool()>& abandon, bool wait_again) {
   COLIBRI_RETURN_IF_ERROR(MayLoad(model_dir, options_.model_root, options_.model_dir));
   // Not service_->router(): a reference held here would keep the old version
   // from being released below.
@@ -201,11 +201,9 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& mod
   const std::string previous_id = current.model_id();
   COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, PrepareVersion(current, model_dir, options_.remote, options_.router,
                                                              timeout, &stopping_, abandon));
-  // Nothing to switch: for an RPC caller (`abandon` set; not SIGHUP, whose
-  // thread also handles SIGTERM) the versions replaced before get their wait
-  // again: a caller told they were not released asks again this way.
+  // Nothing to switch: the versions replaced before get their wait again if asked.
   if (next.router == nullptr) {
-    return ModelSwitch{previous_id, previous_id, abandon ? DrainRetired(timeout, abandon) : ReleaseRetired()};
+    return ModelSwitch{previous_id, previous_id, wait_again ? DrainRetired(timeout, abandon) : ReleaseRetired()};
   }
   if (abandon && abandon()) {
     return absl::CancelledError(absl::StrCat("the caller gave up before the switch: model ", next.router->model_id(),

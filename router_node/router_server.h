@@ -86,15 +86,18 @@ class RouterServer {
   // and LUTs beside the serving ones, waits up to `timeout` until every
   // (layer, expert) of it has a live node, then serves new requests with it;
   // waits (up to the same timeout) for the old version's requests to finish
-  // and releases it (with nothing to switch and `abandon` set, i.e. for an
-  // RPC, waits so for the versions replaced before). Returns the new and the replaced model_id, and
+  // and releases it (with nothing to switch and `wait_again`, waits so for
+  // the versions replaced before: an RPC caller told they were not released
+  // asks again this way). Returns the new and the replaced model_id, and
   // whether the replaced versions were released (ModelSwitch). Any failure
   // leaves the old version serving. One at a time (ABORTED otherwise).
-  // When `abandon` (may be empty) says true just before the swap — the
-  // RPC's caller gave up —, CANCELLED and nothing switched: a caller that
-  // saw its call fail must find the old version serving.
+  // `abandon` (may be empty) is asked while it waits for nodes and for old
+  // requests, and just before the swap: once it says true — the RPC's
+  // caller gave up, SIGTERM arrived — the waits end, and before the swap
+  // the answer is CANCELLED and nothing switched (a caller that saw its
+  // call fail must find the old version serving).
   absl::StatusOr<ModelSwitch> LoadModel(const std::string& model_dir, absl::Duration timeout,
-                                        const std::function<bool()>& abandon = {});
+                                        const std::function<bool()>& abandon = {}, bool wait_again = false);
 
   // Stops accepting calls, lets in-flight calls finish until `deadline`,
   // then cancels the rest (and their node calls).
@@ -104,7 +107,7 @@ class RouterServer {
   RouterServer() = default;
 
   absl::StatusOr<ModelSwitch> LoadModelLocked(const std::string& model_dir, absl::Duration timeout,
-                                              const std::function<bool()>& abandon)
+                                              const std::function<bool()>& abandon, bool wait_again)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
   // Destroys retired versions nothing uses any more; true if none is left.
   bool ReleaseRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);

@@ -5,6 +5,7 @@
 // every answer equal byte for byte to v1's or v2's local answer (never a
 // mix), and after the roll-out every answer is v2's.
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -187,6 +188,24 @@ TEST_CASE("a router whose LoadModel caller gave up before the switch does not sw
     absl::SleepFor(absl::Milliseconds(100));
   }
   CHECK(ModelIds(node_admin).size() == 2);  // v2 beside v1, as staged
+}
+
+TEST_CASE("SIGTERM during a SIGHUP reload that waits for nodes drains and exits at once") {
+  TempDir root;
+  const tools::SynthOptions synth = SmallSynth(root / "ckpt");
+  MakeModel(synth, root / "v1", common::DType::kBF16);
+  MakeModel(synth, root / "v2", common::DType::kInt8);
+  std::filesystem::create_directory_symlink(root / "v1", root / "current");
+  Proc node = StartNode(root / "v1", "0-3", 0);
+  Proc router = StartRouter({"--model=" + root / "current", "--experts_at=" + Address(node.port), "--drain_seconds=1"});
+  // --model now holds v2, which no node serves: the SIGHUP's load waits up to 30 s for one.
+  std::filesystem::remove(root / "current");
+  std::filesystem::create_directory_symlink(root / "v2", root / "current");
+  router.process->Signal(SIGHUP);
+  absl::SleepFor(absl::Milliseconds(500));
+  const absl::Time sent = absl::Now();
+  CHECK(router.process->SignalAndWait(SIGTERM, std::chrono::seconds(10)) == 0);
+  CHECK(absl::Now() - sent < absl::Seconds(8));
 }
 
 }  // namespace
