@@ -50,9 +50,9 @@ while [ $# -gt 0 ]; do
 done
 [ "$window_us" -gt 0 ] || { echo "bench_batching: --window_us must be > 0 (0 is the 'off' router)" >&2; exit 2; }
 
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
+bench_build
 if [ -z "$model" ]; then
   bench_layer "$name" "$type" "${shape[@]}"
   model=$bench_model
@@ -105,10 +105,10 @@ counters() {
     END { printf "%.0f %.0f %.0f %.0f\n", b, r, s, n }'
 }
 
-# One expert's weight bytes as the node counts them (its three matrices' data, no scales).
+# One expert's weight bytes, about as the node counts them (its three matrices' data, scales and
+# zero points): its file's size (which adds a small header).
 weight_type=$(grep -o '"weight_type": "[a-z0-9]*"' "$model/manifest.json" | grep -o '[a-z0-9]*"$' | tr -d '"')
-case "$weight_type" in f32) half_bytes=8 ;; bf16|f16) half_bytes=4 ;; int8) half_bytes=2 ;; *) half_bytes=1 ;; esac
-expert_bytes=$((3 * $(manifest_int d_model) * $(manifest_int d_ff) * half_bytes / 2))
+expert_bytes=$(stat -c %s "$model/layer_000/expert_000.bin")
 echo "# machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# $name ($weight_type, top-$top_k of $n_experts + $n_shared shared, one expert $((expert_bytes / 1048576)) MiB); 1 node, 2 threads ($residency); router and"
 echo "# clients on the same 2 CPUs. colibri-bench run: N single-token streams, ${duration} s a run, lut routes;"

@@ -17,36 +17,44 @@
 # Every process started is stopped on exit.
 #
 # Usage: bash scripts/bench_deepseek.sh [--tokens 1,8,32] [--repeat 30] [--duration 20] [--type int4]
+#          [--layers 2] [--prepare]
 # Work files: ${COLIBRI_BENCH_DIR:-build/bench}/deepseek_v3 (the FP8 checkpoint ~22 GB, kept;
-# the int4 model ~11 GB). Needs ~14 GB of free RAM.
+# the int4 model ~11 GB), deepseek_v3_Nlayer with --layers N other than 2. Needs ~14 GB of
+# free RAM. --prepare makes the model and stops (e.g. --layers 1 --prepare for bench_batching.sh).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tokens=1,8,32
 repeat=30
 duration=20
 type=int4
+layers=2
+prepare=false
 while [ $# -gt 0 ]; do
   case "$1" in
     --tokens) tokens=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --type) type=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --layers) layers=$2; shift 2 ;;
+    --prepare) prepare=true; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "bench_deepseek: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
-bash "$root/scripts/build.sh" >/dev/null
+source "$root/scripts/bench_lib.sh"
+bench_build
 build=${COLIBRI_BUILD_DIR:-$root/build}
 bin=$build/tools
 work=${COLIBRI_BENCH_DIR:-$build/bench}/deepseek_v3
+[ "$layers" = 2 ] || work=${work}_${layers}layer
 mkdir -p "$work"
 echo "# machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(date -u +%Y-%m-%dT%H:%MZ)"
 if [ ! -f "$work/checkpoint/config.json" ]; then
   echo "# synthesizing the FP8 checkpoint (once; kept in $work/checkpoint)"
   start=$(date +%s)
   "$bin/colibri-synth" --out "$work/checkpoint" --naming deepseek_v3 --fp8 --norm_topk_prob \
-    --d_model 7168 --d_ff 2048 --shared_d_ff 2048 --layers 2 --experts 256 --top_k 8 --n_group 8 --topk_group 4 \
+    --d_model 7168 --d_ff 2048 --shared_d_ff 2048 --layers "$layers" --experts 256 --top_k 8 --n_group 8 --topk_group 4 \
     --routed_scaling_factor 2.5 --vocab 4096 --dtype bf16 --shards 3 --seed 3 --overwrite >/dev/null
   echo "# synthesized in $(( $(date +%s) - start )) s: $(du -sh "$work/checkpoint" | cut -f1)"
 fi
@@ -57,6 +65,10 @@ if [ ! -f "$work/$type/manifest.json" ]; then
   echo "# converted in $(( $(date +%s) - start )) s: $(du -sh "$work/$type" | cut -f1)"
 fi
 model=$work/$type
+if [ "$prepare" = true ]; then
+  echo "# the model: $model"
+  exit 0
+fi
 
 echo "## 1. in process: one layer's decode step (routed top-8 + shared expert) vs the read-bandwidth floor"
 "$build/tools/colibri-bench" kernels --model "$model" --layer 0 --tokens "$tokens" --repeat "$repeat" \
@@ -70,6 +82,8 @@ pin_a=() pin_b=()
 if [ "$(nproc)" -ge 2 ]; then pin_a=(taskset -c 0); pin_b=(taskset -c 1); fi
 proc_start node_a "${pin_a[@]}" "${node[@]}" --experts "0-127,256"; a=$port
 proc_start node_b "${pin_b[@]}" "${node[@]}" --experts 128-255; b=$port
+proc_wait_locked node_a  # time the calls once the weights are in RAM
+proc_wait_locked node_b
 proc_start router "$build/router_node/colibri-router" --model "$model" --experts_at "127.0.0.1:$a,127.0.0.1:$b" \
   --listen 127.0.0.1:0
 router=127.0.0.1:$port

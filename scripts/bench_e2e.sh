@@ -22,9 +22,9 @@ while [ $# -gt 0 ]; do
     *) echo "bench_e2e: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
+bench_build
 bench_layer "$name" bf16 "${shape[@]}"
 model=$bench_model
 source "$root/scripts/process_lib.sh"

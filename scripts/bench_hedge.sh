@@ -20,9 +20,9 @@ while [ $# -gt 0 ]; do
     *) echo "bench_hedge: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
+bench_build
 bench_layer small_layer bf16 --d_model 1024 --d_ff 2816
 model=$bench_model
 source "$root/scripts/process_lib.sh"

@@ -33,10 +33,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 bin=$build/tools
 source "$root/scripts/bench_lib.sh"
+bench_build
 
 run_all() {
   echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"

@@ -1,5 +1,20 @@
 # Helpers of the benchmark scripts.
 #
+# bench_build [cmake --build arguments]: builds the tree (scripts/build.sh)
+# with its output in a log, printing the log's end if the build fails.
+# REQUIRES: $root, the repository.
+bench_build() {
+  echo "building (scripts/build.sh) ..." >&2
+  local log
+  log=$(mktemp)
+  if ! bash "$root/scripts/build.sh" "$@" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "the build failed (its end above; all of it in $log)" >&2
+    return 1
+  fi
+  rm -f "$log"
+}
+#
 # The benchmarks' one-layer Mixtral-naming model, made once and cached
 # (sourced by bench_kernels.sh, bench_router.sh, bench_e2e.sh, bench_hedge.sh).
 #   bench_layer NAME TYPE SHAPE_ARGS...   e.g. bench_layer small_layer bf16 --d_model 1024 --d_ff 2816

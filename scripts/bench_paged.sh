@@ -20,9 +20,9 @@ while [ $# -gt 0 ]; do
     *) echo "bench_paged: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
+bench_build
 bench_layer mixtral_8x7b_layer "$type" --d_model 4096 --d_ff 14336
 model=$bench_model
 source "$root/scripts/process_lib.sh"
@@ -35,6 +35,7 @@ run() {  # NAME NODE_ARGS...: a node and a router, then colibri-bench run throug
   local name=$1; shift
   proc_start "$name-node" "$build/expert_node/colibri-expert" --model "$model" --listen 127.0.0.1:0 --threads 2 "$@"
   local node_port=$port
+  proc_wait_locked "$name-node"  # a locked node times its calls once its weights are in RAM
   [ "$name" = paged ] && metrics=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$proc_logs/$name-node.out")
   proc_start "$name-router" "$build/router_node/colibri-router" --model "$model" --listen 127.0.0.1:0 \
     --experts_at "127.0.0.1:$node_port"

@@ -46,9 +46,9 @@ while [ $# -gt 0 ]; do
 done
 [ "$(nproc)" -ge 2 ] || { echo "bench_placement: needs 2 CPUs (one per node)" >&2; exit 2; }
 
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
+bench_build
 if [ "$top_k" != 2 ]; then
   shape+=(--top_k "$top_k")
   name=${name}_top$top_k

@@ -59,9 +59,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
+bench_build
 bench_layer "$name" "$type" "${shape[@]}"
 model=$bench_model
 

@@ -44,9 +44,9 @@ if [ -n "$rate" ]; then
   netns_check "$rate" "$delay_us"
 fi
 
-bash "$root/scripts/build.sh" >/dev/null
 build=${COLIBRI_BUILD_DIR:-$root/build}
 source "$root/scripts/bench_lib.sh"
+bench_build
 bench_layer "$name" bf16 "${shape[@]}"
 model=$bench_model
 

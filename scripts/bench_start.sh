@@ -11,6 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${COLIBRI_BUILD_DIR:-$root/build}
 runs=${1:-3}
 source "$root/scripts/bench_lib.sh"
+bench_build
 source "$root/scripts/process_lib.sh"
 proc_init
 proc_poll_s=0.005  # proc_start looks for "listening" every 5 ms: the restart takes ~0.2 s

@@ -21,6 +21,8 @@ packages=(
   golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc
   # the Helm chart's tests: render with text/template + Sprig, read YAML
   golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev golang-gopkg-yaml.v3-dev python3-yaml
+  # the benchmark scripts: metrics pages, start-up times, the conversion's peak memory, emulated hosts
+  curl bc time iproute2
   # libFuzzer targets (scripts/fuzz.sh)
   clang libclang-rt-14-dev libfuzzer-14-dev
 )

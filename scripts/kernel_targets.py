@@ -99,7 +99,11 @@ def verdicts(colibri, torch, amx):
 
 
 def main():
-    lines = open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin
+    try:
+        lines = open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin
+    except OSError as e:
+        print(f"kernel_targets: cannot read the log: {e}", file=sys.stderr)
+        return 2
     colibri, torch, amx, shape = parse(lines)
     if not colibri:
         print("kernel_targets: no default Colibri layer rows in the log", file=sys.stderr)
