@@ -28,6 +28,7 @@
 #include "common/status_macros.h"
 #include "router_node/colibri.h"
 #include "router_node/engine.h"
+#include "router_node/remote_backend.h"
 #include "router_node/remote_router.h"
 #include "runtime/flags.h"
 
@@ -233,7 +234,10 @@ absl::Status ConnectDirect(const char* model_path, const colibri_direct_options*
 absl::StatusOr<router_node::ForwardOutput> RunForward(colibri_engine* engine, const router_node::ForwardInput& in) {
   router_node::CallControl control(engine->call_timeout > absl::ZeroDuration() ? absl::Now() + engine->call_timeout
                                                                                : absl::InfiniteFuture());
-  return engine->router->Forward(in, control);
+  absl::StatusOr<router_node::ForwardOutput> out = engine->router->Forward(in, control);
+  // The caller is its own operator: an unreachable expert names its nodes and why.
+  if (!out.ok()) return router_node::WithNodeProblems(out.status(), engine->router->backend());
+  return out;
 }
 
 // Checks shared by both forward calls. After it, n_tokens * d_model and

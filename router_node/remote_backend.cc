@@ -439,5 +439,17 @@ std::vector<NodeStatusView> RemoteBackend::Nodes() const {
   return out;
 }
 
+absl::Status WithNodeProblems(const absl::Status& status, ExpertBackend& backend) {
+  const auto* remote = dynamic_cast<const RemoteBackend*>(&backend);
+  if (status.code() != absl::StatusCode::kUnavailable || remote == nullptr) return status;
+  std::string problems;
+  for (const NodeStatusView& n : remote->Nodes()) {
+    if (n.live) continue;
+    absl::StrAppend(&problems, problems.empty() ? "; nodes not live: " : "; ", n.address, ": ",
+                    n.last_error.empty() ? "down" : n.last_error);
+  }
+  return problems.empty() ? status : absl::Status(status.code(), absl::StrCat(status.message(), problems));
+}
+
 }  // namespace router_node
 }  // namespace colibri

@@ -239,6 +239,13 @@ class RemoteBackend final : public ExpertBackend {
   std::thread watcher_;
 };
 
+// For a caller that is its own operator (a proxyless client, the C API):
+// an UNAVAILABLE `status` from `backend` (a RemoteBackend) with the nodes
+// that are not live appended, by address and why ("serves model ...", "not
+// ready", the health check's error), which a router keeps for its admins
+// and its log. Any other status, or another backend: `status` as it is.
+absl::Status WithNodeProblems(const absl::Status& status, ExpertBackend& backend);
+
 }  // namespace router_node
 }  // namespace colibri
 

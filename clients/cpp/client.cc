@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "clients/cpp/tensor.h"
 #include "common/mutex.h"
+#include "router_node/remote_backend.h"
 #include "router_node/remote_router.h"
 #include "router_node/router_service.h"
 #include "runtime/call_timer.h"
@@ -198,7 +199,23 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return absl::InvalidArgumentError(
         "client: give either a target (host:port of the router) or direct.model_dir and nodes (proxyless)");
   }
-  if (!options.direct.model_dir.empty()) return ConnectDirect(options);
+  if (!options.direct.model_dir.empty()) {
+    // The router's TLS fields would be ignored: the nodes are called with direct.node_tls_*.
+    for (const std::string* field :
+         {&options.tls_ca_file, &options.tls_cert_file, &options.tls_key_file, &options.tls_server_name}) {
+      if (!field->empty()) {
+        return absl::InvalidArgumentError(
+            "client: ClientOptions::tls_* secure the calls to a router; a proxyless client calls the nodes, "
+            "with ClientOptions::direct.node_tls_*");
+      }
+    }
+    return ConnectDirect(options);
+  }
+  if (!options.direct.nodes.empty() || !options.direct.cluster_file.empty()) {
+    return absl::InvalidArgumentError(
+        "client: direct.nodes and direct.cluster_file need direct.model_dir (proxyless) and no target; with a "
+        "target, the router calls the nodes");
+  }
   grpc::ChannelArguments args;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       runtime::ChannelCredentialsFromFiles(options.tls_ca_file, options.tls_cert_file, options.tls_key_file,
@@ -305,8 +322,13 @@ absl::StatusOr<ForwardResult> Client::ForwardDirect(const ForwardArgs& args, rou
     finished.Notify();
   });
   finished.WaitForNotification();
-  if (!status.ok()) return status;
+  if (!status.ok()) return DirectError(status);
   return ReadResponse(*request, response);
+}
+
+absl::Status Client::DirectError(const absl::Status& status) const {
+  return runtime::NameFlags(router_node::WithNodeProblems(status, direct_->service->router()->backend()),
+                            kDirectFields);
 }
 
 void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::StatusOr<ForwardResult>)> done) {
@@ -332,7 +354,7 @@ void Client::ForwardAsync(const ForwardArgs& args, std::function<void(absl::Stat
     call->request = std::move(*request);
     AsyncStarted();
     direct_->Start(call->request, call->control, &call->response, [this, call, done = std::move(done)](absl::Status s) {
-      absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(call->request, call->response) : std::move(s);
+      absl::StatusOr<ForwardResult> result = s.ok() ? ReadResponse(call->request, call->response) : DirectError(s);
       AsyncEnded();  // `this` is not touched after this
       done(std::move(result));
     });
@@ -419,8 +441,12 @@ absl::StatusOr<ForwardResult> Session::Forward(const ForwardArgs& args) {
 absl::Status Session::Close() {
   if (closed_) return final_;
   closed_ = true;
-  if (stream_ == nullptr) return final_;  // proxyless: nothing to close
-  timer_->Start();                        // a router that never ends the stream has it cancelled
+  if (stream_ == nullptr) {  // proxyless: nothing to close; a cancelled session ends CANCELLED, as a stream would
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    if (cancelled_) final_ = absl::CancelledError("the session was cancelled (Session::Cancel)");
+    return final_;
+  }
+  timer_->Start();  // a router that never ends the stream has it cancelled
   stream_->WritesDone();
   v1::ForwardStreamResponse unread;
   while (stream_->Read(&unread)) {

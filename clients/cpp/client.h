@@ -186,6 +186,9 @@ class Client {
   friend class Session;
   // Proxyless: one Forward through the router's core, under `control`.
   absl::StatusOr<ForwardResult> ForwardDirect(const ForwardArgs& args, router_node::CallControl& control);
+  // A proxyless call's error as this client's caller (its own operator)
+  // should read it: options named as it set them, nodes not live by address and why.
+  absl::Status DirectError(const absl::Status& status) const;
   // ForwardAsync calls between their start and their result; ~Client waits for none.
   void AsyncStarted();
   void AsyncEnded();

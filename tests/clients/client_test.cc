@@ -475,6 +475,7 @@ TEST_CASE("a session call with no reply within the timeout ends DEADLINE_EXCEEDE
   INFO(stopped);
   CHECK(stopped.code() == absl::StatusCode::kCancelled);
   CHECK((*direct_session)->Forward(args).status().code() == absl::StatusCode::kCancelled);
+  CHECK((*direct_session)->Close().code() == absl::StatusCode::kCancelled);  // as a router session's
 }
 
 TEST_CASE("errors carry the server's code and message, and a missing router fails Connect clearly") {
@@ -553,6 +554,42 @@ TEST_CASE("no timeout means no deadline, bad proxyless options are refused, a re
   refused = Client::Connect(direct).status();
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(refused.message()), Catch::Contains("max_tokens 1099511627776 is not in [1, 2^24]"));
+  // The router's TLS fields are not the nodes': refused, not ignored (plaintext to the nodes).
+  direct.direct.max_tokens = 64;
+  direct.tls_cert_file = "client.crt";
+  refused = Client::Connect(direct).status();
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("direct.node_tls_"));
+  // Nodes with a router target: the nodes would be ignored.
+  ClientOptions both = forever;
+  both.direct.nodes = {Loopback(cluster.port_a)};
+  refused = Client::Connect(both).status();
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("need direct.model_dir"));
+  // A call over the proxyless token limit names the field the caller set.
+  direct.tls_cert_file.clear();
+  direct.direct.max_tokens = 2;
+  absl::StatusOr<std::unique_ptr<Client>> small = Client::Connect(direct);
+  REQUIRE(small.ok());
+  const absl::Status over = (*small)->Forward(args).status();
+  CHECK(over.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(over.message()), Catch::Contains("ClientOptions::direct.max_tokens"));
+
+  // Nodes that answer but serve another model: the proxyless caller, its own
+  // operator, is told which nodes and why (a router tells only its admins).
+  tools::SynthOptions other_synth = colibri::testing::SmallSynth(cluster.dir / "other_ckpt");
+  other_synth.seed = 8;
+  colibri::testing::MakeModel(other_synth, cluster.dir / "other", common::DType::kBF16);
+  ClientOptions other;
+  other.direct.model_dir = cluster.dir / "other";
+  other.direct.nodes = {Loopback(cluster.port_a), Loopback(cluster.port_b)};
+  absl::StatusOr<std::unique_ptr<Client>> mismatched = Client::Connect(other);
+  REQUIRE(mismatched.ok());
+  const absl::Status unserved = (*mismatched)->Forward(args).status();
+  INFO(unserved.message());
+  CHECK(unserved.code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(unserved.message()),
+             Catch::Contains("nodes not live: " + Loopback(cluster.port_a) + ": serves model "));
 }
 
 TEST_CASE("tensor helpers pack and unpack f32, bf16 and f16") {

@@ -203,8 +203,10 @@ func Open(modelDir string, opts Options) (*Engine, error) {
 	e.info = Info{DModel: int(info.d_model), DFF: int(info.d_ff), Layers: int(info.n_layers),
 		Experts: int(info.n_experts), TopK: int(info.top_k), VocabSize: int(info.vocab_size),
 		WeightType: C.GoString(&info.weight_type[0]), ModelID: C.GoString(&info.model_id[0])}
-	// An engine dropped without Close still releases its connections and threads.
-	runtime.SetFinalizer(e, (*Engine).Close)
+	// An engine dropped without Close still releases its connections and
+	// threads, on a goroutine of its own: colibri_free may wait seconds for
+	// node calls, and the runtime runs every finalizer on one goroutine.
+	runtime.SetFinalizer(e, func(e *Engine) { go e.Close() })
 	return e, nil
 }
 
