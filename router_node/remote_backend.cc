@@ -80,6 +80,7 @@ absl::StatusOr<std::unique_ptr<RemoteBackend>> RemoteBackend::Create(const Remot
                      message_limit, "-byte message limit (replies on a stream must stay well under it)"));
   }
   std::unique_ptr<RemoteBackend> b(new RemoteBackend(options));
+  b->publish_.store(options.publish);
   auto setup = std::make_shared<ChannelSetup>();
   grpc::ChannelArguments& args = setup->args;
   args.SetMaxReceiveMessageSize(static_cast<int>(message_limit));
@@ -338,12 +339,14 @@ void RemoteBackend::HealthRound() {
                                      node.live ? " is live" : " is down: ", absl::CEscape(error)));
     }
   }
-  for (const std::string& change : changes) common::LogLine(options_.log, change);
-  if (options_.metrics != nullptr) {
-    options_.metrics->GetGauge("colibri_router_live_nodes", "Expert nodes that passed their last health check.")
-        ->Set(live);
+  if (publish_.load()) {
+    for (const std::string& change : changes) common::LogLine(options_.log, change);
+    if (options_.metrics != nullptr) {
+      options_.metrics->GetGauge("colibri_router_live_nodes", "Expert nodes that passed their last health check.")
+          ->Set(live);
+    }
+    CompareKernels(*topo);
   }
-  CompareKernels(*topo);
   std::function<void(bool)> notify;
   bool serving = false;
   {

@@ -123,6 +123,10 @@ struct RemoteOptions {
   runtime::Keepalive keepalive;                // pings on the node channels (runtime/grpc_services.h)
   common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the backend
   std::ostream* log = nullptr;                 // node up/down events; optional; must outlive the backend
+  // The live-node gauges and the node up/down log lines; false for a version
+  // prepared beside the serving one (PrepareVersion), until Publish() at the
+  // swap: it must not overwrite the serving version's figures.
+  bool publish = true;
   // Tests: how to reach a node (default: a gRPC channel with the options
   // above) and the clock for hedging and deadlines (default: the wall clock).
   NodeConnector connect;
@@ -172,6 +176,8 @@ class RemoteBackend final : public ExpertBackend {
   // Runs a health round now (also re-reads the cluster file) and returns
   // when it is done.
   void CheckNow();
+  // From the next health round on, publishes (RemoteOptions::publish).
+  void Publish() { publish_.store(true); }
   // True when every (layer, expert) has a live node.
   bool serving() const;
   // Called at once with the current state, then after every health round in
@@ -228,6 +234,7 @@ class RemoteBackend final : public ExpertBackend {
   bool recheck_ ABSL_GUARDED_BY(mu_) = false;  // a call took a node out since the last round began
 
   common::Mutex health_mu_;  // one health round at a time
+  std::atomic<bool> publish_{true};
   std::atomic<int64_t> retries_{0};
   std::atomic<int64_t> hedges_{0};
   std::atomic<int64_t> hedge_wins_{0};

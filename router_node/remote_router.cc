@@ -42,7 +42,9 @@ absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::st
                                             const RemoteOptions& remote, const RouterOptions& router,
                                             absl::Duration timeout, const std::atomic<bool>* stop,
                                             const std::function<bool()>& abandon) {
-  COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, MakeRemoteRouter(model_dir, remote, router));
+  RemoteOptions quiet = remote;  // the serving version's gauges and log stay its own until the swap
+  quiet.publish = false;
+  COLIBRI_ASSIGN_OR_RETURN(RemoteRouter next, MakeRemoteRouter(model_dir, quiet, router));
   if (next.router->model_id() == current.model_id()) return RemoteRouter{};
   const common::Manifest& a = current.manifest();
   const common::Manifest& b = next.router->manifest();

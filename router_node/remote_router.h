@@ -49,7 +49,9 @@ absl::StatusOr<RemoteRouter> MakeRemoteRouter(const std::string& model_dir, Remo
 // UNAVAILABLE naming the first expert without a live node (and a node's last
 // error) when the timeout passes, or "shutting down" as soon as *stop (if
 // given) becomes true; CANCELLED as soon as `abandon` (if given) says true
-// (the caller gone). Blocks; the caller swaps the result in.
+// (the caller gone). Blocks; the caller swaps the result in, then calls
+// its backend's Publish() (until then its health rounds leave the gauges and
+// the node up/down log to the serving version).
 absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::string& model_dir,
                                             const RemoteOptions& remote, const RouterOptions& router,
                                             absl::Duration timeout, const std::atomic<bool>* stop = nullptr,

@@ -213,6 +213,7 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& mod
   std::shared_ptr<RemoteRouter> old = std::move(remote_);
   remote_ = version;
   service_->SwapRouter(std::shared_ptr<Router>(version, version->router.get()));
+  version->backend->Publish();
   old->backend->Stop();  // its health watcher and listener; its requests still finish on its map
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   version->backend->SetServingListener([health](bool serving) { runtime::SetServing(health, kService, serving); });

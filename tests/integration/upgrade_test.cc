@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "colibri/v1/router.grpc.pb.h"
@@ -206,6 +207,39 @@ TEST_CASE("SIGTERM during a SIGHUP reload that waits for nodes drains and exits 
   const absl::Time sent = absl::Now();
   CHECK(router.process->SignalAndWait(SIGTERM, std::chrono::seconds(10)) == 0);
   CHECK(absl::Now() - sent < absl::Seconds(8));
+}
+
+TEST_CASE("a version awaiting its nodes leaves the live-node gauge to the version serving") {
+  TempDir root;
+  const tools::SynthOptions synth = SmallSynth(root / "ckpt");
+  MakeModel(synth, root / "v1", common::DType::kBF16);
+  MakeModel(synth, root / "v2", common::DType::kInt8);
+  Proc node = StartNode(root / "v1", "0-3", 0);
+  Proc router = StartRouter({"--model=" + root / "v1", "--model_root=" + root.path(), "--admin_listen=127.0.0.1:0",
+                             "--metrics_port=0", "--experts_at=" + Address(node.port)});
+  const int router_admin = router.process->ReadPort("admin on port ");
+  const int metrics = router.process->ReadPort("metrics on port ");
+  REQUIRE(Metric(HttpGet(metrics, "/metrics"), "colibri_router_live_nodes") == 1);
+  // v2 is on no node: the load waits its 3 s (its version's health rounds
+  // find the node serving another model), then fails.
+  std::thread load([&] {
+    auto stub = v1::Router::NewStub(grpc::CreateChannel(Address(router_admin), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::LoadModelRequest request;
+    request.set_model_dir(root / "v2");
+    request.set_timeout_ms(3000);
+    v1::LoadModelResponse response;
+    (void)stub->LoadModel(&context, request, &response);
+  });
+  int samples = 0, live_one = 0;
+  for (const absl::Time until = absl::Now() + absl::Seconds(2); absl::Now() < until; ++samples) {
+    absl::SleepFor(absl::Milliseconds(100));
+    live_one += Metric(HttpGet(metrics, "/metrics"), "colibri_router_live_nodes") == 1;
+  }
+  load.join();
+  CHECK(live_one == samples);
+  CHECK(Metric(HttpGet(metrics, "/metrics"), "colibri_router_live_nodes") == 1);
 }
 
 }  // namespace

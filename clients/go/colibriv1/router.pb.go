@@ -913,7 +913,8 @@ type NodeStatus struct {
 	Owned []*OwnedExperts `protobuf:"bytes,3,rep,name=owned,proto3" json:"owned,omitempty"`
 	// Compute calls to the node in flight now.
 	InFlight int32 `protobuf:"varint,4,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	// Calls to the node since the router started, and how many failed.
+	// Calls to the node since the model version serving began (see
+	// GetClusterStatusResponse.requests), and how many failed.
 	Calls       int64 `protobuf:"varint,5,opt,name=calls,proto3" json:"calls,omitempty"`
 	FailedCalls int64 `protobuf:"varint,6,opt,name=failed_calls,json=failedCalls,proto3" json:"failed_calls,omitempty"`
 	// Why the node is not live (the last error), empty when live; admin
@@ -1028,7 +1029,7 @@ type ExpertLoad struct {
 
 	Layer  int32 `protobuf:"varint,1,opt,name=layer,proto3" json:"layer,omitempty"`
 	Expert int32 `protobuf:"varint,2,opt,name=expert,proto3" json:"expert,omitempty"`
-	// Token rows routed to this expert since the router started.
+	// Token rows routed to this expert since the model version serving began.
 	Tokens int64 `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
 	// Live nodes serving it now.
 	LiveReplicas int32 `protobuf:"varint,4,opt,name=live_replicas,json=liveReplicas,proto3" json:"live_replicas,omitempty"`
@@ -1105,8 +1106,11 @@ type GetClusterStatusResponse struct {
 	Experts []*ExpertLoad `protobuf:"bytes,2,rep,name=experts,proto3" json:"experts,omitempty"`
 	// True when every (layer, expert) has at least one live node.
 	Serving bool `protobuf:"varint,3,opt,name=serving,proto3" json:"serving,omitempty"`
-	// Forward requests answered OK since start (refused or failed ones are in
-	// the metrics, by code), and retries/failovers of node calls.
+	// Forward requests answered OK (refused or failed ones are in the
+	// metrics, by code), and retries/failovers of node calls. These counts,
+	// the nodes' and the experts' are the serving model version's: they start
+	// at the router's start and again at each switch of version (LoadModel,
+	// SIGHUP); the Prometheus counters run on across switches.
 	Requests int64 `protobuf:"varint,4,opt,name=requests,proto3" json:"requests,omitempty"`
 	Retries  int64 `protobuf:"varint,5,opt,name=retries,proto3" json:"retries,omitempty"`
 }
