@@ -212,13 +212,41 @@ void ExpertService::QueueChanged() {
       ->Set(static_cast<double>(queue_.size()));
 }
 
-bool ExpertService::Start(ComputeCall& call) {
-  if (call.cancelled()) {
-    Answer(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute"));
-    return false;
-  }
+std::optional<grpc::Status> ExpertService::GaveUp(const ComputeCall& call) {
+  if (call.cancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before compute");
   if (call.deadline < std::chrono::system_clock::now()) {
-    Answer(call, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued"));
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued");
+  }
+  return std::nullopt;
+}
+
+int ExpertService::AnswerAbandoned() {
+  std::vector<std::pair<std::shared_ptr<ComputeCall>, grpc::Status>> abandoned;
+  {
+    common::MutexLock lock(&mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      std::optional<grpc::Status> why = (*it)->prepared == nullptr ? GaveUp(**it) : std::nullopt;
+      if (why.has_value()) {
+        abandoned.emplace_back(std::move(*it), *std::move(why));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!abandoned.empty()) QueueChanged();
+  }
+  for (auto& [call, why] : abandoned) {  // outside mu_: answering calls into gRPC
+    // Their room is free at once: the answer is a status, and gRPC frees the
+    // request with it.
+    call->reservation = common::MemoryBudget::Reservation();
+    Answer(*call, why);
+  }
+  return static_cast<int>(abandoned.size());
+}
+
+bool ExpertService::Start(ComputeCall& call) {
+  if (std::optional<grpc::Status> why = GaveUp(call); why.has_value()) {
+    Answer(call, *why);
     return false;
   }
   if (options_.inject_delay_ms > 0 && ++computes_ % std::max(1, options_.inject_delay_every) == 0) {
@@ -438,8 +466,11 @@ void ExpertService::Admit(std::shared_ptr<ComputeCall> call) {
     Answer(*call, runtime::ToGrpcStatus(s));
     return;
   }
-  absl::StatusOr<common::MemoryBudget::Reservation> reservation =
-      budget_.Reserve(ComputeFootprint(*request, manifest.d_model), "this Compute call");
+  const int64_t footprint = ComputeFootprint(*request, manifest.d_model);
+  absl::StatusOr<common::MemoryBudget::Reservation> reservation = budget_.Reserve(footprint, "this Compute call");
+  // Queued calls whose callers gave up hold their room until their turn:
+  // they give it up now, and the call tries once more.
+  if (!reservation.ok() && AnswerAbandoned() > 0) reservation = budget_.Reserve(footprint, "this Compute call");
   if (!reservation.ok()) {
     Answer(*call, runtime::ToGrpcStatus(reservation.status()));
     return;

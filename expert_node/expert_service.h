@@ -145,6 +145,13 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   // Why a call cannot be queued now (the node is stopping, or the queue holds
   // max_queued_calls live calls), if it cannot.
   std::optional<grpc::Status> QueueRefusalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `call` is not to be computed: its caller cancelled, or its deadline
+  // passed. nullopt while it is live.
+  static std::optional<grpc::Status> GaveUp(const ComputeCall& call);
+  // Answers now the queued calls not started whose callers gave up (they
+  // would wait their turn for it), which frees their room in the budget.
+  // Returns how many.
+  int AnswerAbandoned() ABSL_LOCKS_EXCLUDED(mu_);
   // The colibri_expert_queued_calls gauge, after queue_ changed.
   void QueueChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

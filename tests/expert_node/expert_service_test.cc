@@ -21,6 +21,7 @@
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "expert_node/compute_request.h"
 #include "expert_node/expert_server.h"
+#include "expert_node/expert_service.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/expert_executor.h"
 #include "tests/test_util.h"
@@ -718,6 +719,40 @@ TEST_CASE("calls whose callers gave up do not fill the compute queue") {
   expiring.join();
   CHECK(expired == grpc::StatusCode::DEADLINE_EXCEEDED);
   // The queue holds two dead calls, yet a live one gets in (and is served once the thread is free).
+  const grpc::Status live = call(std::chrono::seconds(30));
+  INFO(live.error_message());
+  CHECK(live.ok());
+  busy.join();
+}
+
+TEST_CASE("calls whose callers gave up while queued give their room in the budget to a live call") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options = Options(dir / "model", "all");
+  options.threads = 1;
+  options.inject_delay_ms = 2000;  // every call's first step sleeps: the compute thread is busy
+  options.metrics_port = 0;
+  options.metrics_host = "127.0.0.1";
+  // Each call below holds 3 f32 rows of 48, their f32 copy, 3 entries and 3
+  // output rows and their encoding: 2 352 bytes. Room for two and a half.
+  options.max_inflight_bytes = ExpertService::Footprint(3 * kDModel * 4, 3 * kDModel, 3, 3, kDModel) * 5 / 2;
+  Node node = StartWith(options);
+  const v1::ComputeRequest request = Request(std::vector<float>(3 * kDModel, 0.5f));
+  auto call = [&](std::chrono::milliseconds deadline) {
+    v1::ComputeResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + deadline);
+    return node.stub->Compute(&context, request, &response);
+  };
+  std::thread busy([&] { call(std::chrono::seconds(30)); });
+  for (int i = 0; i < 1000 && !(Gauge(node, "colibri_expert_bytes_in_total") > 0 &&
+                                Gauge(node, "colibri_expert_queued_calls") <= 0);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  // Queued behind the busy call, its caller gone after 50 ms: it holds the second call's room.
+  CHECK(call(std::chrono::milliseconds(50)).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  // A third call's room is there only once the dead one gives its own up.
   const grpc::Status live = call(std::chrono::seconds(30));
   INFO(live.error_message());
   CHECK(live.ok());
