@@ -138,7 +138,10 @@ class Client {
   // One layer, synchronously, with the options' timeout.
   absl::StatusOr<ForwardResult> Forward(const ForwardArgs& args);
   // The same without blocking: `done` runs once (keep it short) on a gRPC
-  // or batching thread, or on this thread for a request refused at once.
+  // or batching thread, or on this thread for a request refused at once —
+  // proxyless, also on the thread of another caller of the same layer whose
+  // call sent a merged call that failed at once (do not hold a lock `done`
+  // takes while calling Forward or ForwardAsync).
   // `args.hidden` is copied before this returns. The client may be destroyed
   // with calls in flight: ~Client waits until each has its result (its
   // `done` then runs on, the client no longer touched). Do not destroy the

@@ -71,8 +71,9 @@ type ExpertNodeClient interface {
 	//	OK  always (also while loading or after a failed load: see `state`).
 	GetNodeInfo(ctx context.Context, in *GetNodeInfoRequest, opts ...grpc.CallOption) (*GetNodeInfoResponse, error)
 	// Loads a model directory (or new versions of the current files) beside the
-	// weights in use, verifies it, and swaps it in atomically: calls in flight
-	// finish on the old weights, later calls use the new ones, and the old
+	// weights in use, verifies it, and swaps it in atomically: calls computing
+	// finish on the old weights, later calls — and calls still queued, which
+	// take their weights when they start — use the new ones, and the old
 	// weights are released when their last call ends (with keep_previous: when
 	// dropped). On any failure the node keeps serving the old weights; a load
 	// that fails (not a request refused before loading, nor ABORTED) sets
@@ -232,8 +233,9 @@ type ExpertNodeServer interface {
 	//	OK  always (also while loading or after a failed load: see `state`).
 	GetNodeInfo(context.Context, *GetNodeInfoRequest) (*GetNodeInfoResponse, error)
 	// Loads a model directory (or new versions of the current files) beside the
-	// weights in use, verifies it, and swaps it in atomically: calls in flight
-	// finish on the old weights, later calls use the new ones, and the old
+	// weights in use, verifies it, and swaps it in atomically: calls computing
+	// finish on the old weights, later calls — and calls still queued, which
+	// take their weights when they start — use the new ones, and the old
 	// weights are released when their last call ends (with keep_previous: when
 	// dropped). On any failure the node keeps serving the old weights; a load
 	// that fails (not a request refused before loading, nor ABORTED) sets
