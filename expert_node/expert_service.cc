@@ -333,7 +333,12 @@ void ExpertService::RunTogether(std::vector<std::shared_ptr<ComputeCall>>& jobs)
     if (options_.paged != nullptr) ObservePaging(started[0]->io);  // once: the calls' intervals overlap
   }
   for (size_t i = 0; i < started.size(); ++i) {
-    if (status[i].ok()) {
+    // The pass went on for the others: a caller that gave up during it is
+    // answered as a call alone would be (CANCELLED, DEADLINE_EXCEEDED).
+    if (status[i].ok() && started[i]->input.should_stop()) {
+      Answer(*started[i],
+             grpc::Status(grpc::StatusCode::CANCELLED, "cancelled during compute"));  // or past its deadline
+    } else if (status[i].ok()) {
       Complete(*started[i], false);
     } else {
       Answer(*started[i], runtime::ToGrpcStatus(status[i]));

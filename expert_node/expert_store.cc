@@ -163,13 +163,16 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
     version = last_version_ + 1;
     max_d_model = max_d_model_;
   }
-  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
-  if (const int64_t d_model = next->model().manifest().d_model; max_d_model > 0 && d_model > max_d_model) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, " has d_model ", d_model, ", above the ", max_d_model,
-        " this node's message limits were set for at start (--max_rows and --max_message_bytes): not installed, "
-        "the weights in use stay; restart the node to serve it"));
+  if (max_d_model > 0) {  // from the manifest, before anything is mapped, verified or locked
+    COLIBRI_ASSIGN_OR_RETURN(const std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(dir));
+    if (const int64_t d_model = model->manifest().d_model; d_model > max_d_model) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, " has d_model ", d_model, ", above the ", max_d_model,
+          " this node's message limits were set for at start (--max_rows and --max_message_bytes): not installed, "
+          "the weights in use stay; restart the node to serve it"));
+    }
   }
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
   if (abandon && abandon()) {
     return absl::CancelledError(
         absl::StrCat("the caller gave up while ", dir, " was loading: not installed, the weights in use stay"));

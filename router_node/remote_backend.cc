@@ -341,11 +341,7 @@ void RemoteBackend::HealthRound() {
   }
   if (publish_.load()) {
     for (const std::string& change : changes) common::LogLine(options_.log, change);
-    if (options_.metrics != nullptr) {
-      options_.metrics->GetGauge("colibri_router_live_nodes", "Expert nodes that passed their last health check.")
-          ->Set(live);
-    }
-    CompareKernels(*topo);
+    PublishState(*topo, live);
   }
   std::function<void(bool)> notify;
   bool serving = false;
@@ -357,6 +353,31 @@ void RemoteBackend::HealthRound() {
     last_serving_ = serving;
   }
   if (notify) notify(serving);
+}
+
+void RemoteBackend::Publish() {
+  publish_.store(true);
+  const std::shared_ptr<const Topology> topo = topology();
+  int live = 0;
+  std::vector<std::string> down;
+  for (const std::shared_ptr<Node>& node : topo->nodes) {
+    common::MutexLock lock(&node->mu);
+    if (node->live) {
+      ++live;
+    } else {
+      down.push_back(absl::StrCat(node->address, ": ", absl::CEscape(node->last_error)));
+    }
+  }
+  if (!down.empty()) common::LogLine(options_.log, "WARNING: nodes not live: " + absl::StrJoin(down, "; "));
+  PublishState(*topo, live);
+}
+
+void RemoteBackend::PublishState(const Topology& topo, int live) {
+  if (options_.metrics != nullptr) {
+    options_.metrics->GetGauge("colibri_router_live_nodes", "Expert nodes that passed their last health check.")
+        ->Set(live);
+  }
+  CompareKernels(topo);
 }
 
 void RemoteBackend::CompareKernels(const Topology& topo) {

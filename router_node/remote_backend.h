@@ -176,8 +176,9 @@ class RemoteBackend final : public ExpertBackend {
   // Runs a health round now (also re-reads the cluster file) and returns
   // when it is done.
   void CheckNow();
-  // From the next health round on, publishes (RemoteOptions::publish).
-  void Publish() { publish_.store(true); }
+  // Publishes from now on (RemoteOptions::publish): sets the gauges and logs
+  // the nodes not live, with why, at once, then at every round.
+  void Publish();
   // True when every (layer, expert) has a live node.
   bool serving() const;
   // Called at once with the current state, then after every health round in
@@ -210,6 +211,8 @@ class RemoteBackend final : public ExpertBackend {
   // Logs (once per change) when the live nodes report different kernel
   // choices, and sets the colibri_router_kernel_profiles gauge.
   void CompareKernels(const Topology& topo);
+  // The colibri_router_live_nodes gauge (`live` nodes) and CompareKernels.
+  void PublishState(const Topology& topo, int live);
   std::shared_ptr<const Topology> topology() const;
   // Counts a node call made (before it is sent); CallEnded counts it ended
   // and records it in the metrics.

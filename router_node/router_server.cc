@@ -39,8 +39,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   if (options.service.max_queued_requests < 1) {
     return absl::InvalidArgumentError(absl::StrCat("RouterServerOptions::service.max_queued_requests ",
                                                    options.service.max_queued_requests,
-                                                   " must be at least 1 (every request waits in the queue for a "
-                                                   "worker, however briefly)"));
+                                                   " must be at least 1 (0 refuses every request that waits for "
+                                                   "a worker: with --local, every request)"));
   }
   std::unique_ptr<RouterServer> s(new RouterServer());
   s->log_ = log;
@@ -213,8 +213,8 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& mod
   std::shared_ptr<RemoteRouter> old = std::move(remote_);
   remote_ = version;
   service_->SwapRouter(std::shared_ptr<Router>(version, version->router.get()));
-  version->backend->Publish();
-  old->backend->Stop();  // its health watcher and listener; its requests still finish on its map
+  old->backend->Stop();         // its health watcher and listener; its requests still finish on its map
+  version->backend->Publish();  // after the old one's last round: the gauges are the new one's
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   version->backend->SetServingListener([health](bool serving) { runtime::SetServing(health, kService, serving); });
   retired_.push_back(std::move(old));

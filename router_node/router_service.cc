@@ -226,9 +226,13 @@ class RouterService::StreamReactor final
     service_->CountCall("ForwardStream", s.code());
     reply_.set_code(static_cast<int32_t>(s.code()));
     reply_.set_message(std::string(s.message()));
-    // A request_id over the limit is refused; its echo is cut to the limit,
-    // so an oversized id is not sent back outside the memory budget.
-    reply_.set_request_id(request_.request_id().substr(0, kMaxRequestIdBytes));
+    // A request_id over the limit is refused; its echo is cut to the limit
+    // (at a character's start: a proto string must stay UTF-8), so an
+    // oversized id is not sent back outside the memory budget.
+    const std::string& id = request_.request_id();
+    size_t keep = std::min(id.size(), kMaxRequestIdBytes);
+    while (keep < id.size() && keep > 0 && (static_cast<unsigned char>(id[keep]) & 0xC0) == 0x80) --keep;
+    reply_.set_request_id(id.substr(0, keep));
     if (!s.ok()) reply_.clear_response();
     send_timeout_.Start();
     StartWrite(&reply_);

@@ -187,8 +187,8 @@ absl::StatusOr<std::string> Client::LoadModel(const std::string& model_dir, absl
   std::shared_ptr<router_node::RemoteRouter> old = std::move(d.current);
   d.current = version;
   d.service->SwapRouter(std::shared_ptr<router_node::Router>(version, version->router.get()));
-  version->backend->Publish();
-  old->backend->Stop();  // its health checks; its requests still finish on it
+  old->backend->Stop();         // its health checks; its requests still finish on it
+  version->backend->Publish();  // after the old one's last round: the gauges are the new one's
   d.retired.push_back(std::move(old));
   const absl::Time drain_until = absl::Now() + timeout;
   while (!d.ReleaseRetired() && absl::Now() < drain_until) absl::SleepFor(absl::Milliseconds(20));

@@ -585,6 +585,13 @@ TEST_CASE("no timeout means no deadline, bad proxyless options are refused, a re
   other.direct.nodes = {Loopback(cluster.port_a), Loopback(cluster.port_b)};
   absl::StatusOr<std::unique_ptr<Client>> mismatched = Client::Connect(other);
   REQUIRE(mismatched.ok());
+  // Until a health round reached node a (a slow build's first probe may time out instead).
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<v1::GetClusterStatusResponse> status = (*mismatched)->ClusterStatus();
+    REQUIRE(status.ok());
+    if (status->nodes(0).last_error().find("serves model") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   const absl::Status unserved = (*mismatched)->Forward(args).status();
   INFO(unserved.message());
   CHECK(unserved.code() == absl::StatusCode::kUnavailable);

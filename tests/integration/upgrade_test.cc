@@ -60,6 +60,19 @@ int Admin(const std::string& args, const std::string& out) {
   return RunCommand(Binary("tools/colibri-admin") + " " + args, out);
 }
 
+// Router.LoadModel of `dir` on the router's admin port, waiting for nodes up
+// to `timeout_ms`, the call's deadline `deadline` away.
+grpc::StatusCode LoadModelOn(int admin_port, const std::string& dir, int timeout_ms, std::chrono::seconds deadline) {
+  auto stub = v1::Router::NewStub(grpc::CreateChannel(Address(admin_port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  v1::LoadModelRequest request;
+  request.set_model_dir(dir);
+  request.set_timeout_ms(timeout_ms);
+  v1::LoadModelResponse response;
+  return stub->LoadModel(&context, request, &response).error_code();
+}
+
 std::vector<std::string> ModelIds(int admin_port) {
   auto stub = v1::ExpertNode::NewStub(grpc::CreateChannel(Address(admin_port), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -161,15 +174,7 @@ TEST_CASE("a router whose LoadModel caller gave up before the switch does not sw
   const std::string v1_id = model();
 
   // The router waits (up to 30 s) for a node serving v2; its caller leaves after 1 s.
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    v1::LoadModelRequest request;
-    request.set_model_dir(root / "v2");
-    request.set_timeout_ms(30000);
-    v1::LoadModelResponse response;
-    CHECK(router_stub->LoadModel(&context, request, &response).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
-  }
+  CHECK(LoadModelOn(router_admin, root / "v2", 30000, std::chrono::seconds(1)) == grpc::StatusCode::DEADLINE_EXCEEDED);
   // Then the node serves v2 too: the router's wait would now end, but its caller is gone.
   auto node_stub =
       v1::ExpertNode::NewStub(grpc::CreateChannel(Address(node_admin), grpc::InsecureChannelCredentials()));
@@ -222,16 +227,7 @@ TEST_CASE("a version awaiting its nodes leaves the live-node gauge to the versio
   REQUIRE(Metric(HttpGet(metrics, "/metrics"), "colibri_router_live_nodes") == 1);
   // v2 is on no node: the load waits its 3 s (its version's health rounds
   // find the node serving another model), then fails.
-  std::thread load([&] {
-    auto stub = v1::Router::NewStub(grpc::CreateChannel(Address(router_admin), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::LoadModelRequest request;
-    request.set_model_dir(root / "v2");
-    request.set_timeout_ms(3000);
-    v1::LoadModelResponse response;
-    (void)stub->LoadModel(&context, request, &response);
-  });
+  std::thread load([&] { (void)LoadModelOn(router_admin, root / "v2", 3000, std::chrono::seconds(30)); });
   int samples = 0, live_one = 0;
   for (const absl::Time until = absl::Now() + absl::Seconds(2); absl::Now() < until; ++samples) {
     absl::SleepFor(absl::Milliseconds(100));

@@ -582,7 +582,10 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a strea
   auto stream = stub->ForwardStream(&context);
   // Message 4's request_id is over the 256-byte limit: refused, and echoed
   // cut to the limit.
-  const std::string long_id = "req-4" + std::string(1 << 20, 'x');
+  // Of two-byte characters ("é"), from byte 5 on: byte 256 is a character's
+  // second byte, so the echo keeps 255 (valid UTF-8, or the stream breaks).
+  std::string long_id = "req-4";
+  while (long_id.size() < (1 << 20)) long_id += "\xc3\xa9";
   for (int i = 0; i < 6; ++i) {
     v1::ForwardRequest request = Request(i % 2, {static_cast<int32_t>(i == 3 ? 99 : i)}, i);
     request.set_request_id(i == 4 ? long_id : "req-" + std::to_string(i));
@@ -592,13 +595,13 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a strea
   v1::ForwardStreamResponse reply;
   for (int i = 0; i < 6; ++i) {
     REQUIRE(stream->Read(&reply));
-    CHECK(reply.request_id() == (i == 4 ? long_id.substr(0, 256) : "req-" + std::to_string(i)));
+    CHECK(reply.request_id() == (i == 4 ? long_id.substr(0, 255) : "req-" + std::to_string(i)));
     if (i == 3) {
       CHECK(reply.code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
       CHECK(reply.message().find("token_ids[0] = 99") != std::string::npos);
     } else if (i == 4) {
       CHECK(reply.code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
-      CHECK(reply.message().find("request_id is 1048581 bytes") != std::string::npos);
+      CHECK(reply.message().find("request_id is 1048577 bytes") != std::string::npos);
     } else {
       CHECK(reply.code() == 0);
       CHECK(reply.response().output().data().size() == kDModel * 4);
