@@ -154,6 +154,9 @@ void TileInt4Amx(const common::MatrixView& w, int64_t block, const Activations& 
 // range count as 0). REQUIRES: the avx512_amx level (DetectIsa(): AMX-BF16
 // present and its tile state granted by the kernel).
 void TileBf16Amx(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out);
+// TILERELEASE: this thread's tile state back to its initial one (after a
+// self-check that faulted midway). REQUIRES: as TileBf16Amx.
+void ReleaseTilesAmx();
 
 }  // namespace kernels
 }  // namespace colibri

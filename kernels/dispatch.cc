@@ -12,9 +12,11 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
 #include "common/weight_matrix.h"
+#include "kernels/fault_guard.h"
 #include "kernels/kernel_profile.h"
 
 namespace colibri {
@@ -65,7 +67,10 @@ bool Agrees(const std::string& type, const std::vector<float>& out, const std::v
 // function that asks DetectIsa() (KernelsFor, HasAvxVnni, SelectedIsa).
 bool Bf16TileSelfCheck(TileKernelFn tile) {
   using common::kBlockRows;
-  constexpr int64_t kCols = 128, kTokens = 17;
+  // 47 tokens: two full groups of 16 and one of 15 (the tiles reconfigured
+  // between passes); 512 inputs. Integers of at most 5 · 2 · 512 in every
+  // sum: exact in any order the hardware adds them.
+  constexpr int64_t kCols = 512, kTokens = 47;
   const common::MatrixLayout layout = common::ComputeMatrixLayout(DType::kBF16, kBlockRows, kCols);
   std::vector<float> w(kBlockRows * kCols), x(kTokens * kCols);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i * 7 % 5) - 2);
@@ -92,7 +97,7 @@ bool Bf16TileSelfCheck(TileKernelFn tile) {
 bool Q8TileSelfCheck(DType type, TileKernelFn tile) {
   using common::kBlockRows;
   // 33 groups: two repacked chunks.
-  constexpr int64_t kCols = 33 * 64, kTokens = 17, kGroups = kCols / 64;
+  constexpr int64_t kCols = 33 * 64, kTokens = 47, kGroups = kCols / 64;
   const common::MatrixLayout layout = common::ComputeMatrixLayout(type, kBlockRows, kCols);
   std::vector<float> w(kBlockRows * kCols), x(kTokens * kCols);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i * 7919 % 255) - 127) / 64.f;
@@ -189,7 +194,7 @@ std::string IsaName(Isa isa) {
 
 absl::StatusOr<Isa> ParseIsa(const std::string& name) {
   for (Isa isa : kIsas) {
-    if (name == IsaName(isa)) return isa;
+    if (absl::AsciiStrToLower(name) == IsaName(isa)) return isa;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown ISA '", name, "' (expected scalar, avx2, avx512, avx512_bf16 or avx512_amx)"));
@@ -215,6 +220,7 @@ std::optional<Isa> IsaCap() {
 struct Detection {
   Isa isa = Isa::kScalar;
   std::string no_amx;
+  bool cpu_amx = false;  // the CPU has AMX (used or not)
 };
 
 Detection Detect() {
@@ -226,7 +232,7 @@ Detection Detect() {
   const bool cpu_amx = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25));
   // A level without AMX: `reason` where the CPU has AMX, else that it has none.
   auto below = [cpu_amx](Isa isa, const char* reason) {
-    return Detection{isa, cpu_amx ? reason : "the CPU has no AMX"};
+    return Detection{isa, cpu_amx ? reason : "the CPU has no AMX", cpu_amx};
   };
   if (!osxsave || !avx) return below(Isa::kScalar, "the OS does not enable AVX");
   const uint64_t xcr0 = Xgetbv();
@@ -244,17 +250,42 @@ Detection Detect() {
   if (!cpu_amx) return below(Isa::kAvx512Bf16, "");
   // Capped below AMX: no tile state is asked for and no tile instruction runs.
   if (const std::optional<Isa> cap = IsaCap(); cap.has_value() && *cap < Isa::kAvx512Amx) {
-    return {Isa::kAvx512Bf16, absl::StrCat("not probed: COLIBRI_MAX_ISA caps the kernels at ", IsaName(*cap))};
+    return {Isa::kAvx512Bf16, absl::StrCat("not probed: COLIBRI_MAX_ISA caps the kernels at ", IsaName(*cap)), true};
   }
   // XCR0 bits 17 and 18: the tile configuration and data the OS saves.
-  if ((xcr0 & (3u << 17)) != (3u << 17)) return {Isa::kAvx512Bf16, "the OS does not enable the AMX state (XCR0)"};
-  if (!AmxTilesGranted()) return {Isa::kAvx512Bf16, "Linux refused the tile state (arch_prctl)"};
-  if (!Bf16TileSelfCheck(TileBf16Amx) || !Q8TileSelfCheck(DType::kInt8, TileInt8Amx) ||
-      !Q8TileSelfCheck(DType::kInt4, TileInt4Amx)) {
-    std::fprintf(stderr, "colibri: not using the AMX tile kernels; using avx512_bf16\n");
-    return {Isa::kAvx512Bf16, "a tile kernel's start-up self-check failed"};
+  if ((xcr0 & (3u << 17)) != (3u << 17)) {
+    return {Isa::kAvx512Bf16, "the OS does not enable the AMX state (XCR0)", true};
   }
-  return {Isa::kAvx512Amx, ""};
+  if (!AmxTilesGranted()) return {Isa::kAvx512Bf16, "Linux refused the tile state (arch_prctl)", true};
+  // Run where a tile instruction the CPU or the OS refuses (never seen on
+  // the machines these kernels were written on) is a failed check, not a
+  // process killed at start-up.
+  bool passed = false;
+  const int fault = RunCatchingFaults(
+      [] {
+        return Bf16TileSelfCheck(TileBf16Amx) && Q8TileSelfCheck(DType::kInt8, TileInt8Amx) &&
+               Q8TileSelfCheck(DType::kInt4, TileInt4Amx);
+      },
+      &passed);
+  if (fault != 0) {
+    bool released = false;
+    RunCatchingFaults(
+        [] {
+          ReleaseTilesAmx();
+          return true;
+        },
+        &released);  // the tile state a fault left
+    std::fprintf(stderr,
+                 "colibri: a tile kernel's self-check crashed (signal %d): not using the AMX tile kernels; "
+                 "using avx512_bf16\n",
+                 fault);
+    return {Isa::kAvx512Bf16, absl::StrCat("a tile kernel's start-up self-check crashed (signal ", fault, ")"), true};
+  }
+  if (!passed) {
+    std::fprintf(stderr, "colibri: not using the AMX tile kernels; using avx512_bf16\n");
+    return {Isa::kAvx512Bf16, "a tile kernel's start-up self-check failed", true};
+  }
+  return {Isa::kAvx512Amx, "", true};
 }
 
 const Detection& Detected() {
@@ -312,6 +343,8 @@ Isa SelectedIsa() {
   static const Isa selected = std::min(DetectIsa(), IsaCap().value_or(Isa::kAvx512Amx));
   return selected;
 }
+
+bool KeepOneDnnOffAmx() { return Detected().cpu_amx && SelectedIsa() < Isa::kAvx512Amx; }
 
 const KernelTable& SelectedKernels() {
   static const KernelTable selected = ProfiledTable(SelectedProfile());

@@ -91,6 +91,11 @@ const KernelTable& KernelsFor(Isa isa);
 // min(DetectIsa(), COLIBRI_MAX_ISA), decided once per process. An unknown
 // COLIBRI_MAX_ISA value is reported on stderr once and ignored.
 Isa SelectedIsa();
+// True where the CPU has AMX and this process does not use it (COLIBRI_MAX_ISA
+// below avx512_amx, the tile state refused, a failed self-check): oneDNN is
+// then kept off its AMX kernels too (kernels/onednn_matmul.cc). Only AMX:
+// oneDNN's bf16 matmul needs AVX-512, so a lower cap does not lower it.
+bool KeepOneDnnOffAmx();
 
 // The table of SelectedIsa() with the variants the machine's kernel profile
 // chose (kernels/kernel_profile.h: measured once per host, then cached).

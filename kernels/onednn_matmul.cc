@@ -9,6 +9,7 @@
 
 #include "common/mutex.h"
 #include "dnnl.hpp"
+#include "kernels/dispatch.h"
 
 namespace colibri {
 namespace kernels {
@@ -22,8 +23,18 @@ struct Cached {
   size_t scratchpad_bytes = 0;
 };
 
+// The engine, with oneDNN kept off AMX first where Colibri is (it can be set
+// only before oneDNN's first primitive): with COLIBRI_MAX_ISA below
+// avx512_amx, or AMX unusable, no oneDNN kernel runs tile instructions either.
+dnnl::engine MakeEngine() {
+  if (KeepOneDnnOffAmx() && dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16) != dnnl::status::success) {
+    std::fprintf(stderr, "colibri: could not keep oneDNN off AMX (dnnl::set_max_cpu_isa)\n");
+  }
+  return dnnl::engine(dnnl::engine::kind::cpu, 0);
+}
+
 dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = MakeEngine();
   return engine;
 }
 

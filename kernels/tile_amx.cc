@@ -22,5 +22,7 @@ void TileInt4Amx(const common::MatrixView& w, int64_t block, const Activations& 
   TileQ8AmxWith<HardwareTiles, true>(w, block, x, scratch, out);
 }
 
+void ReleaseTilesAmx() { HardwareTiles::Release(); }
+
 }  // namespace kernels
 }  // namespace colibri

@@ -42,7 +42,7 @@ run_all() {
   echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%dT%H:%MZ)"
   for type in ${types//,/ }; do
     bench_layer "$name" "$type" "${shape[@]}"
-    "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat"
+    "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" | tee "$run_out"
     if [ "$type" = int8 ] || [ "$type" = int4 ]; then
       echo "# the same, without tiles (the block kernels for every T):"
       "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --dequant_min_tokens 0 \
@@ -52,7 +52,10 @@ run_all() {
       echo "# the same, oneDNN for every T (default: hand-written kernels only):"
       "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --onednn_min_tokens 1 \
         --single_expert=false | grep -v '^#'
-      if [ "$type" = bf16 ] && grep -qw amx_bf16 /proc/cpuinfo; then
+      # AMX rows where this process uses the tiles (its kernels line says so),
+      # not merely where the CPU lists them: a refused tile state, a failed
+      # self-check or COLIBRI_MAX_ISA leave the tile kernels out.
+      if [ "$type" = bf16 ] && grep -q "bf16 on AMX tiles" "$run_out"; then
         echo "# the same, AMX tiles for every T (oneDNN never):"
         "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --amx_min_tokens 1 \
           --onednn_min_tokens 0 --single_expert=false | grep -v '^#'
@@ -60,7 +63,7 @@ run_all() {
         "$bin/colibri-bench" kernels --model "$bench_model" --tokens "$tokens" --repeat "$repeat" --amx_min_tokens 0 \
           --onednn_min_tokens 0 --single_expert=false | grep -v '^#'
       elif [ "$type" = bf16 ]; then
-        echo "# AMX tiles: not available on this CPU (no amx_bf16 in /proc/cpuinfo): no AMX rows"
+        echo "# AMX tiles: not available ($(sed -n 's/.*AMX tiles not available: \([^;]*\).*/\1/p' "$run_out" | head -1)): no AMX rows"
       fi
     fi
   done
@@ -72,7 +75,8 @@ run_all() {
 # Everything above, then the targets judged from it (scripts/kernel_targets.py),
 # also when a part failed (e.g. no PyTorch: its comparisons are "not measured").
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+run_out=$(mktemp)  # the current default run's output, for its kernels line
+trap 'rm -f "$log" "$run_out"' EXIT
 set +e  # (run_all stops at its first failure: errexit holds in its subshell)
 (set -e; run_all) 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
