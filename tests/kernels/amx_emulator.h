@@ -68,7 +68,9 @@ struct EmulatedTiles {
     }
   }
   // tdpbf16ps: C[m][n] += Σ_k A[m][2k]·B[k][2n] + A[m][2k+1]·B[k][2n+1] in
-  // f32, k in order; inputs and results below the normal range are 0.
+  // f32, k in order, each product added to C (the SDM sums the even and the
+  // odd products apart first: the same sum, other last bits); inputs and
+  // results below the normal range are 0.
   template <int kC, int kA, int kB>
   static void DotBf16() {
     static_assert(kC != kA && kC != kB && kA != kB, "tdpbf16ps needs three distinct tiles");
