@@ -101,7 +101,8 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::stri
         "numa_node)");
   }
   std::unique_ptr<ExpertStore> store(new ExpertStore(options, log));
-  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(model_dir, options.shard, 1));
+  COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(model_dir));
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(std::move(model), options.shard, 1));
   common::MutexLock lock(&store->mu_);  // no other thread sees the store yet; the lock states the rule
   store->last_version_ = set->version();
   store->current_ = std::move(set);
@@ -163,8 +164,8 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
     version = last_version_ + 1;
     max_d_model = max_d_model_;
   }
+  COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(dir));
   if (max_d_model > 0) {  // from the manifest, before anything is mapped, verified or locked
-    COLIBRI_ASSIGN_OR_RETURN(const std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(dir));
     if (const int64_t d_model = model->manifest().d_model; d_model > max_d_model) {
       return absl::FailedPreconditionError(absl::StrCat(
           dir, " has d_model ", d_model, ", above the ", max_d_model,
@@ -172,7 +173,7 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
           "the weights in use stay; restart the node to serve it"));
     }
   }
-  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(dir, spec, version));
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(std::move(model), spec, version));
   if (abandon && abandon()) {
     return absl::CancelledError(
         absl::StrCat("the caller gave up while ", dir, " was loading: not installed, the weights in use stay"));
@@ -271,11 +272,11 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<LockRange>& 
   return status;
 }
 
-absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::string& model_dir, const ShardSpec& shard,
-                                                                   uint64_t version) const {
+absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_ptr<common::ModelDir> model,
+                                                                   const ShardSpec& shard, uint64_t version) const {
   auto set = std::make_shared<WeightSet>();
   set->version_ = version;
-  COLIBRI_ASSIGN_OR_RETURN(set->model_, common::ModelDir::Open(model_dir));
+  set->model_ = std::move(model);
   const common::Manifest& m = set->model_->manifest();
   COLIBRI_ASSIGN_OR_RETURN(set->owned_, shard.Resolve(m.n_layers, m.total_experts()));
   std::vector<std::unique_ptr<common::ExpertWeights>> loaded;
@@ -351,8 +352,8 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(const std::st
     set->locker_ =
         std::thread([s = set.get(), ranges = std::move(ranges), log = log_] { (void)LockAll(s, ranges, log); });
   }
-  common::LogLine(log_, absl::StrCat("loaded ", set->owned_.size(), " experts of ", model_dir, " (version ", version,
-                                     ", ", set->placement(), ")"));
+  common::LogLine(log_, absl::StrCat("loaded ", set->owned_.size(), " experts of ", set->model_->dir(), " (version ",
+                                     version, ", ", set->placement(), ")"));
   return std::shared_ptr<const WeightSet>(std::move(set));
 }
 

@@ -173,7 +173,8 @@ class ExpertStore {
 
  private:
   ExpertStore(StoreOptions options, std::ostream* log) : options_(std::move(options)), log_(log) {}
-  absl::StatusOr<std::shared_ptr<const WeightSet>> Load(const std::string& model_dir, const ShardSpec& shard,
+  // Maps (or copies) `model`'s experts that `shard` owns; the set keeps `model`.
+  absl::StatusOr<std::shared_ptr<const WeightSet>> Load(std::unique_ptr<common::ModelDir> model, const ShardSpec& shard,
                                                         uint64_t version) const;
   // Bytes of one owned expert to lock: its weights, or one of its int8 tile records.
   struct LockRange {

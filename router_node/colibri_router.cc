@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
@@ -265,7 +266,9 @@ int main(int argc, char** argv) {
           return sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1;
         };
         const auto ids = (*server)->LoadModel(o.model_dir, absl::Seconds(30), stop_pending);
-        if (!ids.ok()) {
+        if (!ids.ok() && absl::IsCancelled(ids.status()) && stop_pending()) {  // not an error: stopping
+          LOG(WARNING) << "colibri-router: SIGHUP: stopping: " << ids.status().message();
+        } else if (!ids.ok()) {
           LOG(ERROR) << "colibri-router: SIGHUP: " << ids.status().message();
         } else if (ids->model_id != ids->previous_model_id) {
           LOG(INFO) << "colibri-router: SIGHUP: now serving model " << ids->model_id;

@@ -61,8 +61,8 @@ absl::StatusOr<RemoteRouter> PrepareVersion(const Router& current, const std::st
                                     " not switched to");
     }
     if (abandon && abandon()) {
-      return absl::CancelledError("the caller gave up while the nodes were awaited: model " + next.router->model_id() +
-                                  " not switched to");
+      return absl::CancelledError("the load was given up while the nodes were awaited: model " +
+                                  next.router->model_id() + " not switched to");
     }
     absl::SleepFor(std::min(remote.health_interval, absl::Milliseconds(100)));
     next.backend->CheckNow();

@@ -206,7 +206,7 @@ absl::StatusOr<ModelSwitch> RouterServer::LoadModelLocked(const std::string& mod
     return ModelSwitch{previous_id, previous_id, wait_again ? DrainRetired(timeout, abandon) : ReleaseRetired()};
   }
   if (abandon && abandon()) {
-    return absl::CancelledError(absl::StrCat("the caller gave up before the switch: model ", next.router->model_id(),
+    return absl::CancelledError(absl::StrCat("the load was given up before the switch: model ", next.router->model_id(),
                                              " not switched to, ", previous_id, " serves on"));
   }
   auto version = std::make_shared<RemoteRouter>(std::move(next));
