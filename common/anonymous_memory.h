@@ -26,6 +26,8 @@ class AnonymousMemory {
   // RESOURCE_EXHAUSTED if the memory cannot be mapped; UNAVAILABLE if a NUMA
   // node was asked for and libnuma reports no NUMA support.
   static absl::StatusOr<std::unique_ptr<AnonymousMemory>> Create(size_t bytes, const Options& options);
+  // The size() Create(bytes) maps: whole 2 MiB pages, at least one.
+  static size_t SizeFor(size_t bytes);
   ~AnonymousMemory();
   AnonymousMemory(const AnonymousMemory&) = delete;
   AnonymousMemory& operator=(const AnonymousMemory&) = delete;

@@ -2,7 +2,7 @@
 #define COLIBRI_COMMON_SIGBUS_GUARD_H_
 
 // Mapped files that may be truncated while the process reads them (weights
-// served from the page cache, --nomlock). Reading a mapped page past a
+// served from their mapping, not a copy). Reading a mapped page past a
 // file's new end raises SIGBUS, which kills a process by default. A guarded
 // range instead gets that page replaced by a page of zeros (the read goes on)
 // and is marked faulted; whoever computed from it checks Faulted() afterwards

@@ -7,11 +7,11 @@
 #include <chrono>
 #include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "common/allocator.h"
+#include "common/cgroup_limits.h"
 #include "expert_node/expert_server.h"
 #include "kernels/kernel_profile.h"
 #include "runtime/flags.h"
@@ -26,7 +26,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on; port 0 pic
 ABSL_FLAG(std::string, model_root, "",
           "Reload may only load model directories inside this one. Empty (the default): Reload may only re-shard "
           "the loaded model.");
-ABSL_FLAG(int, threads, 0, "Compute threads (0: one per allowed CPU, of --numa_node if set).");
+ABSL_FLAG(int, threads, 0,
+          "Compute threads (0: one per allowed CPU, of --numa_node if set, at most the cgroup's CPU quota).");
 ABSL_FLAG(int, numa_node, -1, "Bind compute threads and weight copies to this NUMA node (-1: no binding).");
 ABSL_FLAG(bool, numa_node_auto, false,
           "Bind to the NUMA node of the CPUs this process may run on (one socket's CPUs, "
@@ -45,7 +46,9 @@ ABSL_FLAG(int64_t, memory_budget, 0,
           "With --residency paged: bytes of expert files kept in memory; beyond, the least recently used experts "
           "are evicted (each call's experts are read in as it arrives). 0: no limit.");
 ABSL_FLAG(bool, require_mlock, false, "Fail at start if the weights cannot be locked (instead of warning).");
-ABSL_FLAG(bool, hugepages, false, "Copy the weights into transparent-huge-page memory.");
+ABSL_FLAG(bool, hugepages, false,
+          "Copy the weights into huge-page memory: reserved 2 MiB pages if the host has them free, else transparent "
+          "huge pages.");
 ABSL_FLAG(bool, q8_records, false,
           "int8/int4 models: build the int8 tile kernels' records of every matrix at load (a second copy, ~1.1 bytes "
           "a weight for int8, ~0.63 for int4, locked with the weights), so calls on tiles do not repack the weights, "
@@ -57,7 +60,8 @@ ABSL_FLAG(int64_t, max_rows, 65536, "Most token rows one Compute call may carry 
 ABSL_FLAG(int64_t, max_queued_calls, 64, "Compute calls waiting for the compute thread (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Memory budget of the Compute calls in flight (requests, f32 rows, outputs; estimated from each request "
-          "on arrival): a call beyond it gets RESOURCE_EXHAUSTED. 0: room for two calls of --max_rows rows.");
+          "on arrival): a call beyond it gets RESOURCE_EXHAUSTED. 0: room for two calls of --max_rows rows, within "
+          "what the weights leave of the cgroup's memory limit (less 256 MiB for the process).");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "Largest request or reply in bytes; 0 derives it from d_model and --max_rows.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key).");
@@ -109,6 +113,10 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"StoreOptions::residency", "--residency"},
     {"ServerOptions::memory_budget", "--memory_budget"},
     {"ThreadPool::Options::numa_node", "--numa_node"},
+    {"StoreOptions::hugepages", "--hugepages"},
+    {"StoreOptions::numa_node", "--numa_node"},
+    {"ServerOptions::max_inflight_bytes", "--max_inflight_bytes"},
+    {"StoreOptions::memory_limit", "the memory limit"},
 };
 
 }  // namespace
@@ -141,9 +149,8 @@ int main(int argc, char** argv) {
   options.store.shard = *shard;
   options.store.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   options.store.verify_cache = absl::GetFlag(FLAGS_verify_cache);
-  options.store.verify_threads = absl::GetFlag(FLAGS_threads) > 0
-                                     ? absl::GetFlag(FLAGS_threads)
-                                     : static_cast<int>(std::thread::hardware_concurrency());
+  options.store.verify_threads =
+      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : colibri::common::UsableCpus();
   auto residency = colibri::expert_node::ParseResidency(absl::GetFlag(FLAGS_residency));
   if (!residency.ok()) {
     std::cerr << "colibri-expert: " << colibri::runtime::NameFlags(residency.status(), kOptionFlags).message() << "\n";
@@ -155,6 +162,13 @@ int main(int argc, char** argv) {
   options.store.hugepages = absl::GetFlag(FLAGS_hugepages);
   options.store.q8_records = absl::GetFlag(FLAGS_q8_records);
   options.store.numa_node = absl::GetFlag(FLAGS_numa_node);
+  // Past the cgroup's memory limit the kernel kills the node: loads that
+  // would pass it are refused, and the default in-flight budget stays within it.
+  if (const colibri::common::CgroupLimits cgroup = colibri::common::ReadCgroupLimits(); cgroup.memory_bytes >= 0) {
+    options.store.memory_limit = cgroup.memory_bytes;
+    options.store.memory_limit_source = cgroup.memory_file;
+    LOG(INFO) << "colibri-expert: memory limit " << cgroup.memory_bytes << " bytes (" << cgroup.memory_file << ")";
+  }
   if (absl::GetFlag(FLAGS_numa_node_auto)) {
     if (options.store.numa_node >= 0) {
       std::cerr << "colibri-expert: --numa_node and --numa_node_auto exclude each other\n";
@@ -167,7 +181,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     options.store.numa_node = *node;
-    LOG(INFO) << "colibri-expert: --numa_node_auto: NUMA node " << *node;
+    if (*node < 0) {
+      LOG(WARNING) << "colibri-expert: --numa_node_auto: libnuma reports no NUMA support (a kernel without it, or "
+                      "get_mempolicy refused: in a container, grant CAP_SYS_NICE): nothing is bound";
+    } else {
+      LOG(INFO) << "colibri-expert: --numa_node_auto: NUMA node " << *node;
+    }
   }
   options.listen = absl::GetFlag(FLAGS_listen);
   options.model_root = absl::GetFlag(FLAGS_model_root);

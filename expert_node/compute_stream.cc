@@ -6,9 +6,10 @@
 // while kMaxQueuedReplies answers or kMaxQueuedReplyBytes of them wait to be
 // written (a caller that does not read cannot make the node hold its answers
 // without bound, nor take the whole budget with one stream). The stream finishes
-// when reading has ended — the caller half-closed, the stream broke, or the
-// node is shutting down (CloseStreams) —, every call read has been answered,
-// and the last write is done.
+// when reading has ended — the caller half-closed, the stream broke, the
+// node is shutting down (CloseStreams), or a message did not parse (the
+// stream then ends INVALID_ARGUMENT) —, every call read has been answered,
+// and the last write is done. Messages travel raw (runtime/grpc_raw.h).
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,8 @@
 #include "common/mutex.h"
 #include "expert_node/compute_call.h"
 #include "expert_node/expert_service.h"
+#include "runtime/grpc_raw.h"
+#include "runtime/grpc_status.h"
 
 namespace colibri {
 namespace expert_node {
@@ -34,18 +37,26 @@ constexpr int64_t kMaxQueuedReplyBytes = int64_t{64} << 20;
 constexpr int64_t kMaxTimeoutMicros = int64_t{24} * 3600 * 1000000;
 }  // namespace
 
-class ExpertService::StreamReactor final
-    : public grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse> {
+class ExpertService::StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(ExpertService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), incoming_(std::make_shared<Message>()) {}
 
   // Starts the first read (after the service has registered the stream).
-  void Begin() { StartRead(&incoming_->request); }
+  void Begin() { StartRead(&raw_incoming_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // half-closed by the caller, or broken: no more calls
       EndReading();
+      return;
+    }
+    if (absl::Status parsed = runtime::ParseRaw(&raw_incoming_, &incoming_->request); !parsed.ok()) {
+      service_->CountCall("Compute", runtime::ToGrpcStatus(parsed));
+      {
+        common::MutexLock lock(&mu_);
+        end_status_ = runtime::ToGrpcStatus(parsed);
+      }
+      EndReading();  // a call_id cannot be read from it: the stream ends once the calls before it are answered
       return;
     }
     std::shared_ptr<Message> message = std::move(incoming_);
@@ -70,7 +81,7 @@ class ExpertService::StreamReactor final
     }
     // The next message may arrive while this one computes on this thread.
     if (read_on) {
-      StartRead(&incoming_->request);
+      StartRead(&raw_incoming_);
       Release();
     }
     if (message->request.cancel()) return;
@@ -97,7 +108,7 @@ class ExpertService::StreamReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    v1::ComputeStreamResponse* next = nullptr;
+    grpc::ByteBuffer* next = nullptr;
     bool resume = false;
     {
       common::MutexLock lock(&mu_);
@@ -111,14 +122,14 @@ class ExpertService::StreamReactor final
         writing_ = std::move(pending_writes_.front());
         pending_writes_.pop_front();
         pending_bytes_ -= writing_->bytes;
-        next = &writing_->reply;
+        next = &writing_->raw;
       }
       if (read_paused_ && !reading_ended_ && !TooManyQueued()) {
         read_paused_ = false;
         resume = true;
       }
     }
-    if (resume) StartRead(&incoming_->request);
+    if (resume) StartRead(&raw_incoming_);
     if (next != nullptr) {
       StartWrite(next);
       return;
@@ -142,9 +153,9 @@ class ExpertService::StreamReactor final
     v1::ComputeStreamResponse reply;
     std::atomic<bool> cancelled{false};
   };
-  // An answer to write, with its call's reservation (released once written).
+  // An answer to write, serialized, with its call's reservation (released once written).
   struct Outgoing {
-    v1::ComputeStreamResponse reply;
+    grpc::ByteBuffer raw;
     common::MemoryBudget::Reservation held;
     int64_t bytes = 0;  // the output's
   };
@@ -167,17 +178,26 @@ class ExpertService::StreamReactor final
   // progress), then the call's hold is released.
   void Answered(Message& message, const grpc::Status& status, common::MemoryBudget::Reservation held) {
     auto out = std::make_unique<Outgoing>();
-    v1::ComputeStreamResponse* reply = &out->reply;
-    reply->Swap(&message.reply);
-    reply->set_call_id(message.request.call_id());
-    reply->set_code(static_cast<int32_t>(status.error_code()));
-    if (!status.ok()) {
-      reply->set_message(status.error_message());
-      reply->clear_response();
+    {
+      v1::ComputeStreamResponse reply;
+      reply.Swap(&message.reply);
+      reply.set_call_id(message.request.call_id());
+      reply.set_code(static_cast<int32_t>(status.error_code()));
+      if (!status.ok()) {
+        reply.set_message(status.error_message());
+        reply.clear_response();
+      }
+      out->bytes = static_cast<int64_t>(reply.response().output().data().size());
+      if (absl::Status s = runtime::SerializeRaw(reply, &out->raw); !s.ok()) {
+        v1::ComputeStreamResponse failed;
+        failed.set_call_id(message.request.call_id());
+        failed.set_code(static_cast<int32_t>(s.code()));
+        failed.set_message(std::string(s.message()));
+        (void)runtime::SerializeRaw(failed, &out->raw);
+      }
     }
     out->held = std::move(held);
-    out->bytes = static_cast<int64_t>(reply->response().output().data().size());
-    v1::ComputeStreamResponse* start = nullptr;
+    grpc::ByteBuffer* start = nullptr;
     {
       common::MutexLock lock(&mu_);
       if (auto it = in_flight_.find(message.request.call_id());
@@ -187,7 +207,7 @@ class ExpertService::StreamReactor final
       if (!broken_) {
         if (writing_ == nullptr) {
           writing_ = std::move(out);
-          start = &writing_->reply;
+          start = &writing_->raw;
           ++holds_;  // the writes', released by OnWriteDone when none is left
         } else {
           pending_bytes_ += out->bytes;
@@ -201,15 +221,18 @@ class ExpertService::StreamReactor final
 
   // Drops a hold: the read loop's, a call's, or the writes'. The last finishes the stream.
   void Release() {
+    grpc::Status status;
     {
       common::MutexLock lock(&mu_);
       if (--holds_ > 0) return;
+      status = end_status_;
     }
-    Finish(grpc::Status::OK);
+    Finish(status);
   }
 
   ExpertService* const service_;
   grpc::CallbackServerContext* const context_;
+  grpc::ByteBuffer raw_incoming_;      // read into, then parsed into incoming_
   std::shared_ptr<Message> incoming_;  // touched only by the read reactions, one at a time
   common::Mutex mu_;
   int holds_ ABSL_GUARDED_BY(mu_) = 1;  // the read loop, + each call in flight, + the writes
@@ -221,9 +244,10 @@ class ExpertService::StreamReactor final
   std::deque<std::unique_ptr<Outgoing>> pending_writes_ ABSL_GUARDED_BY(mu_);
   int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // their outputs' bytes
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status end_status_ ABSL_GUARDED_BY(mu_);  // OK, or why reading ended early
 };
 
-grpc::ServerBidiReactor<v1::ComputeStreamRequest, v1::ComputeStreamResponse>* ExpertService::ComputeStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ExpertService::ComputeStream(
     grpc::CallbackServerContext* context) {
   auto* reactor = new StreamReactor(this, context);
   // After Begin (or Close) the stream may finish and be deleted at any time: nothing touches it after.

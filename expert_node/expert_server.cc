@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_line.h"
 #include "common/status_macros.h"
 #include "expert_node/expert_service.h"
 #include "kernels/dispatch.h"
@@ -21,6 +22,10 @@ namespace colibri {
 namespace expert_node {
 
 namespace {
+
+// Memory kept for the process itself (code, gRPC, threads) beside the
+// weights and the calls in flight, under a memory limit.
+constexpr int64_t kProcessBytes = int64_t{256} << 20;
 
 // The name standard health clients may ask for, beside "".
 const char* const kService = colibri::v1::ExpertNode::service_full_name();
@@ -42,21 +47,16 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                                                    " needs paged residency (StoreOptions::residency paged, not ",
                                                    ResidencyName(options.store.residency), ")"));
   }
-  std::unique_ptr<ExpertServer> s(new ExpertServer());
-  COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(options.model_dir, options.store, log));
-  if (options.store.residency == Residency::kPaged) {
-    s->paged_ = std::make_unique<PagedWeights>(PagedWeights::Options{options.memory_budget, &s->metrics_});
+  if (options.memory_budget > 0 && (options.store.hugepages || options.store.numa_node >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::memory_budget ", options.memory_budget,
+        " has no effect with StoreOptions::hugepages or numa_node: the weights are then copied into the node's memory "
+        "whole, not paged from the files"));
   }
-  // The compute thread (ExpertService) is the pool's worker 0: a call wakes one thread fewer.
-  COLIBRI_ASSIGN_OR_RETURN(s->pool_, kernels::ThreadPool::Create({options.threads, options.store.numa_node,
-                                                                  /*pin=*/true, /*caller_joins=*/true}));
-  s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits,
-                                               /*advise_reads=*/s->paged_ == nullptr);
-  ExpertService::Options service_options;
-  service_options.model_root = options.model_root;  // empty: Reload cannot load another directory
-  service_options.check_finite = options.check_finite;
-  service_options.max_queued_calls = options.max_queued_calls;
-  const int64_t d_model = s->store_->Current()->model().manifest().d_model;
+  // The limits first, from the manifest: a bad one is refused before the weights are read.
+  COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(options.model_dir));
+  const common::Manifest& m = model->manifest();
+  const int64_t d_model = m.d_model, routes = m.top_k + m.n_shared_experts;
   if (options.limits.max_rows < 1 || options.limits.max_rows > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(
         absl::StrCat("ServerOptions::limits.max_rows ", options.limits.max_rows, " must be in [1, 2^24]"));
@@ -86,17 +86,63 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
         " bytes a reply of ServerOptions::limits.max_rows ", options.limits.max_rows, " f32 rows of d_model ", d_model,
         " (and limits.max_row_indices ", options.limits.max_row_indices, ") may take; lower limits.max_rows"));
   }
-  // Default: room for two calls of max_rows f32 rows, and for one whose
-  // rows each go to all of a token's experts with a reply per token (a
-  // router's call of max_rows tokens to a node that holds all their experts):
-  // a call the router's limits allow is never larger than the whole budget.
-  const common::Manifest& m = s->store_->Current()->model().manifest();
-  const int64_t rows = options.limits.max_rows, routes = m.top_k + m.n_shared_experts;
+  // Default budget: room for two calls of max_rows f32 rows, and for one
+  // whose rows each go to all of a token's experts with a reply per token (a
+  // router's call of max_rows tokens to a node that holds all their
+  // experts): a call the router's limits allow is never larger than the
+  // whole budget. Under a memory limit it takes what the weights leave, and
+  // at least one call of max_rows rows must fit beside them.
+  const int64_t rows = options.limits.max_rows;
   const int64_t plain = ExpertService::Footprint(rows * d_model * 4, rows * d_model, 0, rows, d_model);
   const int64_t routed =
       ExpertService::Footprint(rows * d_model * 4, rows * d_model, rows * routes, rows * (routes + 1), d_model);
-  service_options.max_inflight_bytes =
-      options.max_inflight_bytes > 0 ? options.max_inflight_bytes : std::max(2 * plain, routed);
+  StoreOptions store = options.store;
+  if (options.max_inflight_bytes > (int64_t{1} << 56)) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_inflight_bytes ", options.max_inflight_bytes,
+                                                   " is beyond any memory (at most 2^56)"));
+  }
+  store.memory_reserve = kProcessBytes + (options.max_inflight_bytes > 0 ? options.max_inflight_bytes : plain);
+
+  std::unique_ptr<ExpertServer> s(new ExpertServer());
+  // The compute thread (ExpertService) is the pool's worker 0: a call wakes
+  // one thread fewer. Made first: a NUMA node it cannot use is refused before the weights are read.
+  COLIBRI_ASSIGN_OR_RETURN(s->pool_, kernels::ThreadPool::Create({options.threads, options.store.numa_node,
+                                                                  /*pin=*/true, /*caller_joins=*/true}));
+  COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(std::move(model), store, log));
+  int64_t budget = options.max_inflight_bytes > 0 ? options.max_inflight_bytes : std::max(2 * plain, routed);
+  if (store.memory_limit >= 0 && options.max_inflight_bytes <= 0) {
+    // What the weights leave; of it, room for a second version of them (a
+    // staged roll-out, a reload of other files) where that leaves one call.
+    const int64_t weights = s->store_->ResidentBytes();
+    const int64_t room = store.memory_limit - weights - kProcessBytes;  // at least `plain`: the load checked it
+    const bool second = room - weights >= plain;
+    if (const int64_t cap = second ? room - weights : room; budget > cap) {
+      budget = cap;
+      common::LogLine(
+          log, absl::StrCat("in-flight budget ", budget, " bytes (max_inflight_bytes), within the memory limit of ",
+                            store.memory_limit, " bytes beside ", weights, " bytes of weights",
+                            second ? " and room for a second version of them"
+                                   : "; no room for a second version of them: a reload of other files is refused"));
+    }
+    if (budget < routed) {
+      common::LogLine(log,
+                      absl::StrCat("WARNING: the in-flight budget is below the ", routed,
+                                   " bytes of a router's largest call (limits.max_rows tokens, each to its ", routes,
+                                   " experts here): such calls are refused RESOURCE_EXHAUSTED; raise the "
+                                   "memory limit or lower the router's max_tokens"));
+    }
+  }
+  s->store_->SetMemoryReserve(kProcessBytes + budget);
+  if (options.store.residency == Residency::kPaged) {
+    s->paged_ = std::make_unique<PagedWeights>(PagedWeights::Options{options.memory_budget, &s->metrics_});
+  }
+  s->engine_ = std::make_unique<ComputeEngine>(s->store_.get(), s->pool_.get(), options.limits,
+                                               /*advise_reads=*/s->paged_ == nullptr);
+  ExpertService::Options service_options;
+  service_options.model_root = options.model_root;  // empty: Reload cannot load another directory
+  service_options.check_finite = options.check_finite;
+  service_options.max_queued_calls = options.max_queued_calls;
+  service_options.max_inflight_bytes = budget;
   service_options.threads = s->pool_->size();
   service_options.kernel_isa = kernels::IsaName(kernels::SelectedKernels().isa);
   service_options.kernel_profile = kernels::ProfileChoices(kernels::SelectedProfile());
@@ -139,7 +185,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                              runtime::StartAdminServer(options.admin_listen, credentials, s->admin_service_.get(),
                                                        &s->admin_port_, "ServerOptions::", options.keepalive));
   }
-  // Every owned expert is mapped, verified (and locked when possible) by now.
+  // Every owned expert is mapped and verified (or copied) by now; locking may still run (ExpertStore).
   runtime::SetServing(s->server_->GetHealthCheckService(), kService, true);
   return s;
 }

@@ -49,7 +49,12 @@ struct ServerOptions {
   int64_t max_message_bytes = 0;  // 0: from the model shape and limits.max_rows
   int64_t max_queued_calls = 64;  // beyond: RESOURCE_EXHAUSTED
   // Memory budget of the calls in flight (beyond: RESOURCE_EXHAUSTED); 0:
-  // room for two calls of limits.max_rows f32 rows (rows, copy, output, encoding).
+  // room for two calls of limits.max_rows f32 rows (rows, copy, output,
+  // encoding), within what the weights leave of store.memory_limit (the
+  // process's cgroup limit, set by the caller), 256 MiB kept for the process.
+  // The weights must fit beside one such call, or this budget if set (else
+  // FAILED_PRECONDITION before anything is copied or locked; see
+  // StoreOptions::memory_limit).
   int64_t max_inflight_bytes = 0;
   ComputeEngine::Limits limits;
   // TLS: server certificate chain and key (PEM files); with a client CA as

@@ -14,6 +14,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/expert_executor.h"
 #include "runtime/grpc_admin.h"
+#include "runtime/grpc_raw.h"
 #include "runtime/grpc_status.h"
 
 namespace colibri {
@@ -65,10 +66,12 @@ ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options 
       options_(std::move(options)),
       budget_(options_.max_inflight_bytes, "the node's --max_inflight_bytes") {
   UpdateWeightGauges();
+  store_->SetLockListener([this] { UpdateWeightGauges(); });  // locked_bytes once the background locking ends
   compute_thread_ = std::thread([this] { ComputeLoop(); });
 }
 
 ExpertService::~ExpertService() {
+  store_->SetLockListener(nullptr);
   {
     common::MutexLock lock(&mu_);
     stopping_ = true;
@@ -407,28 +410,44 @@ void ExpertService::Complete(ComputeCall& call, bool own_pass) {
 
 namespace {
 
-// A unary Compute: keeps the call's memory reservation until gRPC is done
-// with the answer (sent, or the call cancelled).
+// A unary Compute: holds the parsed request and the response, and keeps
+// the call's memory reservation until gRPC is done with the answer (sent,
+// or the call cancelled).
 class ComputeReactor final : public grpc::ServerUnaryReactor {
  public:
-  void Answer(const grpc::Status& status, common::MemoryBudget::Reservation held) {
+  explicit ComputeReactor(grpc::ByteBuffer* raw_response) : raw_response_(raw_response) {}
+
+  void Answer(grpc::Status status, common::MemoryBudget::Reservation held) {
     held_ = std::move(held);
+    if (status.ok()) status = runtime::ToGrpcStatus(runtime::SerializeRaw(response, raw_response_));
+    response = v1::ComputeResponse();  // held once, serialized
     Finish(status);
   }
   void OnDone() override { delete this; }
 
+  v1::ComputeRequest request;
+  v1::ComputeResponse response;
+
  private:
+  grpc::ByteBuffer* const raw_response_;
   common::MemoryBudget::Reservation held_;
 };
 
 }  // namespace
 
-grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* context,
-                                                 const v1::ComputeRequest* request, v1::ComputeResponse* response) {
-  auto* reactor = new ComputeReactor;
+grpc::ServerUnaryReactor* ExpertService::Compute(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  auto* reactor = new ComputeReactor(response);
+  // gRPC's buffer, in the call's arena: ours to clear once parsed.
+  if (absl::Status parsed = runtime::ParseRaw(const_cast<grpc::ByteBuffer*>(request), &reactor->request);
+      !parsed.ok()) {
+    CountCall("Compute", runtime::ToGrpcStatus(parsed));
+    reactor->Answer(runtime::ToGrpcStatus(parsed), {});
+    return reactor;
+  }
   auto call = std::make_shared<ComputeCall>();
-  call->request = request;
-  call->response = response;
+  call->request = &reactor->request;
+  call->response = &reactor->response;
   call->deadline = context->deadline();
   call->cancelled = [context] { return context->IsCancelled(); };
   call->answer = [reactor](const grpc::Status& status, common::MemoryBudget::Reservation held) {

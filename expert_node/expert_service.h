@@ -42,7 +42,15 @@
 namespace colibri {
 namespace expert_node {
 
-class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
+// Compute and ComputeStream take their messages raw and parse them here
+// (runtime/grpc_raw.h): a call that does not parse is answered
+// INVALID_ARGUMENT naming the type, and a ComputeStream carrying one ends
+// INVALID_ARGUMENT once the calls before it are answered.
+class ExpertService final
+    : public colibri::v1::ExpertNode::WithRawCallbackMethod_Compute<
+          colibri::v1::ExpertNode::WithRawCallbackMethod_ComputeStream<
+              colibri::v1::ExpertNode::WithCallbackMethod_GetNodeInfo<
+                  colibri::v1::ExpertNode::WithCallbackMethod_Reload<colibri::v1::ExpertNode::Service>>>> {
  public:
   static constexpr int64_t kSliceRows = 256;
   // Most entries, and most rows, of one pass that merges queued calls; most calls in it.
@@ -87,9 +95,11 @@ class ExpertService final : public colibri::v1::ExpertNode::CallbackService {
   ExpertService(ExpertStore* store, ComputeEngine* engine, Options options);
   ~ExpertService() override;  // finishes queued calls with UNAVAILABLE, joins threads
 
-  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const colibri::v1::ComputeRequest* request,
-                                    colibri::v1::ComputeResponse* response) override;
-  grpc::ServerBidiReactor<colibri::v1::ComputeStreamRequest, colibri::v1::ComputeStreamResponse>* ComputeStream(
+  // A ComputeRequest in, a ComputeResponse out (raw).
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  // ComputeStreamRequests in, ComputeStreamResponses out (raw).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ComputeStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetNodeInfo(grpc::CallbackServerContext* context,
                                         const colibri::v1::GetNodeInfoRequest* request,

@@ -9,9 +9,13 @@
 #include <functional>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/anonymous_memory.h"
+#include "common/cgroup_limits.h"
 #include "common/file_verifier.h"
 #include "common/log_line.h"
 #include "common/parallel_for.h"
@@ -23,6 +27,17 @@
 namespace colibri {
 namespace expert_node {
 namespace {
+
+// Free reserved 2 MiB pages (of `node`, or of the host for -1), in bytes.
+int64_t FreeHugetlbBytes(int node) {
+  const std::string path =
+      node >= 0 ? absl::StrCat("/sys/devices/system/node/node", node, "/hugepages/hugepages-2048kB/free_hugepages")
+                : "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
+  int64_t pages = 0;
+  const std::optional<std::string> text = common::ReadKernelFile(path, 64);
+  if (!text.has_value() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &pages)) return 0;
+  return pages * (int64_t{2} << 20);
+}
 
 // The bytes an expert's views point into: its mapped file or its copy.
 std::pair<const uint8_t*, size_t> Backing(const common::ExpertWeights& e) {
@@ -95,14 +110,21 @@ absl::StatusOr<const common::ExpertWeights*> WeightSet::Find(int64_t layer, int6
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::string& model_dir,
                                                                  const StoreOptions& options, std::ostream* log) {
+  COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(model_dir));
+  return Create(std::move(model), options, log);
+}
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(std::unique_ptr<common::ModelDir> model,
+                                                                 const StoreOptions& options, std::ostream* log) {
   if (options.q8_records && options.residency == Residency::kPaged && !options.hugepages && options.numa_node < 0) {
     return absl::InvalidArgumentError(
         "StoreOptions::q8_records needs residency locked or copy, not paged (or the weights copied: hugepages, "
         "numa_node)");
   }
   std::unique_ptr<ExpertStore> store(new ExpertStore(options, log));
-  COLIBRI_ASSIGN_OR_RETURN(std::unique_ptr<common::ModelDir> model, common::ModelDir::Open(model_dir));
-  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set, store->Load(std::move(model), options.shard, 1));
+  const std::string model_dir = model->dir();
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> set,
+                           store->Load(std::move(model), options.shard, 1, 0, {}));
   common::MutexLock lock(&store->mu_);  // no other thread sees the store yet; the lock states the rule
   store->last_version_ = set->version();
   store->current_ = std::move(set);
@@ -114,6 +136,48 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(const std::stri
 std::shared_ptr<const WeightSet> ExpertStore::Current() const {
   common::MutexLock lock(&mu_);
   return current_;
+}
+
+void ExpertStore::SetMemoryReserve(int64_t bytes) { memory_reserve_.store(bytes); }
+
+void ExpertStore::SetLockListener(std::function<void()> listener) {
+  common::MutexLock lock(&listener_mu_);
+  lock_listener_ = std::move(listener);
+}
+
+std::set<std::string> ExpertStore::MappedPaths() const {
+  common::MutexLock lock(&mu_);
+  std::set<std::string> paths;
+  for (const auto* set : {&current_, &previous_}) {
+    if (*set == nullptr) continue;
+    for (const auto& [key, weights] : (*set)->experts_) {
+      if (weights->file != nullptr) paths.insert(weights->file->path());
+    }
+  }
+  return paths;
+}
+
+int64_t ExpertStore::ResidentBytes() const {
+  common::MutexLock lock(&mu_);
+  int64_t bytes = 0;
+  for (const auto* set : {&current_, &previous_}) {
+    if (*set != nullptr) bytes += static_cast<int64_t>((*set)->resident_bytes());
+  }
+  return bytes;
+}
+
+absl::Status ExpertStore::CheckMemory(int64_t resident, int64_t held, const std::string& what) const {
+  const int64_t limit = options_.memory_limit, reserve = memory_reserve_.load();
+  if (limit < 0 || resident + held + reserve <= limit) return absl::OkStatus();
+  const auto gb = [](int64_t b) { return absl::StrFormat("%.2f GB", static_cast<double>(b) / 1e9); };
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": ", gb(resident), " of weights held in memory (", ResidencyName(options_.residency),
+      options_.residency == Residency::kPaged ? ", copied" : "", "), beside ", gb(held), " of the weights served and ",
+      gb(reserve), " kept for calls in flight and the process, pass the memory limit of ", gb(limit),
+      options_.memory_limit_source.empty() ? "" : " (" + options_.memory_limit_source + ")",
+      ": past it the kernel kills the process. Raise the limit, serve fewer experts, lower the in-flight budget "
+      "(ServerOptions::max_inflight_bytes, ServerOptions::limits.max_rows), or use StoreOptions::residency paged (the "
+      "mapped files, which the kernel may reclaim)"));
 }
 
 void ExpertStore::SetMaxDModel(int64_t d_model) {
@@ -173,7 +237,8 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
           "the weights in use stay; restart the node to serve it"));
     }
   }
-  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next, Load(std::move(model), spec, version));
+  COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next,
+                           Load(std::move(model), spec, version, ResidentBytes(), MappedPaths()));
   if (abandon && abandon()) {
     return absl::CancelledError(
         absl::StrCat("the caller gave up while ", dir, " was loading: not installed, the weights in use stay"));
@@ -273,7 +338,9 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<LockRange>& 
 }
 
 absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_ptr<common::ModelDir> model,
-                                                                   const ShardSpec& shard, uint64_t version) const {
+                                                                   const ShardSpec& shard, uint64_t version,
+                                                                   int64_t held,
+                                                                   const std::set<std::string>& mapped) const {
   auto set = std::make_shared<WeightSet>();
   set->version_ = version;
   set->model_ = std::move(model);
@@ -293,6 +360,21 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_p
     common::LogLine(log_, report.Describe());
   }
   const bool copy = options_.residency == Residency::kCopy || options_.hugepages || options_.numa_node >= 0;
+  const bool resident = copy || options_.residency != Residency::kPaged;
+  if (resident) {  // before anything is copied or locked
+    int64_t bytes = 0;
+    for (const auto& weights : loaded) {
+      const size_t size = Backing(*weights).second;
+      if (copy) {
+        bytes += static_cast<int64_t>(common::AnonymousMemory::SizeFor(size));
+      } else if (mapped.count(weights->file->path()) == 0) {  // a file a held set maps shares its pages
+        bytes += static_cast<int64_t>(size);
+      }
+    }
+    // Reserved huge pages are the hugetlb pool's, not counted in memory.max.
+    if (copy && options_.hugepages) bytes = std::max<int64_t>(0, bytes - FreeHugetlbBytes(options_.numa_node));
+    COLIBRI_RETURN_IF_ERROR(CheckMemory(bytes, held, absl::StrCat("cannot load ", set->model_->dir())));
+  }
   // StoreOptions::q8_records, where the kernels have int8 tiles for the weights (else said in the log).
   const bool records = options_.q8_records;
   std::atomic<bool> records_refused{false};
@@ -332,15 +414,23 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_p
     const auto [data, size] = Backing(*weights);
     ranges.push_back({data, size, weights->layer, weights->expert});
     set->bytes_ += size;
+    if (resident && (weights->copy == nullptr || !absl::StartsWith(weights->copy->description(), "hugetlb"))) {
+      set->resident_bytes_ += size;
+    }
     for (const auto& memory : weights->q8_records) {
       ranges.push_back({memory->data(), memory->size(), weights->layer, weights->expert});
       set->bytes_ += memory->size();
+      set->resident_bytes_ += memory->size();  // anonymous memory, always
       set->q8_records_ = true;
     }
     if (weights->copy != nullptr) set->copy_description_ = weights->copy->description();
     set->experts_[{weights->layer, weights->expert}] = std::move(weights);
   }
   set->residency_ = options_.residency;
+  if (set->q8_records_) {  // with the records as built, before they are locked
+    COLIBRI_RETURN_IF_ERROR(CheckMemory(static_cast<int64_t>(set->resident_bytes_), held,
+                                        absl::StrCat("cannot load ", set->model_->dir(), " with int8 tile records")));
+  }
   if (options_.residency == Residency::kPaged) {
     set->lock_done_.Notify();
   } else if (options_.require_mlock) {
@@ -349,8 +439,11 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_p
     // Serving does not wait for the locks: the pages are in the page cache
     // (or the copy) already; locking a large shard takes seconds.
     set->lock_state_ = WeightSet::kLocking;
-    set->locker_ =
-        std::thread([s = set.get(), ranges = std::move(ranges), log = log_] { (void)LockAll(s, ranges, log); });
+    set->locker_ = std::thread([this, s = set.get(), ranges = std::move(ranges), log = log_] {
+      (void)LockAll(s, ranges, log);
+      common::MutexLock lock(&listener_mu_);  // the store outlives its sets' lockers
+      if (lock_listener_) lock_listener_();
+    });
   }
   common::LogLine(log_, absl::StrCat("loaded ", set->owned_.size(), " experts of ", set->model_->dir(), " (version ",
                                      version, ", ", set->placement(), ")"));

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -64,7 +65,7 @@ struct StoreOptions {
   // next to the model or in the user's cache, "off" = nowhere.
   std::string verify_cache;
   bool require_mlock = false;  // fail (instead of warning and running unlocked) if mlock is refused
-  bool hugepages = false;      // copy weights to MADV_HUGEPAGE anonymous memory (implies a copy)
+  bool hugepages = false;      // copy weights to huge-page memory (common/anonymous_memory.h; implies a copy)
   int numa_node = -1;          // >= 0: copy weights to memory bound to this node (implies a copy)
   // int8/int4 models on a CPU with int8 tiles (AVX512_VNNI, AMX): build
   // every matrix's int8 tile records at load (kernels::BuildQ8Records; a
@@ -75,6 +76,17 @@ struct StoreOptions {
   // Not with kPaged unless the weights are copied (hugepages, numa_node).
   // Elsewhere it is said in the log and has no effect.
   bool q8_records = false;
+  // The memory this process may use (its cgroup's limit,
+  // common::ReadCgroupLimits; -1: none) and the part of it kept free of
+  // weights (calls in flight, the process itself; see SetMemoryReserve). A
+  // load whose resident weights — copies, locked mappings, int8 records —
+  // would not fit beside the sets already held is refused FAILED_PRECONDITION
+  // before anything is copied or locked: past the limit the kernel kills the
+  // process (locked pages cannot be reclaimed). `memory_limit_source` names
+  // the limit in that message.
+  int64_t memory_limit = -1;
+  int64_t memory_reserve = 0;
+  std::string memory_limit_source;
 };
 
 class WeightSet {
@@ -98,6 +110,10 @@ class WeightSet {
   const std::vector<std::pair<int64_t, int64_t>>& owned() const { return owned_; }
   // Bytes of the owned experts' files (or their copies).
   uint64_t bytes() const { return bytes_; }
+  // The part of bytes() and the int8 records held in the process's memory
+  // whatever the kernel needs (copies, locked mappings): all of it but the
+  // mapped files of paged residency.
+  uint64_t resident_bytes() const { return resident_bytes_; }
   Residency residency() const { return residency_; }
   // Whether the owned experts' int8 tile records are built (StoreOptions::q8_records took effect).
   bool q8_records() const { return q8_records_; }
@@ -112,6 +128,7 @@ class WeightSet {
   uint64_t version_ = 0;
   Residency residency_ = Residency::kLocked;
   uint64_t bytes_ = 0;
+  uint64_t resident_bytes_ = 0;
   std::string copy_description_;  // empty: the mapped files are served
   bool q8_records_ = false;       // StoreOptions::q8_records took effect
   std::vector<std::pair<int64_t, int64_t>> owned_;
@@ -130,6 +147,9 @@ class ExpertStore {
   // outlive the store.
   static absl::StatusOr<std::unique_ptr<ExpertStore>> Create(const std::string& model_dir, const StoreOptions& options,
                                                              std::ostream* log);
+  // The same for a model directory opened already.
+  static absl::StatusOr<std::unique_ptr<ExpertStore>> Create(std::unique_ptr<common::ModelDir> model,
+                                                             const StoreOptions& options, std::ostream* log);
 
   // The weights new calls should use. Never null after Create.
   std::shared_ptr<const WeightSet> Current() const;
@@ -168,14 +188,30 @@ class ExpertStore {
   // limits, fixed at start, hold calls of up to this d_model. <= 0: no bound
   // (the default).
   void SetMaxDModel(int64_t d_model);
+  // StoreOptions::memory_reserve for the loads from now on (the server sets
+  // it once its in-flight budget is known).
+  void SetMemoryReserve(int64_t bytes);
+  // resident_bytes() of the sets served (current and previous).
+  int64_t ResidentBytes() const;
+  // Called (from the locking thread) when a set's background locking has
+  // ended; empty: none. Once this returns, the previous listener is not
+  // running and will not run.
+  void SetLockListener(std::function<void()> listener);
 
   std::string model_dir() const;
 
  private:
-  ExpertStore(StoreOptions options, std::ostream* log) : options_(std::move(options)), log_(log) {}
+  ExpertStore(StoreOptions options, std::ostream* log)
+      : options_(std::move(options)), log_(log), memory_reserve_(options_.memory_reserve) {}
   // Maps (or copies) `model`'s experts that `shard` owns; the set keeps `model`.
+  // `held`: resident bytes of the sets that stay in memory meanwhile;
+  // `mapped`: the files they map (pages a new set mapping them shares).
   absl::StatusOr<std::shared_ptr<const WeightSet>> Load(std::unique_ptr<common::ModelDir> model, const ShardSpec& shard,
-                                                        uint64_t version) const;
+                                                        uint64_t version, int64_t held,
+                                                        const std::set<std::string>& mapped) const;
+  std::set<std::string> MappedPaths() const;  // of the sets served, where not copied
+  // FAILED_PRECONDITION when `resident` new bytes beside `held` pass the memory limit.
+  absl::Status CheckMemory(int64_t resident, int64_t held, const std::string& what) const;
   // Bytes of one owned expert to lock: its weights, or one of its int8 tile records.
   struct LockRange {
     const uint8_t* data;
@@ -192,6 +228,9 @@ class ExpertStore {
 
   const StoreOptions options_;
   std::ostream* const log_;
+  // Before the sets: destroyed after them, whose lockers may still call it.
+  mutable common::Mutex listener_mu_;
+  std::function<void()> lock_listener_ ABSL_GUARDED_BY(listener_mu_);
 
   common::Mutex reload_mu_;  // one reload at a time
   mutable common::Mutex mu_;
@@ -204,6 +243,7 @@ class ExpertStore {
   std::string previous_dir_ ABSL_GUARDED_BY(mu_);
   ShardSpec previous_shard_ ABSL_GUARDED_BY(mu_);
   int64_t max_d_model_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> memory_reserve_;
 };
 
 }  // namespace expert_node

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/cgroup_limits.h"
 #include "common/cpu_affinity.h"
 
 namespace colibri {
@@ -43,7 +44,7 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
           absl::StrCat("NUMA node ", options.numa_node, " does not exist (max ", numa_max_node(), ")"));
     }
     bitmask* mask = numa_allocate_cpumask();
-    numa_node_to_cpus(options.numa_node, mask);
+    if (numa_node_to_cpus(options.numa_node, mask) < 0) numa_bitmask_clearall(mask);  // a gap in the numbering
     std::vector<int> node_cpus;
     for (int c : cpus) {
       if (numa_bitmask_isbitset(mask, c)) node_cpus.push_back(c);
@@ -55,9 +56,14 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
     }
     cpus = node_cpus;
   }
-  const int n = options.num_threads > 0 ? options.num_threads : static_cast<int>(std::max<size_t>(1, cpus.size()));
-  if (!options.pin) cpus.clear();
-  std::unique_ptr<ThreadPool> pool(new ThreadPool(std::move(cpus), n, options.caller_joins));
+  const double quota = common::ReadCgroupLimits().cpus;
+  const int n = options.num_threads > 0 ? options.num_threads : common::DefaultThreads(cpus.size(), quota);
+  // CPUs shared with others (a quota below the CPUs allowed): no CPU of its
+  // own per worker, but a NUMA node's CPUs stay the workers' set.
+  const bool shared = common::DefaultThreads(cpus.size(), quota) < static_cast<int>(cpus.size());
+  if (!options.pin || (shared && options.numa_node < 0)) cpus.clear();
+  std::unique_ptr<ThreadPool> pool(
+      new ThreadPool(std::move(cpus), n, options.caller_joins, /*per_cpu=*/options.pin && !shared));
   if (!pool->start_error_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("thread pool: cannot start ", n, " threads (",
                                                      pool->workers_.size(), " started): ", pool->start_error_));
@@ -65,8 +71,11 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
   return pool;
 }
 
-ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins)
-    : cpus_(std::move(cpus)), num_threads_(num_threads), caller_joins_(caller_joins) {
+ThreadPool::ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins, bool per_cpu)
+    : cpus_(std::move(cpus)),
+      per_cpu_(per_cpu && !cpus_.empty()),
+      num_threads_(num_threads),
+      caller_joins_(caller_joins) {
   try {
     for (int i = caller_joins ? 1 : 0; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
   } catch (const std::system_error& e) {  // out of threads (EAGAIN): joinable threads must not be destroyed
@@ -90,7 +99,7 @@ void ThreadPool::StopWorkers() {
 }
 
 absl::StatusOr<int> ThreadPool::NumaNodeOfAllowedCpus() {
-  if (numa_available() < 0) return 0;
+  if (numa_available() < 0) return -1;
   std::vector<int> nodes;
   for (const int cpu : common::ThreadCpus()) {
     const int node = numa_node_of_cpu(cpu);
@@ -125,7 +134,8 @@ void RunJob(const std::function<void(int)>& job, int index) {
 }  // namespace
 
 void ThreadPool::WorkerLoop(int index) {
-  if (!cpus_.empty()) common::PinThread({cpus_[index % cpus_.size()]});  // best effort
+  if (!cpus_.empty())
+    common::PinThread(per_cpu_ ? std::vector<int>{cpus_[index % cpus_.size()]} : cpus_);  // best effort
   omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread
   uint64_t seen = 0;
   for (;;) {
@@ -173,7 +183,7 @@ void ThreadPool::Run(const std::function<void(int)>& job) {
       omp_set_num_threads(1);
       single_omp = true;
     }
-    if (repin) common::PinThread({cpus_[0]});  // best effort
+    if (repin) common::PinThread(per_cpu_ ? std::vector<int>{cpus_[0]} : cpus_);  // best effort
   }
   {
     common::MutexLock lock(&mu_);

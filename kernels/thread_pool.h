@@ -35,9 +35,16 @@ class ThreadPool {
  public:
   static constexpr int kMaxThreads = 4096;
   struct Options {
-    int num_threads = 0;  // 0: one per CPU allowed (of the NUMA node, if set)
-    int numa_node = -1;   // >= 0: pin to that node's CPUs (libnuma)
-    bool pin = true;      // pin worker i to the i-th allowed CPU (round robin)
+    // 0: one per CPU allowed (of the NUMA node, if set), at most the
+    // cgroup's CPU quota rounded up (common/cgroup_limits.h).
+    int num_threads = 0;
+    int numa_node = -1;  // >= 0: pin to that node's CPUs (libnuma)
+    // Pin worker i to the i-th allowed CPU (round robin) — unless a CPU
+    // quota allows fewer CPUs than the process may run on: the CPUs are then
+    // shared with other processes (a container without exclusive CPUs), and
+    // every one of them would pin to the same first ones; the workers are
+    // then pinned to the NUMA node's CPUs as a set, or not at all.
+    bool pin = true;
     // Run's caller is worker 0 (moved to worker 0's CPU for the job when
     // pinning, its own affinity restored after); only num_threads - 1
     // threads are started.
@@ -54,15 +61,20 @@ class ThreadPool {
   // The NUMA node every CPU this process may run on belongs to — the node a
   // container's CPU set was placed on (Kubernetes' topology manager with the
   // static CPU manager). FAILED_PRECONDITION naming the nodes if the CPUs
-  // span several; 0 on a machine without NUMA support (one node).
+  // span several; -1 (bind nothing) where libnuma reports no NUMA support
+  // (a kernel without it, or get_mempolicy refused: in a container, without
+  // CAP_SYS_NICE).
   static absl::StatusOr<int> NumaNodeOfAllowedCpus();
   ~ThreadPool();  // joins the workers
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return num_threads_; }
-  // The CPUs workers are pinned to (empty when not pinned).
+  // The CPUs workers are pinned to (empty when not pinned): worker i to the
+  // i-th (round robin) when pinned_per_cpu(), else each to all of them (a
+  // NUMA node's CPUs shared with other processes).
   const std::vector<int>& cpus() const { return cpus_; }
+  bool pinned_per_cpu() const { return per_cpu_; }
 
   // Runs job(worker_index) on every worker and returns when all returned.
   void Run(const std::function<void(int)>& job);
@@ -72,11 +84,12 @@ class ThreadPool {
   void Barrier();
 
  private:
-  ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins);
+  ThreadPool(std::vector<int> cpus, int num_threads, bool caller_joins, bool per_cpu);
   void WorkerLoop(int index);
   void StopWorkers();  // stops and joins the started workers
 
   std::vector<int> cpus_;
+  const bool per_cpu_;
   const int num_threads_;
   const bool caller_joins_;
   std::vector<std::thread> workers_;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
+#include "common/cgroup_limits.h"
 #include "kernels/kernel_profile.h"
 #include "router_node/router_server.h"
 #include "runtime/flags.h"
@@ -41,7 +42,8 @@ ABSL_FLAG(int64_t, batch_max_tokens, 256, "Most tokens of one merged call; a cal
 ABSL_FLAG(int, workers, 8, "Threads running Forward calls (each waits for its nodes, so more than cores is fine).");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Memory budget of the Forward calls being run (estimated from each request's size before parsing): a call "
-          "beyond it gets RESOURCE_EXHAUSTED. 0: room for two requests of --max_tokens tokens.");
+          "beyond it gets RESOURCE_EXHAUSTED. 0: room for two requests of --max_tokens tokens, within the cgroup's "
+          "memory limit (less 256 MiB for the process and, with --local, the weights).");
 ABSL_FLAG(int, send_timeout_ms, 60000,
           "Cancel a call whose reply the client has not taken whole within this long (it stopped reading), freeing "
           "the memory the call holds; 0: wait for the call's deadline.");
@@ -83,7 +85,9 @@ ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: require client certificates s
 ABSL_FLAG(int, threads, 0, "--local: compute threads (0: one per allowed CPU, of --numa_node if set).");
 ABSL_FLAG(int, numa_node, -1, "--local: bind compute threads and weight copies to this NUMA node (-1: none).");
 ABSL_FLAG(bool, mlock, false, "--local: lock the weights in RAM (a warning if refused).");
-ABSL_FLAG(bool, hugepages, false, "--local: copy the weights into transparent-huge-page memory.");
+ABSL_FLAG(
+    bool, hugepages, false,
+    "--local: copy the weights into huge-page memory (reserved 2 MiB pages if free, else transparent huge pages).");
 ABSL_FLAG(bool, q8_records, false,
           "--local, int8/int4 models: build int8 tile records at load, as colibri-expert --q8_records (needs "
           "--mlock, --hugepages or --numa_node).");
@@ -185,6 +189,10 @@ int main(int argc, char** argv) {
   o.service.workers = absl::GetFlag(FLAGS_workers);
   o.service.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.service.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  if (const colibri::common::CgroupLimits cgroup = colibri::common::ReadCgroupLimits(); cgroup.memory_bytes >= 0) {
+    o.memory_limit = cgroup.memory_bytes;  // past it the kernel kills the router: the default budget stays within
+    LOG(INFO) << "colibri-router: memory limit " << cgroup.memory_bytes << " bytes (" << cgroup.memory_file << ")";
+  }
   o.service.send_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_send_timeout_ms));
   const char* debug = std::getenv("COLIBRI_DEBUG");
   o.service.debug = debug != nullptr && std::string(debug) != "0" && std::string(debug) != "";

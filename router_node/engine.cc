@@ -2,9 +2,9 @@
 
 #include <cstring>
 #include <ostream>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/cgroup_limits.h"
 #include "common/status_macros.h"
 #include "kernels/dispatch.h"
 
@@ -24,13 +24,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_di
   expert_node::StoreOptions store;
   store.verify_checksums = options.verify_checksums;
   store.residency = options.lock_memory ? expert_node::Residency::kLocked : expert_node::Residency::kPaged;
-  store.verify_threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  store.verify_threads = options.threads > 0 ? options.threads : common::UsableCpus();
   store.hugepages = options.hugepages;
   store.q8_records = options.q8_records;
   store.numa_node = options.numa_node;
+  // The pool first: a NUMA node it cannot use is refused before the weights are read.
+  COLIBRI_ASSIGN_OR_RETURN(e->pool_, kernels::ThreadPool::Create({options.threads, options.numa_node, /*pin=*/true}));
   COLIBRI_ASSIGN_OR_RETURN(e->store_, expert_node::ExpertStore::Create(
                                           model_dir, store, options.log != nullptr ? options.log : NullStream()));
-  COLIBRI_ASSIGN_OR_RETURN(e->pool_, kernels::ThreadPool::Create({options.threads, options.numa_node, /*pin=*/true}));
   kernels::SelectedKernels();  // the kernel profile is read (or measured, once per host) now, not in the first call
   e->backend_ = std::make_unique<router_node::LocalBackend>(e->store_.get(), e->pool_.get());
   router_node::RouterOptions router;

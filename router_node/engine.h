@@ -65,6 +65,8 @@ class Engine {
 
   const common::Manifest& manifest() const { return router_->manifest(); }
   router_node::Router& router() { return *router_; }
+  // Bytes of weights held in memory whatever the kernel needs (locked or copied).
+  int64_t resident_bytes() const { return store_->ResidentBytes(); }
 
  private:
   Engine() = default;

@@ -48,6 +48,10 @@ struct RouterServerOptions {
   RouterOptions router;            // max_tokens, checksums
   RouterService::Options service;  // workers, queue, debug log
   int64_t max_message_bytes = 0;   // 0: derived from d_model, top_k and max_tokens
+  // The memory this process may use (its cgroup's limit, set by the caller;
+  // -1: none): the default service.max_inflight_bytes stays within it, less
+  // 256 MiB for the process and, in local mode, the engine's resident weights.
+  int64_t memory_limit = -1;
   // TLS for clients: certificate chain and key; with a client CA, mutual TLS.
   std::string tls_cert_file;
   std::string tls_key_file;

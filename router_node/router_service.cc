@@ -14,6 +14,7 @@
 #include "router_node/forward_request.h"
 #include "runtime/call_timer.h"
 #include "runtime/grpc_admin.h"
+#include "runtime/grpc_raw.h"
 #include "runtime/grpc_status.h"
 
 namespace colibri {
@@ -55,20 +56,22 @@ int64_t SlowestNodeNanos(const ForwardOutput& out) {
 // within the send timeout; deleted when gRPC is done with it.
 class ForwardReactor final : public grpc::ServerUnaryReactor {
  public:
-  ForwardReactor(RouterService* service, grpc::CallbackServerContext* context, const v1::ForwardRequest* request,
-                 v1::ForwardResponse* response, absl::Duration send_timeout)
+  // `request` is parsed (and freed) in Start; `response` gets the reply.
+  ForwardReactor(RouterService* service, grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                 grpc::ByteBuffer* response, absl::Duration send_timeout)
       : service_(service),
-        request_(request),
-        response_(response),
+        raw_request_(const_cast<grpc::ByteBuffer*>(request)),  // gRPC's, in the call's arena: ours to clear
+        raw_response_(response),
         control_(DeadlineOf(context)),
         send_timeout_([context] { context->TryCancel(); }, send_timeout) {}
 
   void Start() {
-    if (service_->RunsInline(*request_)) return Run();
-    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(*request_, control_);
+    if (absl::Status parsed = runtime::ParseRaw(raw_request_, &request_); !parsed.ok()) return Done(parsed);
+    if (service_->RunsInline(request_)) return Run();
+    absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(request_, control_);
     if (!admitted.ok()) return Done(admitted.status());
     if (!service_->Submit([this, a = *std::move(admitted)]() mutable {
-          service_->RunAdmitted(std::move(a), *request_, control_, response_,
+          service_->RunAdmitted(std::move(a), request_, control_, &response_,
                                 [this](absl::Status s, std::shared_ptr<void> held) { Done(s, std::move(held)); });
         })) {
       Done(absl::ResourceExhaustedError("router queue full or shutting down; retry"));
@@ -80,19 +83,23 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
 
  private:
   void Run() {
-    service_->StartForward(*request_, control_, response_,
+    service_->StartForward(request_, control_, &response_,
                            [this](absl::Status s, std::shared_ptr<void> held) { Done(s, std::move(held)); });
   }
-  void Done(const absl::Status& s, std::shared_ptr<void> held = nullptr) {
+  void Done(absl::Status s, std::shared_ptr<void> held = nullptr) {
     held_ = std::move(held);
+    if (s.ok()) s = runtime::SerializeRaw(response_, raw_response_);
+    response_ = v1::ForwardResponse();  // held once, serialized
     service_->CountCall("Forward", s.code());
     send_timeout_.Start();
     Finish(runtime::ToGrpcStatus(s));
   }
 
   RouterService* const service_;
-  const v1::ForwardRequest* const request_;
-  v1::ForwardResponse* const response_;
+  grpc::ByteBuffer* const raw_request_;
+  grpc::ByteBuffer* const raw_response_;
+  v1::ForwardRequest request_;
+  v1::ForwardResponse response_;
   CallControl control_;
   std::shared_ptr<void> held_;  // the call's memory reservation, until the reply is sent
   runtime::CallTimer send_timeout_;
@@ -106,8 +113,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
 // the read loop's, one while a read is being started, one while a request
 // runs and its reply is written; the last one released finishes the stream.
 // Deleted when gRPC is done with it.
-class RouterService::StreamReactor final
-    : public grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse> {
+class RouterService::StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(RouterService* service, grpc::CallbackServerContext* context)
       : service_(service),
@@ -135,6 +141,8 @@ class RouterService::StreamReactor final
       current_ = control;
     }
     if (cancelled) control->Cancel();
+    // One that does not parse is answered in its turn (with no request_id).
+    if (absl::Status parsed = runtime::ParseRaw(&raw_request_, &request_); !parsed.ok()) return Done(parsed, nullptr);
     if (service_->RunsInline(request_)) return Run(*control, nullptr);
     absl::StatusOr<std::shared_ptr<RouterService::Admitted>> admitted = service_->Admit(request_, *control);
     if (!admitted.ok()) return Done(admitted.status(), nullptr);
@@ -150,7 +158,7 @@ class RouterService::StreamReactor final
     } else {
       // Fresh messages, not Clear(): an idle stream keeps no large request's buffers.
       request_ = v1::ForwardRequest();
-      reply_ = v1::ForwardStreamResponse();
+      raw_reply_.Clear();
       reply_held_.reset();  // once the memory it counts is gone, before the next request may set it
       ReadNext();
     }
@@ -178,7 +186,7 @@ class RouterService::StreamReactor final
       if (loop_ended_) return;
       ++holds_;  // a Close or a half-close while StartRead runs cannot finish the stream under it
     }
-    StartRead(&request_);
+    StartRead(&raw_request_);
     Release();
   }
   // Ends the read loop (once) with the stream's final status.
@@ -222,26 +230,37 @@ class RouterService::StreamReactor final
     reply_held_ = std::move(held);
     Reply(s);
   }
-  void Reply(const absl::Status& s) {
-    service_->CountCall("ForwardStream", s.code());
-    reply_.set_code(static_cast<int32_t>(s.code()));
-    reply_.set_message(std::string(s.message()));
+  void Reply(absl::Status s) {
+    v1::ForwardStreamResponse reply;
+    reply.Swap(&reply_);  // reply_ starts empty for the next request
+    reply.set_code(static_cast<int32_t>(s.code()));
+    reply.set_message(std::string(s.message()));
     // A request_id over the limit is refused; its echo is cut to the limit
     // (at a character's start: a proto string must stay UTF-8), so an
     // oversized id is not sent back outside the memory budget.
     const std::string& id = request_.request_id();
     size_t keep = std::min(id.size(), kMaxRequestIdBytes);
     while (keep < id.size() && keep > 0 && (static_cast<unsigned char>(id[keep]) & 0xC0) == 0x80) --keep;
-    reply_.set_request_id(id.substr(0, keep));
-    if (!s.ok()) reply_.clear_response();
+    reply.set_request_id(id.substr(0, keep));
+    if (!s.ok()) reply.clear_response();
+    if (absl::Status serialized = runtime::SerializeRaw(reply, &raw_reply_); !serialized.ok()) {
+      s = serialized;
+      reply = v1::ForwardStreamResponse();
+      reply.set_code(static_cast<int32_t>(serialized.code()));
+      reply.set_message(std::string(serialized.message()));
+      (void)runtime::SerializeRaw(reply, &raw_reply_);
+    }
+    service_->CountCall("ForwardStream", s.code());
     send_timeout_.Start();
-    StartWrite(&reply_);
+    StartWrite(&raw_reply_);
   }
 
   RouterService* const service_;
   const absl::Time deadline_;
+  grpc::ByteBuffer raw_request_;  // read into, then parsed into request_
   v1::ForwardRequest request_;
-  v1::ForwardStreamResponse reply_;
+  v1::ForwardStreamResponse reply_;  // filled by the request's run, serialized into raw_reply_
+  grpc::ByteBuffer raw_reply_;
   std::shared_ptr<void> reply_held_;  // the reservation of the request whose reply is being written
   runtime::CallTimer send_timeout_;   // of the reply being written
   common::Mutex mu_;
@@ -435,14 +454,14 @@ void RouterService::Record(const ForwardOutput& out, int64_t tokens, const std::
   common::LogLine(options_.log, line);
 }
 
-grpc::ServerUnaryReactor* RouterService::Forward(grpc::CallbackServerContext* context,
-                                                 const v1::ForwardRequest* request, v1::ForwardResponse* response) {
+grpc::ServerUnaryReactor* RouterService::Forward(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
   auto* reactor = new ForwardReactor(this, context, request, response, options_.send_timeout);
   reactor->Start();
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardStreamResponse>* RouterService::ForwardStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RouterService::ForwardStream(
     grpc::CallbackServerContext* context) {
   auto* reactor = new StreamReactor(this, context);
   // After Begin (or Close) the stream may finish and be deleted at any time: nothing touches it after.

@@ -46,7 +46,14 @@ struct ModelSwitch {
   bool previous_released = true;
 };
 
-class RouterService final : public colibri::v1::Router::CallbackService {
+// Forward and ForwardStream take their messages raw and parse them here
+// (runtime/grpc_raw.h): a request that does not parse is answered
+// INVALID_ARGUMENT — on a stream in its turn, and the stream reads on.
+class RouterService final
+    : public colibri::v1::Router::WithRawCallbackMethod_Forward<
+          colibri::v1::Router::WithRawCallbackMethod_ForwardStream<colibri::v1::Router::WithCallbackMethod_GetModelInfo<
+              colibri::v1::Router::WithCallbackMethod_GetClusterStatus<
+                  colibri::v1::Router::WithCallbackMethod_LoadModel<colibri::v1::Router::Service>>>>> {
  public:
   struct Options {
     int workers = 8;                    // threads running Forward calls
@@ -82,9 +89,11 @@ class RouterService final : public colibri::v1::Router::CallbackService {
   RouterService(std::shared_ptr<Router> router, Options options);
   ~RouterService() override;  // runs the calls still queued, joins the workers
 
-  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, const colibri::v1::ForwardRequest* request,
-                                    colibri::v1::ForwardResponse* response) override;
-  grpc::ServerBidiReactor<colibri::v1::ForwardRequest, colibri::v1::ForwardStreamResponse>* ForwardStream(
+  // A ForwardRequest in, a ForwardResponse out (raw).
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  // ForwardRequests in, ForwardStreamResponses out (raw).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ForwardStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const colibri::v1::GetModelInfoRequest* request,

@@ -1,6 +1,8 @@
 #include "runtime/flags.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <iostream>
 #include <string>
 
 #include "absl/flags/parse.h"
@@ -22,6 +24,16 @@ std::vector<char*> ParseFlags(int argc, char** argv, const char* usage) {
   absl::SetProgramUsageMessage(usage);
   std::string program = argc > 0 ? argv[0] : "colibri";
   program = program.substr(program.find_last_of('/') + 1);
+  // The OpenMP runtime under oneDNN reads these when it loads and pins the
+  // main thread to its first place; every thread started later inherits
+  // that one CPU, and the thread pools size themselves from it.
+  for (const char* binding : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"}) {
+    if (std::getenv(binding) != nullptr) {
+      std::cerr << program << ": warning: " << binding
+                << " is set: the OpenMP runtime may have pinned this process's threads to one CPU; unset it (Colibri "
+                   "places its own threads)\n";
+    }
+  }
   static std::string main_file;  // read by the usage config's callbacks
   main_file = absl::StrReplaceAll(program, {{"-", "_"}}) + ".cc";
   absl::FlagsUsageConfig config;

@@ -30,7 +30,9 @@ ABSL_FLAG(int64_t, dequant_min_tokens, -1,
 ABSL_FLAG(int64_t, amx_min_tokens, -1,
           "bf16 experts with at least this many rows run on AMX tiles (where the CPU has them); 0 = never; "
           "-1 = the machine's kernel profile.");
-ABSL_FLAG(bool, hugepages, true, "Copy the weights into MADV_HUGEPAGE memory (as the bandwidth probe reads).");
+ABSL_FLAG(bool, hugepages, true,
+          "Copy the weights into huge-page memory, reserved 2 MiB pages if free, else transparent huge pages (as the "
+          "bandwidth probe reads).");
 ABSL_FLAG(bool, q8_records, false,
           "kernels, int8/int4 models: build each matrix's int8 tile records once, beside the weights (a second "
           "copy), so the tile kernels read them instead of repacking per call. router: the same for the "

@@ -39,12 +39,12 @@ ABSL_FLAG(int64_t, d_ff, 512,
           "Expert intermediate size (intermediate_size; moe_intermediate_size for qwen2_moe/qwen3_moe).");
 ABSL_FLAG(int64_t, layers, 2, "Number of decoder layers (num_hidden_layers), --dense_layers included.");
 ABSL_FLAG(int64_t, dense_layers, 0,
-          "qwen2_moe/qwen3_moe/deepseek_v2: the first N decoder layers are dense MLPs (mlp_only_layers or "
+          "qwen2_moe/qwen3_moe/deepseek_v2/deepseek_v3: the first N decoder layers are dense MLPs (mlp_only_layers or "
           "first_k_dense_replace, width 2 * d_ff); "
           "the converter skips them.");
 ABSL_FLAG(int64_t, shared_d_ff, 0,
           "qwen2_moe: give every MoE layer a shared expert of this width with its sigmoid gate "
-          "(shared_expert_intermediate_size); deepseek_v2: ungated shared experts, a multiple of d_ff "
+          "(shared_expert_intermediate_size); deepseek_v2/v3: ungated shared experts, a multiple of d_ff "
           "(n_shared_experts x d_ff); 0: none.");
 ABSL_FLAG(int64_t, experts, 8, "Experts per layer.");
 ABSL_FLAG(int64_t, top_k, 2, "Experts each token is routed to (num_experts_per_tok), 1..experts.");

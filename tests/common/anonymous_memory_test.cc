@@ -4,6 +4,8 @@
 
 #include "common/anonymous_memory.h"
 
+#include <numa.h>
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <fstream>
@@ -51,6 +53,21 @@ TEST_CASE("huge-page memory uses reserved pages when there are enough, else tran
   REQUIRE(plain.ok());
   CHECK((*plain)->description() == "4 KiB pages");
   FillAndCheck(**plain);
+}
+
+TEST_CASE("memory bound to a NUMA node is bound or refused by name, never silently placed elsewhere") {
+  if (numa_available() < 0) {
+    WARN("libnuma reports no NUMA support here: NUMA binding untested");
+    return;
+  }
+  auto bound = AnonymousMemory::Create(100, {/*hugepages=*/false, /*numa_node=*/0});
+  REQUIRE(bound.ok());
+  CHECK((*bound)->description() == "4 KiB pages, NUMA node 0");
+  FillAndCheck(**bound);
+  const auto missing = AnonymousMemory::Create(100, {/*hugepages=*/false, /*numa_node=*/numa_max_node() + 1});
+  INFO(missing.status().message());
+  CHECK(missing.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(missing.status().message().find("does not exist") != std::string::npos);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "expert_node/compute_request.h"
 #include "expert_node/expert_server.h"
@@ -320,6 +321,108 @@ TEST_CASE("a stream call whose call_id is in flight is refused at once, and the 
   CHECK(second.code() == 0);
   stream->WritesDone();
   CHECK(stream->Finish().ok());
+}
+
+TEST_CASE(
+    "a Compute that does not parse is refused by name, and a stream carrying one ends INVALID_ARGUMENT after the calls "
+    "before it") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  Node node = Start(dir / "model", "layer:0/expert:0-1");
+  // A proto3 string that is not UTF-8: the C++ client logs it and sends it anyway.
+  v1::ComputeRequest bad = Request(std::vector<float>(3 * kDModel, 0.5f));
+  bad.set_request_id("\xff");
+  v1::ComputeResponse response;
+  const grpc::Status s = Call(node, bad, &response);
+  INFO(s.error_message());
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message().find("not a valid colibri.v1.ComputeRequest") != std::string::npos);
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // if it fails: no hang
+  auto stream = node.stub->ComputeStream(&context);
+  v1::ComputeStreamRequest message;
+  message.set_call_id(1);
+  *message.mutable_request() = Request(std::vector<float>(3 * kDModel, 0.5f));
+  REQUIRE(stream->Write(message));
+  message.set_call_id(2);
+  message.mutable_request()->set_request_id("\xff");
+  REQUIRE(stream->Write(message));
+  v1::ComputeStreamResponse reply;
+  REQUIRE(stream->Read(&reply));
+  CHECK(reply.call_id() == 1);
+  CHECK(reply.code() == 0);
+  CHECK_FALSE(stream->Read(&reply));
+  const grpc::Status ended = stream->Finish();
+  INFO(ended.error_message());
+  CHECK(ended.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(ended.error_message().find("not a valid colibri.v1.ComputeStreamRequest") != std::string::npos);
+  CHECK(Call(node, Request(std::vector<float>(3 * kDModel, 0.5f)), &response).ok());  // the node serves on
+}
+
+TEST_CASE("under a memory limit the default in-flight budget takes what the weights leave, and no room is refused") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options = Options(dir / "model", "all");
+  options.store.residency = Residency::kCopy;
+  options.limits.max_rows = 256;
+  int64_t weights = 0;
+  {
+    auto store = ExpertStore::Create(dir / "model", options.store, nullptr);
+    REQUIRE(store.ok());
+    weights = (*store)->ResidentBytes();
+  }
+  const int64_t rows = options.limits.max_rows, process = int64_t{256} << 20;
+  const int64_t call = ExpertService::Footprint(rows * kDModel * 4, rows * kDModel, 0, rows, kDModel);
+  std::ostringstream log;
+  options.store.memory_limit = weights + process + call - 1;  // not even one call of max_rows rows beside the weights
+  const auto refused = ExpertServer::Create(options, &log);
+  INFO(refused.status().message());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "pass the memory limit"));
+
+  options.store.memory_limit = weights + process + call + 1;  // one call, not the default two
+  {
+    Node node = StartWith(options);
+    INFO(node.log->str());
+    CHECK(absl::StrContains(node.log->str(), absl::StrCat("in-flight budget ", call + 1, " bytes")));
+    CHECK(absl::StrContains(node.log->str(), "no room for a second version"));
+    v1::ComputeResponse response;
+    CHECK(Call(node, Request(std::vector<float>(3 * kDModel, 0.5f)), &response).ok());
+  }
+  // Room for two versions: the budget leaves it, and a staged second version loads.
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt2"), dir / "model2", common::DType::kBF16);
+  options.store.memory_limit = 2 * weights + process + call + 1;
+  Node node = StartWith(options);
+  INFO(node.log->str());
+  CHECK(absl::StrContains(node.log->str(), absl::StrCat("in-flight budget ", call + 1, " bytes")));
+  CHECK(absl::StrContains(node.log->str(), "and room for a second version"));
+  const absl::Status staged = node.server->store().Reload(dir / "model2", std::nullopt, /*keep_previous=*/true);
+  INFO(staged.message());
+  CHECK(staged.ok());
+}
+
+TEST_CASE("the locked-bytes gauge follows the weights' background locking") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", common::DType::kBF16);
+  ServerOptions options = Options(dir / "model", "all");
+  options.store.residency = Residency::kLocked;  // locked in the background, after the node serves
+  options.metrics_port = 0;
+  options.metrics_host = "127.0.0.1";
+  Node node = StartWith(options);
+  const std::shared_ptr<const WeightSet> set = node.server->store().Current();
+  set->AwaitLock();
+  if (!set->locked()) {
+    WARN("mlock refused here (RLIMIT_MEMLOCK): the gauge stays 0, untested");
+    return;
+  }
+  // Set by the locking thread once it ends (the page may be read just before).
+  double locked = 0;
+  for (int i = 0; i < 100 && locked <= 0; ++i) {
+    locked = colibri::testing::Metric(HttpGet(node.server->metrics_port(), "/metrics"), "colibri_expert_locked_bytes");
+    if (locked <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(locked == static_cast<double>(set->bytes()));
 }
 
 TEST_CASE("without a model root, Reload may re-shard the loaded model but never load another directory") {

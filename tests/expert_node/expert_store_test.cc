@@ -319,6 +319,56 @@ TEST_CASE("staging the model already current again keeps the previous one, and a
   CHECK(store.Previous() == nullptr);
 }
 
+TEST_CASE("a load whose resident weights would pass the memory limit is refused before anything is copied") {
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "v1", DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "v2", DType::kInt8);
+  // The shard's resident size, measured without a limit.
+  StoreOptions options;
+  options.residency = Residency::kCopy;
+  int64_t v1_bytes = 0;
+  {
+    auto unlimited = ExpertStore::Create(dir / "v1", options, nullptr);
+    REQUIRE(unlimited.ok());
+    v1_bytes = (*unlimited)->ResidentBytes();
+    CHECK(v1_bytes == static_cast<int64_t>((*unlimited)->Current()->bytes()));
+  }
+  REQUIRE(v1_bytes > 0);
+  options.memory_reserve = 1000;
+  options.memory_limit = v1_bytes + 999;
+  options.memory_limit_source = "/sys/fs/cgroup/test/memory.max";
+  const auto refused = ExpertStore::Create(dir / "v1", options, nullptr);
+  INFO(refused.status().message());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "pass the memory limit"));
+  CHECK(absl::StrContains(refused.status().message(), "/sys/fs/cgroup/test/memory.max"));
+
+  // It fits alone; a second version kept beside it does not, and the first stays.
+  options.memory_limit = v1_bytes + 1000;
+  auto created = ExpertStore::Create(dir / "v1", options, nullptr);
+  REQUIRE(created.ok());
+  ExpertStore& store = **created;
+  const std::string v1 = store.Current()->model().model_id();
+  const absl::Status beside = store.Reload(dir / "v2", std::nullopt, /*keep_previous=*/true);
+  INFO(beside.message());
+  CHECK(beside.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(store.Current()->model().model_id() == v1);
+  CHECK(store.ResidentBytes() == v1_bytes);
+  // A reserve lowered later (the server's, once its budget is known) counts from then on.
+  store.SetMemoryReserve(-v1_bytes);
+  CHECK(store.Reload(dir / "v2", std::nullopt, /*keep_previous=*/true).ok());
+  CHECK(store.ResidentBytes() > v1_bytes);
+
+  // Paged weights are the kernel's to reclaim: not counted.
+  options.residency = Residency::kPaged;
+  options.memory_limit = 0;
+  options.memory_reserve = 0;
+  auto paged = ExpertStore::Create(dir / "v1", options, nullptr);
+  REQUIRE(paged.ok());
+  CHECK((*paged)->ResidentBytes() == 0);
+}
+
 TEST_CASE("a reload of a model with a larger d_model than the node's limits hold is refused") {
   TempDir dir;
   tools::SynthOptions small = colibri::testing::SmallSynth(dir / "small");

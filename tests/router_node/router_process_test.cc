@@ -576,6 +576,11 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a strea
   r.mutable_routes()->set_expert_ids(1, 2);
   r.mutable_routes()->set_weights(0, std::numeric_limits<float>::quiet_NaN());
   expect(r, "routes.weights[0] = nan");
+  // Bytes that do not parse (a proto3 string that is not UTF-8; the C++
+  // client logs it and sends it anyway): refused by name, not gRPC's bare UNIMPLEMENTED.
+  r = Request(0, {1}, 1);
+  r.set_request_id("\xff\xfe");
+  expect(r, "the message is not a valid colibri.v1.ForwardRequest");
 
   // A stream: replies in order, the bad one carries its error, the stream goes on.
   grpc::ClientContext context;
@@ -584,19 +589,25 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a strea
   // cut to the limit.
   // Of two-byte characters ("é"), from byte 5 on: byte 256 is a character's
   // second byte, so the echo keeps 255 (valid UTF-8, or the stream breaks).
+  // Message 5 does not parse (its request_id is not UTF-8): answered in its
+  // turn with no id, and message 6 still is.
   std::string long_id = "req-4";
   while (long_id.size() < (1 << 20)) long_id += "\xc3\xa9";
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 7; ++i) {
     v1::ForwardRequest request = Request(i % 2, {static_cast<int32_t>(i == 3 ? 99 : i)}, i);
-    request.set_request_id(i == 4 ? long_id : "req-" + std::to_string(i));
+    request.set_request_id(i == 4 ? long_id : i == 5 ? "\xff" : "req-" + std::to_string(i));
     REQUIRE(stream->Write(request));
   }
   stream->WritesDone();
   v1::ForwardStreamResponse reply;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 7; ++i) {
     REQUIRE(stream->Read(&reply));
-    CHECK(reply.request_id() == (i == 4 ? long_id.substr(0, 255) : "req-" + std::to_string(i)));
-    if (i == 3) {
+    CHECK(reply.request_id() == (i == 4 ? long_id.substr(0, 255) : i == 5 ? "" : "req-" + std::to_string(i)));
+    if (i == 5) {
+      CHECK(reply.code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      CHECK(reply.message().find("not a valid colibri.v1.ForwardRequest") != std::string::npos);
+      CHECK(!reply.has_response());
+    } else if (i == 3) {
       CHECK(reply.code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
       CHECK(reply.message().find("token_ids[0] = 99") != std::string::npos);
     } else if (i == 4) {

@@ -23,28 +23,32 @@ type ExpertNodeClient interface {
 	// Status codes:
 	//
 	//	OK
-	//	INVALID_ARGUMENT     bad shape or dtype of `rows`, data length not
+	//	INVALID_ARGUMENT     a message that does not parse as a
+	//	                     ComputeRequest; bad shape or dtype of `rows`, data length not
 	//	                     matching the shape, layer or expert id out of
 	//	                     range, row index out of range, `row_indices` and
 	//	                     `weights` of different lengths, an expert listed
 	//	                     twice or a row index repeated within one expert,
 	//	                     a non-finite weight, an unsupported
 	//	                     `output_dtype`, NaN/Inf in `rows` when the node
-	//	                     runs with --check-finite. The message names the
+	//	                     runs with --check_finite. The message names the
 	//	                     field and the value.
 	//	FAILED_PRECONDITION  no model loaded; an expert not owned by this node
 	//	                     (the message names the layer and the expert);
 	//	                     `model_id` set and not a model the node serves
 	//	                     (GetNodeInfoResponse.model_ids).
-	//	RESOURCE_EXHAUSTED   request over the size limit (--max-rows, message
-	//	                     size) or the compute queue is full.
+	//	RESOURCE_EXHAUSTED   request over the size limit (--max_rows, message
+	//	                     size), over the memory budget of the calls in
+	//	                     flight (--max_inflight_bytes), or the compute
+	//	                     queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
 	//	CANCELLED            the caller cancelled, or the call was abandoned
 	//	                     during compute once its deadline had passed; the
 	//	                     work is dropped.
 	//	UNAVAILABLE          the node is shutting down.
 	//	DATA_LOSS            an expert's weight file shrank while the node served
-	//	                     it from the page cache (--nomlock): calls reading it
+	//	                     it from its mapping (--residency locked or paged,
+	//	                     without a copy): calls reading it
 	//	                     are refused until the node is reloaded, and
 	//	                     GetNodeInfo no longer lists it in `owned`.
 	Compute(ctx context.Context, in *ComputeRequest, opts ...grpc.CallOption) (*ComputeResponse, error)
@@ -60,8 +64,8 @@ type ExpertNodeClient interface {
 	// stream's deadline. Otherwise the stream ends OK after the
 	// caller half-closes and every call is answered; when it breaks, calls
 	// without a response have none (the caller retries them). A message that
-	// does not parse ends the reading as a half-close does (gRPC's callback
-	// API reports both alike): that message gets no response.
+	// does not parse (its call_id cannot be read) ends the reading: the stream
+	// ends INVALID_ARGUMENT once the calls read before it are answered.
 	ComputeStream(ctx context.Context, opts ...grpc.CallOption) (ExpertNode_ComputeStreamClient, error)
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.
@@ -185,28 +189,32 @@ type ExpertNodeServer interface {
 	// Status codes:
 	//
 	//	OK
-	//	INVALID_ARGUMENT     bad shape or dtype of `rows`, data length not
+	//	INVALID_ARGUMENT     a message that does not parse as a
+	//	                     ComputeRequest; bad shape or dtype of `rows`, data length not
 	//	                     matching the shape, layer or expert id out of
 	//	                     range, row index out of range, `row_indices` and
 	//	                     `weights` of different lengths, an expert listed
 	//	                     twice or a row index repeated within one expert,
 	//	                     a non-finite weight, an unsupported
 	//	                     `output_dtype`, NaN/Inf in `rows` when the node
-	//	                     runs with --check-finite. The message names the
+	//	                     runs with --check_finite. The message names the
 	//	                     field and the value.
 	//	FAILED_PRECONDITION  no model loaded; an expert not owned by this node
 	//	                     (the message names the layer and the expert);
 	//	                     `model_id` set and not a model the node serves
 	//	                     (GetNodeInfoResponse.model_ids).
-	//	RESOURCE_EXHAUSTED   request over the size limit (--max-rows, message
-	//	                     size) or the compute queue is full.
+	//	RESOURCE_EXHAUSTED   request over the size limit (--max_rows, message
+	//	                     size), over the memory budget of the calls in
+	//	                     flight (--max_inflight_bytes), or the compute
+	//	                     queue is full.
 	//	DEADLINE_EXCEEDED    the call's deadline passed before the result.
 	//	CANCELLED            the caller cancelled, or the call was abandoned
 	//	                     during compute once its deadline had passed; the
 	//	                     work is dropped.
 	//	UNAVAILABLE          the node is shutting down.
 	//	DATA_LOSS            an expert's weight file shrank while the node served
-	//	                     it from the page cache (--nomlock): calls reading it
+	//	                     it from its mapping (--residency locked or paged,
+	//	                     without a copy): calls reading it
 	//	                     are refused until the node is reloaded, and
 	//	                     GetNodeInfo no longer lists it in `owned`.
 	Compute(context.Context, *ComputeRequest) (*ComputeResponse, error)
@@ -222,8 +230,8 @@ type ExpertNodeServer interface {
 	// stream's deadline. Otherwise the stream ends OK after the
 	// caller half-closes and every call is answered; when it breaks, calls
 	// without a response have none (the caller retries them). A message that
-	// does not parse ends the reading as a half-close does (gRPC's callback
-	// API reports both alike): that message gets no response.
+	// does not parse (its call_id cannot be read) ends the reading: the stream
+	// ends INVALID_ARGUMENT once the calls read before it are answered.
 	ComputeStream(ExpertNode_ComputeStreamServer) error
 	// Describes the node: the model it serves, the (layer, expert) set it owns,
 	// how the weights are held, and the load state. Cheap; safe to poll.

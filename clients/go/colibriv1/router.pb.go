@@ -38,8 +38,11 @@ const (
 	RoutingMode_ROUTING_MODE_UNSPECIFIED RoutingMode = 0
 	// The converter's per-layer lookup table, indexed by token id.
 	RoutingMode_ROUTING_MODE_LUT RoutingMode = 1
-	// Exact: softmax of the layer's gate matrix times the hidden state, top-k
-	// (ties toward the lower expert id), renormalized when the model says so.
+	// Exact: the model family's routing of the layer's gate logits (the
+	// manifest's routing spec: softmax or sigmoid scores, expert groups, a
+	// correction bias, scaling; docs/MODEL_FAMILIES.md), top-k with ties
+	// toward the lower expert id; plain softmax top-k, renormalized when the
+	// model says so, for a manifest without a routing spec.
 	RoutingMode_ROUTING_MODE_GATE RoutingMode = 2
 	// The routes in ForwardRequest.routes, used as given.
 	RoutingMode_ROUTING_MODE_CLIENT RoutingMode = 3

@@ -22,7 +22,8 @@ type RouterClient interface {
 	// Status codes:
 	//
 	//	OK
-	//	INVALID_ARGUMENT     layer outside [0, n_layers); hidden states not
+	//	INVALID_ARGUMENT     a message that does not parse as a
+	//	                     ForwardRequest; layer outside [0, n_layers); hidden states not
 	//	                     [T, d_model] or their bytes not matching the shape
 	//	                     and dtype; a dtype other than f32/bf16/f16;
 	//	                     token_ids not T long (lut mode) or an id outside
@@ -32,8 +33,11 @@ type RouterClient interface {
 	//	                     non-finite hidden value; an
 	//	                     unknown routing mode or output dtype. The message
 	//	                     names the field and the value.
-	//	RESOURCE_EXHAUSTED   more tokens than the router's --max_tokens, or the
-	//	                     router's queue is full.
+	//	RESOURCE_EXHAUSTED   more tokens than the router's --max_tokens; over
+	//	                     the memory budget of the requests in flight
+	//	                     (--max_inflight_bytes); the router's queue is
+	//	                     full; every node serving an expert refused it as
+	//	                     busy. Back off and retry.
 	//	UNAVAILABLE          no live node serves an expert the batch needs (the
 	//	                     message names the layer and the expert); the
 	//	                     router is shutting down. Safe to retry.
@@ -49,9 +53,8 @@ type RouterClient interface {
 	// Status codes (of the stream itself): OK when the client half-closes;
 	// CANCELLED; UNAVAILABLE when the router shuts down; RESOURCE_EXHAUSTED
 	// (from gRPC) for a message over the router's maximum message size, which
-	// ends the stream. A message that does not parse ends the reading as a
-	// half-close does (gRPC's callback API reports both alike): the stream
-	// ends OK after the earlier requests' replies, and that message gets none.
+	// ends the stream. A message that does not parse gets its reply in its
+	// turn (INVALID_ARGUMENT, no request_id), and the stream reads on.
 	ForwardStream(ctx context.Context, opts ...grpc.CallOption) (Router_ForwardStreamClient, error)
 	// The model the router serves.
 	//
@@ -175,7 +178,8 @@ type RouterServer interface {
 	// Status codes:
 	//
 	//	OK
-	//	INVALID_ARGUMENT     layer outside [0, n_layers); hidden states not
+	//	INVALID_ARGUMENT     a message that does not parse as a
+	//	                     ForwardRequest; layer outside [0, n_layers); hidden states not
 	//	                     [T, d_model] or their bytes not matching the shape
 	//	                     and dtype; a dtype other than f32/bf16/f16;
 	//	                     token_ids not T long (lut mode) or an id outside
@@ -185,8 +189,11 @@ type RouterServer interface {
 	//	                     non-finite hidden value; an
 	//	                     unknown routing mode or output dtype. The message
 	//	                     names the field and the value.
-	//	RESOURCE_EXHAUSTED   more tokens than the router's --max_tokens, or the
-	//	                     router's queue is full.
+	//	RESOURCE_EXHAUSTED   more tokens than the router's --max_tokens; over
+	//	                     the memory budget of the requests in flight
+	//	                     (--max_inflight_bytes); the router's queue is
+	//	                     full; every node serving an expert refused it as
+	//	                     busy. Back off and retry.
 	//	UNAVAILABLE          no live node serves an expert the batch needs (the
 	//	                     message names the layer and the expert); the
 	//	                     router is shutting down. Safe to retry.
@@ -202,9 +209,8 @@ type RouterServer interface {
 	// Status codes (of the stream itself): OK when the client half-closes;
 	// CANCELLED; UNAVAILABLE when the router shuts down; RESOURCE_EXHAUSTED
 	// (from gRPC) for a message over the router's maximum message size, which
-	// ends the stream. A message that does not parse ends the reading as a
-	// half-close does (gRPC's callback API reports both alike): the stream
-	// ends OK after the earlier requests' replies, and that message gets none.
+	// ends the stream. A message that does not parse gets its reply in its
+	// turn (INVALID_ARGUMENT, no request_id), and the stream reads on.
 	ForwardStream(Router_ForwardStreamServer) error
 	// The model the router serves.
 	//
