@@ -66,7 +66,9 @@ ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options 
       options_(std::move(options)),
       budget_(options_.max_inflight_bytes, "the node's --max_inflight_bytes") {
   UpdateWeightGauges();
-  store_->SetLockListener([this] { UpdateWeightGauges(); });  // locked_bytes once the background locking ends
+  store_->SetLockListener([this](const WeightSet& set) {  // once the background locking ends
+    if (store_->IsCurrent(set)) SetLockedGauge(set);
+  });
   compute_thread_ = std::thread([this] { ComputeLoop(); });
 }
 
@@ -123,13 +125,18 @@ absl::Status ExpertService::ReloadNow(const std::string& model_dir, const std::o
   return s;
 }
 
+void ExpertService::SetLockedGauge(const WeightSet& set) {
+  if (options_.metrics == nullptr) return;
+  options_.metrics->GetGauge("colibri_expert_locked_bytes", "Bytes of weights locked in RAM.")
+      ->Set(set.locked() ? static_cast<double>(set.bytes()) : 0.0);
+}
+
 void ExpertService::UpdateWeightGauges() {
   if (options_.metrics == nullptr) return;
   const std::shared_ptr<const WeightSet> set = store_->Current();
   options_.metrics->GetGauge("colibri_expert_weights_version", "Version of the weights being served.")
       ->Set(static_cast<double>(set->version()));
-  options_.metrics->GetGauge("colibri_expert_locked_bytes", "Bytes of weights locked in RAM.")
-      ->Set(set->locked() ? static_cast<double>(set->bytes()) : 0.0);
+  SetLockedGauge(*set);
   options_.metrics->GetGauge("colibri_expert_owned_experts", "(layer, expert) pairs this node owns.")
       ->Set(static_cast<double>(set->owned().size()));
 }

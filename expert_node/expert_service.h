@@ -150,6 +150,7 @@ class ExpertService final
   void Answer(ComputeCall& call, grpc::Status status);
   void CountCall(const char* method, const grpc::Status& status);
   void UpdateWeightGauges();
+  void SetLockedGauge(const WeightSet& set);  // colibri_expert_locked_bytes of `set`
   // Paged residency metrics after a call that started with `before` sampled.
   void ObservePaging(const ProcessIo& before);
   // Why a call cannot be queued now (the node is stopping, or the queue holds

@@ -140,9 +140,14 @@ std::shared_ptr<const WeightSet> ExpertStore::Current() const {
 
 void ExpertStore::SetMemoryReserve(int64_t bytes) { memory_reserve_.store(bytes); }
 
-void ExpertStore::SetLockListener(std::function<void()> listener) {
+void ExpertStore::SetLockListener(std::function<void(const WeightSet&)> listener) {
   common::MutexLock lock(&listener_mu_);
   lock_listener_ = std::move(listener);
+}
+
+bool ExpertStore::IsCurrent(const WeightSet& set) const {
+  common::MutexLock lock(&mu_);
+  return current_.get() == &set;
 }
 
 std::set<std::string> ExpertStore::MappedPaths() const {
@@ -442,7 +447,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_p
     set->locker_ = std::thread([this, s = set.get(), ranges = std::move(ranges), log = log_] {
       (void)LockAll(s, ranges, log);
       common::MutexLock lock(&listener_mu_);  // the store outlives its sets' lockers
-      if (lock_listener_) lock_listener_();
+      if (lock_listener_) lock_listener_(*s);
     });
   }
   common::LogLine(log_, absl::StrCat("loaded ", set->owned_.size(), " experts of ", set->model_->dir(), " (version ",

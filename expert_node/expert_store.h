@@ -193,10 +193,14 @@ class ExpertStore {
   void SetMemoryReserve(int64_t bytes);
   // resident_bytes() of the sets served (current and previous).
   int64_t ResidentBytes() const;
-  // Called (from the locking thread) when a set's background locking has
-  // ended; empty: none. Once this returns, the previous listener is not
-  // running and will not run.
-  void SetLockListener(std::function<void()> listener);
+  // Called (from the locking thread) with a set whose background locking
+  // has ended; empty: none. Once this returns, the previous listener is not
+  // running and will not run. The listener must not keep or copy a
+  // reference to a set (Current() included): releasing the last one would
+  // join that set's locking thread from a locking thread.
+  void SetLockListener(std::function<void(const WeightSet&)> listener);
+  // Whether `set` is the current set (no reference taken).
+  bool IsCurrent(const WeightSet& set) const;
 
   std::string model_dir() const;
 
@@ -230,7 +234,7 @@ class ExpertStore {
   std::ostream* const log_;
   // Before the sets: destroyed after them, whose lockers may still call it.
   mutable common::Mutex listener_mu_;
-  std::function<void()> lock_listener_ ABSL_GUARDED_BY(listener_mu_);
+  std::function<void(const WeightSet&)> lock_listener_ ABSL_GUARDED_BY(listener_mu_);
 
   common::Mutex reload_mu_;  // one reload at a time
   mutable common::Mutex mu_;
