@@ -64,29 +64,24 @@ grep -q "pass the memory limit of 0.63 GB ($group/$limit_file)" "$tmp/err" || fa
 echo "ok: refused, exit 1"
 
 echo "--- with room: the limit is logged and the default budget stays within it"
+# Starts "$@" in the group, checks its log for `limit` bytes, stops it with SIGTERM.
+serve_within() {
+  local limit=$1 what=$2
+  shift 2
+  echo "$limit" > "$group/$limit_file"
+  sh -c "$enter" "$group" "$@" --listen 127.0.0.1:0 > "$tmp/out" 2> "$tmp/err" &
+  pids+=($!)
+  for _ in $(seq 1 100); do grep -q "listening on port" "$tmp/out" 2>/dev/null && break; sleep 0.1; done
+  grep -q "listening on port" "$tmp/out" || fail "the $what did not start"
+  grep -q "memory limit $limit bytes ($group/$limit_file)" "$tmp/err" || fail "no memory limit line from the $what"
+  grep -q "in-flight budget .* within the memory limit of $limit bytes" "$tmp/err" || fail "no budget line from the $what"
+  kill -TERM "${pids[0]}"
+  wait "${pids[0]}" || fail "the $what did not exit 0 on SIGTERM"
+  pids=()
+  echo "ok: $what"
+}
 # 33 MiB of copies: what is left takes a second version and a budget below
 # the default (two calls of 50 000 rows, 400 MB).
-sh -c "$enter" "$group" "$build/expert_node/colibri-expert" --model "$tmp/model" --residency copy --max_rows 50000 \
-  --listen 127.0.0.1:0 > "$tmp/out" 2> "$tmp/err" &
-pids+=($!)
-for _ in $(seq 1 100); do grep -q "listening on port" "$tmp/out" 2>/dev/null && break; sleep 0.1; done
-grep -q "listening on port" "$tmp/out" || fail "the node did not start"
-grep -q "memory limit $((600 * mib)) bytes ($group/$limit_file)" "$tmp/err" || fail "no memory limit line"
-grep -q "in-flight budget .* within the memory limit of $((600 * mib)) bytes" "$tmp/err" || fail "no budget line"
-kill -TERM "${pids[0]}"
-wait "${pids[0]}" || fail "the node did not exit 0 on SIGTERM"
-pids=()
-echo "ok: node"
-
-echo $((300 * mib)) > "$group/$limit_file"
-sh -c "$enter" "$group" "$build/router_node/colibri-router" --local "$tmp/model" --listen 127.0.0.1:0 > "$tmp/out" \
-  2> "$tmp/err" &
-pids+=($!)
-for _ in $(seq 1 100); do grep -q "listening on port" "$tmp/out" 2>/dev/null && break; sleep 0.1; done
-grep -q "listening on port" "$tmp/out" || fail "the router did not start"
-grep -q "in-flight budget .* within the memory limit of $((300 * mib)) bytes" "$tmp/err" || fail "no router budget line"
-kill -TERM "${pids[0]}"
-wait "${pids[0]}" || fail "the router did not exit 0 on SIGTERM"
-pids=()
-echo "ok: router"
+serve_within $((600 * mib)) node "$build/expert_node/colibri-expert" --model "$tmp/model" --residency copy --max_rows 50000
+serve_within $((300 * mib)) router "$build/router_node/colibri-router" --local "$tmp/model"
 echo "PASS"
