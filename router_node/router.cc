@@ -55,8 +55,11 @@ void FromF32(const std::vector<float>& y, common::DType dtype, std::string* out)
 
 absl::Status CheckClientRoutes(const ForwardInput& in, const common::Manifest& m) {
   if (in.client_top_k != m.top_k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("routes.top_k = ", in.client_top_k, " must equal the model's top_k ", m.top_k));
+    return absl::InvalidArgumentError(absl::StrCat("routes.top_k = ", in.client_top_k, " must equal the model's top_k ",
+                                                   m.top_k,
+                                                   in.client_top_k == 0 && in.client_expert_ids.empty()
+                                                       ? " (routing CLIENT needs the request's routes: none given)"
+                                                       : ""));
   }
   const int64_t slots = in.num_tokens * m.top_k;
   if (static_cast<int64_t>(in.client_expert_ids.size()) != slots) {

@@ -564,6 +564,7 @@ TEST_CASE("malformed requests get INVALID_ARGUMENT naming the field, and a strea
   r = Request(0, {1, 2}, 1);
   r.set_routing(static_cast<v1::RoutingMode>(9));
   expect(r, "routing 9");
+  expect(Request(0, {1}, 1, v1::ROUTING_MODE_CLIENT), "routing CLIENT needs the request's routes: none given");
   r = Request(0, {1}, 1, v1::ROUTING_MODE_CLIENT);
   r.mutable_routes()->set_top_k(2);
   r.mutable_routes()->add_expert_ids(1);
