@@ -110,19 +110,27 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                                                                   /*pin=*/true, /*caller_joins=*/true}));
   COLIBRI_ASSIGN_OR_RETURN(s->store_, ExpertStore::Create(std::move(model), store, log));
   int64_t budget = options.max_inflight_bytes > 0 ? options.max_inflight_bytes : std::max(2 * plain, routed);
-  if (store.memory_limit >= 0 && options.max_inflight_bytes <= 0) {
-    // What the weights leave; of it, room for a second version of them (a
-    // staged roll-out, a reload of other files) where that leaves one call.
+  if (store.memory_limit >= 0) {
+    // What the weights as loaded leave (copies that missed reserved huge
+    // pages count now); of it, room for a second version of them where that
+    // still leaves one call.
     const int64_t weights = s->store_->ResidentBytes();
-    const int64_t room = store.memory_limit - weights - kProcessBytes;  // at least `plain`: the load checked it
+    const int64_t room = store.memory_limit - weights - kProcessBytes;
+    if (const int64_t least = options.max_inflight_bytes > 0 ? options.max_inflight_bytes : plain; room < least) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the weights as loaded, ", weights, " bytes, leave ", room, " bytes of the memory limit of ",
+          store.memory_limit, " (less 256 MiB for the process) for calls in flight, below the ", least,
+          " bytes of ServerOptions::max_inflight_bytes (or of one call of ServerOptions::limits.max_rows rows)"));
+    }
     const bool second = room - weights >= plain;
-    if (const int64_t cap = second ? room - weights : room; budget > cap) {
+    if (const int64_t cap = second ? room - weights : room; options.max_inflight_bytes <= 0 && budget > cap) {
       budget = cap;
       common::LogLine(
           log, absl::StrCat("in-flight budget ", budget, " bytes (max_inflight_bytes), within the memory limit of ",
                             store.memory_limit, " bytes beside ", weights, " bytes of weights",
                             second ? " and room for a second version of them"
-                                   : "; no room for a second version of them: a reload of other files is refused"));
+                                   : "; no room for a second version of them: a reload that copies the "
+                                     "weights again or maps other files is refused"));
     }
     if (budget < routed) {
       common::LogLine(log,

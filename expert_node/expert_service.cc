@@ -65,10 +65,10 @@ ExpertService::ExpertService(ExpertStore* store, ComputeEngine* engine, Options 
       engine_(engine),
       options_(std::move(options)),
       budget_(options_.max_inflight_bytes, "the node's --max_inflight_bytes") {
-  UpdateWeightGauges();
   store_->SetLockListener([this](const WeightSet& set) {  // once the background locking ends
     if (store_->IsCurrent(set)) SetLockedGauge(set);
   });
+  UpdateWeightGauges();  // after: a locking that ends in between is not missed
   compute_thread_ = std::thread([this] { ComputeLoop(); });
 }
 

@@ -28,15 +28,20 @@ namespace colibri {
 namespace expert_node {
 namespace {
 
-// Free reserved 2 MiB pages (of `node`, or of the host for -1), in bytes.
+// Free reserved 2 MiB pages (of `node`, or of the host for -1) that no
+// mapping has reserved, in bytes. A pod's hugetlb limit may allow fewer:
+// copies that do not get them are counted once made (ExpertServer).
 int64_t FreeHugetlbBytes(int node) {
-  const std::string path =
-      node >= 0 ? absl::StrCat("/sys/devices/system/node/node", node, "/hugepages/hugepages-2048kB/free_hugepages")
-                : "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
-  int64_t pages = 0;
-  const std::optional<std::string> text = common::ReadKernelFile(path, 64);
-  if (!text.has_value() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &pages)) return 0;
-  return pages * (int64_t{2} << 20);
+  const std::string host = "/sys/kernel/mm/hugepages/hugepages-2048kB/";
+  const std::string dir =
+      node >= 0 ? absl::StrCat("/sys/devices/system/node/node", node, "/hugepages/hugepages-2048kB/") : host;
+  const auto pages = [](const std::string& path) -> int64_t {
+    int64_t n = 0;
+    const std::optional<std::string> text = common::ReadKernelFile(path, 64);
+    return text.has_value() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &n) ? n : 0;
+  };
+  // Reservations are counted for the host only: they may be on any node.
+  return std::max<int64_t>(0, pages(dir + "free_hugepages") - pages(host + "resv_hugepages")) * (int64_t{2} << 20);
 }
 
 // The bytes an expert's views point into: its mapped file or its copy.
@@ -82,7 +87,12 @@ absl::StatusOr<Residency> ParseResidency(const std::string& name) {
 
 WeightSet::~WeightSet() {
   stop_locking_ = true;
-  if (locker_.joinable()) locker_.join();
+  if (!locker_.joinable()) return;
+  if (locker_.get_id() == std::this_thread::get_id()) {
+    locker_.detach();  // released on its own locking thread: it ends right after
+  } else {
+    locker_.join();
+  }
 }
 
 void WeightSet::AwaitLock() const { lock_done_.WaitForNotification(); }
@@ -150,16 +160,16 @@ bool ExpertStore::IsCurrent(const WeightSet& set) const {
   return current_.get() == &set;
 }
 
-std::set<std::string> ExpertStore::MappedPaths() const {
+std::set<std::pair<uint64_t, uint64_t>> ExpertStore::MappedFiles() const {
   common::MutexLock lock(&mu_);
-  std::set<std::string> paths;
+  std::set<std::pair<uint64_t, uint64_t>> files;
   for (const auto* set : {&current_, &previous_}) {
     if (*set == nullptr) continue;
     for (const auto& [key, weights] : (*set)->experts_) {
-      if (weights->file != nullptr) paths.insert(weights->file->path());
+      if (weights->file != nullptr) files.insert({weights->file->identity().device, weights->file->identity().inode});
     }
   }
-  return paths;
+  return files;
 }
 
 int64_t ExpertStore::ResidentBytes() const {
@@ -243,7 +253,7 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
     }
   }
   COLIBRI_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next,
-                           Load(std::move(model), spec, version, ResidentBytes(), MappedPaths()));
+                           Load(std::move(model), spec, version, ResidentBytes(), MappedFiles()));
   if (abandon && abandon()) {
     return absl::CancelledError(
         absl::StrCat("the caller gave up while ", dir, " was loading: not installed, the weights in use stay"));
@@ -342,10 +352,9 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<LockRange>& 
   return status;
 }
 
-absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_ptr<common::ModelDir> model,
-                                                                   const ShardSpec& shard, uint64_t version,
-                                                                   int64_t held,
-                                                                   const std::set<std::string>& mapped) const {
+absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(
+    std::unique_ptr<common::ModelDir> model, const ShardSpec& shard, uint64_t version, int64_t held,
+    const std::set<std::pair<uint64_t, uint64_t>>& mapped) const {
   auto set = std::make_shared<WeightSet>();
   set->version_ = version;
   set->model_ = std::move(model);
@@ -365,23 +374,25 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_p
     common::LogLine(log_, report.Describe());
   }
   const bool copy = options_.residency == Residency::kCopy || options_.hugepages || options_.numa_node >= 0;
+  // StoreOptions::q8_records, where the kernels have int8 tiles for the weights (else said in the log).
+  const bool records = options_.q8_records;
   const bool resident = copy || options_.residency != Residency::kPaged;
   if (resident) {  // before anything is copied or locked
     int64_t bytes = 0;
     for (const auto& weights : loaded) {
       const size_t size = Backing(*weights).second;
+      const common::FileIdentity& id = weights->file->identity();
       if (copy) {
         bytes += static_cast<int64_t>(common::AnonymousMemory::SizeFor(size));
-      } else if (mapped.count(weights->file->path()) == 0) {  // a file a held set maps shares its pages
+      } else if (mapped.count({id.device, id.inode}) == 0) {  // a file a held set maps shares its pages
         bytes += static_cast<int64_t>(size);
       }
+      if (records) bytes += static_cast<int64_t>(kernels::Q8RecordsFootprint(*weights, kernels::SelectedKernels()));
     }
     // Reserved huge pages are the hugetlb pool's, not counted in memory.max.
     if (copy && options_.hugepages) bytes = std::max<int64_t>(0, bytes - FreeHugetlbBytes(options_.numa_node));
     COLIBRI_RETURN_IF_ERROR(CheckMemory(bytes, held, absl::StrCat("cannot load ", set->model_->dir())));
   }
-  // StoreOptions::q8_records, where the kernels have int8 tiles for the weights (else said in the log).
-  const bool records = options_.q8_records;
   std::atomic<bool> records_refused{false};
   std::atomic<int64_t> unguarded{0};  // files past the SIGBUS guard's slots
   // Copies are independent per expert: on verify_threads threads.
@@ -432,10 +443,6 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(std::unique_p
     set->experts_[{weights->layer, weights->expert}] = std::move(weights);
   }
   set->residency_ = options_.residency;
-  if (set->q8_records_) {  // with the records as built, before they are locked
-    COLIBRI_RETURN_IF_ERROR(CheckMemory(static_cast<int64_t>(set->resident_bytes_), held,
-                                        absl::StrCat("cannot load ", set->model_->dir(), " with int8 tile records")));
-  }
   if (options_.residency == Residency::kPaged) {
     set->lock_done_.Notify();
   } else if (options_.require_mlock) {

@@ -209,11 +209,12 @@ class ExpertStore {
       : options_(std::move(options)), log_(log), memory_reserve_(options_.memory_reserve) {}
   // Maps (or copies) `model`'s experts that `shard` owns; the set keeps `model`.
   // `held`: resident bytes of the sets that stay in memory meanwhile;
-  // `mapped`: the files they map (pages a new set mapping them shares).
+  // `mapped`: (device, inode) of the files they map (pages a new set
+  // mapping the same files shares).
   absl::StatusOr<std::shared_ptr<const WeightSet>> Load(std::unique_ptr<common::ModelDir> model, const ShardSpec& shard,
                                                         uint64_t version, int64_t held,
-                                                        const std::set<std::string>& mapped) const;
-  std::set<std::string> MappedPaths() const;  // of the sets served, where not copied
+                                                        const std::set<std::pair<uint64_t, uint64_t>>& mapped) const;
+  std::set<std::pair<uint64_t, uint64_t>> MappedFiles() const;  // of the sets served, where not copied
   // FAILED_PRECONDITION when `resident` new bytes beside `held` pass the memory limit.
   absl::Status CheckMemory(int64_t resident, int64_t held, const std::string& what) const;
   // Bytes of one owned expert to lock: its weights, or one of its int8 tile records.

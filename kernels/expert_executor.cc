@@ -455,6 +455,16 @@ std::vector<ExpertTask> ExecutionOrder(absl::Span<const ExpertTask> tasks) {
   return order;
 }
 
+size_t Q8RecordsFootprint(const common::ExpertWeights& expert, const KernelTable& kernels) {
+  const common::DType type = expert.w1.layout.dtype;
+  if ((type != common::DType::kInt8 && type != common::DType::kInt4) || kernels.TileFor(type) == nullptr) return 0;
+  size_t bytes = 0;
+  for (const common::MatrixView* view : {&expert.w1, &expert.w3, &expert.w2}) {
+    bytes += common::AnonymousMemory::SizeFor(Q8RecordsBytes(view->layout));
+  }
+  return bytes;
+}
+
 absl::Status AttachQ8Records(common::ExpertWeights* expert, const KernelTable& kernels,
                              const common::AnonymousMemory::Options& options) {
   const common::DType type = expert->w1.layout.dtype;

@@ -154,6 +154,9 @@ GroupedRoutes GroupByExpert(const common::Routes& routes, absl::Span<const commo
 // RESOURCE_EXHAUSTED if the memory cannot be mapped.
 absl::Status AttachQ8Records(common::ExpertWeights* expert, const KernelTable& kernels,
                              const common::AnonymousMemory::Options& options);
+// The bytes of anonymous memory AttachQ8Records would map for `expert`
+// (0 where it would refuse): for a memory check before building them.
+size_t Q8RecordsFootprint(const common::ExpertWeights& expert, const KernelTable& kernels);
 
 // The tasks RunExperts actually runs, in its order: grouped by expert shape
 // (d_ff and weight type) in order of first appearance, and each task of more

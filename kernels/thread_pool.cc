@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& op
   const int n = options.num_threads > 0 ? options.num_threads : common::DefaultThreads(cpus.size(), quota);
   // CPUs shared with others (a quota below the CPUs allowed): no CPU of its
   // own per worker, but a NUMA node's CPUs stay the workers' set.
-  const bool shared = common::DefaultThreads(cpus.size(), quota) < static_cast<int>(cpus.size());
+  const bool shared = quota > 0 && quota < static_cast<double>(cpus.size());
   if (!options.pin || (shared && options.numa_node < 0)) cpus.clear();
   std::unique_ptr<ThreadPool> pool(
       new ThreadPool(std::move(cpus), n, options.caller_joins, /*per_cpu=*/options.pin && !shared));

@@ -42,7 +42,8 @@ else
   echo "SKIP: cannot make a memory cgroup here (not root, or no writable cgroup file system)"
   exit 77
 fi
-# Runs "$@" in the group (the shell moves itself in, then execs: one pid).
+# Runs "$@" in the group (the shell moves itself in, then execs: one pid),
+# under `timeout` so that nothing outlives a test killed from outside.
 enter='echo $$ > "$0/cgroup.procs"; exec "$@"'
 
 "$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 256 --d_ff 512 --layers 2 --experts 8 --vocab 100 \
@@ -53,7 +54,7 @@ mib=$((1 << 20))
 echo "--- weights and one call that do not fit the limit: refused by name, not killed"
 # 16 copies of 2 MiB pages + 256 MiB for the process + a call of 100 000 rows (400 MiB) > 600 MiB
 echo $((600 * mib)) > "$group/$limit_file"
-if sh -c "$enter" "$group" "$build/expert_node/colibri-expert" --model "$tmp/model" --residency copy --max_rows 100000 \
+if sh -c "$enter" "$group" timeout 120 "$build/expert_node/colibri-expert" --model "$tmp/model" --residency copy --max_rows 100000 \
   2> "$tmp/err"; then
   fail "the node started"
 else
@@ -69,7 +70,7 @@ serve_within() {
   local limit=$1 what=$2
   shift 2
   echo "$limit" > "$group/$limit_file"
-  sh -c "$enter" "$group" "$@" --listen 127.0.0.1:0 > "$tmp/out" 2> "$tmp/err" &
+  sh -c "$enter" "$group" timeout 120 "$@" --listen 127.0.0.1:0 > "$tmp/out" 2> "$tmp/err" &
   pids+=($!)
   for _ in $(seq 1 100); do grep -q "listening on port" "$tmp/out" 2>/dev/null && break; sleep 0.1; done
   grep -q "listening on port" "$tmp/out" || fail "the $what did not start"

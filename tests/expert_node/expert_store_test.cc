@@ -360,6 +360,23 @@ TEST_CASE("a load whose resident weights would pass the memory limit is refused 
   CHECK(store.Reload(dir / "v2", std::nullopt, /*keep_previous=*/true).ok());
   CHECK(store.ResidentBytes() > v1_bytes);
 
+  // int8 tile records are counted before they are built, to the byte.
+  StoreOptions with_records;
+  with_records.residency = Residency::kCopy;
+  with_records.q8_records = true;
+  int64_t v2_bytes = 0;
+  {
+    auto unlimited = ExpertStore::Create(dir / "v2", with_records, nullptr);
+    REQUIRE(unlimited.ok());
+    v2_bytes = (*unlimited)->ResidentBytes();
+    if (!(*unlimited)->Current()->q8_records()) WARN("no int8 tiles on this CPU: records are not built here");
+  }
+  with_records.memory_limit = v2_bytes - 1;
+  CHECK(ExpertStore::Create(dir / "v2", with_records, nullptr).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  with_records.memory_limit = v2_bytes;
+  CHECK(ExpertStore::Create(dir / "v2", with_records, nullptr).ok());
+
   // Paged weights are the kernel's to reclaim: not counted.
   options.residency = Residency::kPaged;
   options.memory_limit = 0;
