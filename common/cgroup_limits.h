@@ -29,6 +29,10 @@ struct CgroupLimits {
 // paths (tests). Files that are missing or unreadable count as no limit.
 CgroupLimits ReadCgroupLimits(const std::string& root = "");
 
+// Memory kept under a limit for the process itself (code, gRPC, threads),
+// beside its weights and the calls in flight.
+constexpr int64_t kProcessMemoryBytes = int64_t{256} << 20;
+
 // The text of a kernel file such as /proc/self/cgroup or a cgroup's
 // memory.max, at most `max_bytes` of it; nullopt if it cannot be opened.
 // Such files report a size of 0: they are read to their end.

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/cgroup_limits.h"
 #include "common/log_line.h"
 #include "common/status_macros.h"
 #include "expert_node/expert_service.h"
@@ -22,10 +23,6 @@ namespace colibri {
 namespace expert_node {
 
 namespace {
-
-// Memory kept for the process itself (code, gRPC, threads) beside the
-// weights and the calls in flight, under a memory limit.
-constexpr int64_t kProcessBytes = int64_t{256} << 20;
 
 // The name standard health clients may ask for, beside "".
 const char* const kService = colibri::v1::ExpertNode::service_full_name();
@@ -101,7 +98,8 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_inflight_bytes ", options.max_inflight_bytes,
                                                    " is beyond any memory (at most 2^56)"));
   }
-  store.memory_reserve = kProcessBytes + (options.max_inflight_bytes > 0 ? options.max_inflight_bytes : plain);
+  store.memory_reserve =
+      common::kProcessMemoryBytes + (options.max_inflight_bytes > 0 ? options.max_inflight_bytes : plain);
 
   std::unique_ptr<ExpertServer> s(new ExpertServer());
   // The compute thread (ExpertService) is the pool's worker 0: a call wakes
@@ -115,7 +113,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
     // pages count now); of it, room for a second version of them where that
     // still leaves one call.
     const int64_t weights = s->store_->ResidentBytes();
-    const int64_t room = store.memory_limit - weights - kProcessBytes;
+    const int64_t room = store.memory_limit - weights - common::kProcessMemoryBytes;
     if (const int64_t least = options.max_inflight_bytes > 0 ? options.max_inflight_bytes : plain; room < least) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the weights as loaded, ", weights, " bytes, leave ", room, " bytes of the memory limit of ",
@@ -140,7 +138,7 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
                                    "memory limit or lower the router's max_tokens"));
     }
   }
-  s->store_->SetMemoryReserve(kProcessBytes + budget);
+  s->store_->SetMemoryReserve(common::kProcessMemoryBytes + budget);
   if (options.store.residency == Residency::kPaged) {
     s->paged_ = std::make_unique<PagedWeights>(PagedWeights::Options{options.memory_budget, &s->metrics_});
   }

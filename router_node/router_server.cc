@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cgroup_limits.h"
 #include "common/log_line.h"
 #include "common/status_macros.h"
 #include "runtime/grpc_admin.h"
@@ -91,9 +92,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   if (options.service.max_inflight_bytes <= 0) {  // room for two requests of max_tokens f32 hidden states
     const int64_t values = options.router.max_tokens * m.d_model;
     options.service.max_inflight_bytes = 2 * RouterService::Footprint(values * 4, values, m);
-    constexpr int64_t kProcessBytes = int64_t{256} << 20, kLeast = int64_t{16} << 20;
+    constexpr int64_t kLeast = int64_t{16} << 20;
     const int64_t weights = s->engine_ != nullptr ? s->engine_->resident_bytes() : 0;
-    if (const int64_t room = options.memory_limit - weights - kProcessBytes;
+    if (const int64_t room = options.memory_limit - weights - common::kProcessMemoryBytes;
         options.memory_limit >= 0 && room < options.service.max_inflight_bytes) {
       options.service.max_inflight_bytes = std::max(room, kLeast);
       common::LogLine(log, absl::StrCat("in-flight budget ", options.service.max_inflight_bytes,
