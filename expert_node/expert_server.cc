@@ -100,6 +100,10 @@ absl::StatusOr<std::unique_ptr<ExpertServer>> ExpertServer::Create(const ServerO
   }
   store.memory_reserve =
       common::kProcessMemoryBytes + (options.max_inflight_bytes > 0 ? options.max_inflight_bytes : plain);
+  store.memory_advice =
+      "Raise the limit, serve fewer experts, lower the in-flight budget (ServerOptions::max_inflight_bytes, "
+      "ServerOptions::limits.max_rows), or use StoreOptions::residency paged (the mapped files, which the kernel may "
+      "reclaim)";
 
   std::unique_ptr<ExpertServer> s(new ExpertServer());
   // The compute thread (ExpertService) is the pool's worker 0: a call wakes

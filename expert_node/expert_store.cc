@@ -190,9 +190,7 @@ absl::Status ExpertStore::CheckMemory(int64_t resident, int64_t held, const std:
       options_.residency == Residency::kPaged ? ", copied" : "", "), beside ", gb(held), " of the weights served and ",
       gb(reserve), " kept for calls in flight and the process, pass the memory limit of ", gb(limit),
       options_.memory_limit_source.empty() ? "" : " (" + options_.memory_limit_source + ")",
-      ": past it the kernel kills the process. Raise the limit, serve fewer experts, lower the in-flight budget "
-      "(ServerOptions::max_inflight_bytes, ServerOptions::limits.max_rows), or use StoreOptions::residency paged (the "
-      "mapped files, which the kernel may reclaim)"));
+      ": past it the kernel kills the process", options_.memory_advice.empty() ? "" : ". " + options_.memory_advice));
 }
 
 void ExpertStore::SetMaxDModel(int64_t d_model) {

@@ -83,10 +83,12 @@ struct StoreOptions {
   // would not fit beside the sets already held is refused FAILED_PRECONDITION
   // before anything is copied or locked: past the limit the kernel kills the
   // process (locked pages cannot be reclaimed). `memory_limit_source` names
-  // the limit in that message.
+  // the limit in that message, `memory_advice` ends it with what the caller
+  // can change (in its own option names).
   int64_t memory_limit = -1;
   int64_t memory_reserve = 0;
   std::string memory_limit_source;
+  std::string memory_advice;
 };
 
 class WeightSet {

@@ -99,7 +99,10 @@ COLIBRI_EXPORT void colibri_options_init(colibri_options* options);
  * owns and must pass to colibri_free. On failure *out is NULL (if `out` is
  * not) and the status is NOT_FOUND for a missing file, DATA_LOSS for a
  * checksum mismatch, INVALID_ARGUMENT for a malformed file or option,
- * RESOURCE_EXHAUSTED when memory runs out. Thread-safe. */
+ * FAILED_PRECONDITION when lock_memory is set and the weights would not fit
+ * in the memory limit of the process's cgroup (beside 256 MiB for the
+ * process; checked before anything is locked), RESOURCE_EXHAUSTED when
+ * memory runs out. Thread-safe. */
 COLIBRI_EXPORT colibri_status colibri_init(const char* model_path, const colibri_options* options,
                                            colibri_engine** out);
 

@@ -142,6 +142,7 @@ const colibri::runtime::OptionFlags kOptionFlags = {
     {"RemoteOptions::tls_key_file", "--node_tls_key"},
     {"RemoteOptions::tls_server_name", "--node_tls_server_name"},
     {"ThreadPool::Options::numa_node", "--numa_node"},
+    {"Engine::Options::lock_memory, hugepages and numa_node", "--mlock, --hugepages and --numa_node"},
 };
 
 }  // namespace
@@ -191,6 +192,8 @@ int main(int argc, char** argv) {
   o.service.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   if (const colibri::common::CgroupLimits cgroup = colibri::common::ReadCgroupLimits(); cgroup.memory_bytes >= 0) {
     o.memory_limit = cgroup.memory_bytes;  // past it the kernel kills the router: the default budget stays within
+    o.engine.memory_limit = cgroup.memory_bytes;  // and with --local, a load that would pass it is refused
+    o.engine.memory_limit_source = cgroup.memory_file;
     LOG(INFO) << "colibri-router: memory limit " << cgroup.memory_bytes << " bytes (" << cgroup.memory_file << ")";
   }
   o.service.send_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_send_timeout_ms));

@@ -28,6 +28,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_di
   store.hugepages = options.hugepages;
   store.q8_records = options.q8_records;
   store.numa_node = options.numa_node;
+  if (options.memory_limit.has_value()) {
+    store.memory_limit = *options.memory_limit;
+    store.memory_limit_source = options.memory_limit_source;
+  } else if (const common::CgroupLimits cgroup = common::ReadCgroupLimits(); cgroup.memory_bytes >= 0) {
+    store.memory_limit = cgroup.memory_bytes;
+    store.memory_limit_source = cgroup.memory_file;
+  }
+  store.memory_reserve = common::kProcessMemoryBytes;
+  store.memory_advice =
+      "Raise the limit, or open the engine without Engine::Options::lock_memory, hugepages and numa_node: the "
+      "weights then stay mapped files, which the kernel may reclaim";
   // The pool first: a NUMA node it cannot use is refused before the weights are read.
   COLIBRI_ASSIGN_OR_RETURN(e->pool_, kernels::ThreadPool::Create({options.threads, options.numa_node, /*pin=*/true}));
   COLIBRI_ASSIGN_OR_RETURN(e->store_, expert_node::ExpertStore::Create(

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -45,6 +46,15 @@ class Engine {
     // merged into one pass (router_node/layer_batcher.h); 0: off.
     absl::Duration batch_window = absl::ZeroDuration();
     int64_t batch_max_tokens = 256;
+    // The memory this process may use, in bytes. A load whose resident weights
+    // (locked, copied to huge pages or a NUMA node, int8 records) would not fit
+    // in it beside 256 MiB for the process is refused FAILED_PRECONDITION before
+    // anything is copied or locked, rather than killed by the kernel halfway.
+    // Unset: the limit of the process's cgroup (common::ReadCgroupLimits), if
+    // it has one; -1: none. Mapped weights (the default) count nothing: the
+    // kernel may reclaim them. `memory_limit_source` names the limit in errors.
+    std::optional<int64_t> memory_limit;
+    std::string memory_limit_source;
     std::ostream* log = nullptr;                 // warnings; null: none. Must outlive the engine.
     common::MetricsRegistry* metrics = nullptr;  // optional; must outlive the engine
   };

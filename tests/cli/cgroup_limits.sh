@@ -2,7 +2,8 @@
 # colibri-expert and colibri-router inside a memory cgroup (cgroup v2's
 # memory.max, or v1's memory.limit_in_bytes), as a container or a systemd
 # unit would put them: the node refuses weights and a call that would not fit
-# the limit, naming it, instead of being killed by the kernel; started with
+# the limit, naming it, instead of being killed by the kernel, and so does a
+# router locking its in-process experts; started with
 # room, each logs the limit and keeps its default in-flight budget within it.
 # Needs root and a writable cgroup file system: else skipped (77). Every
 # process and cgroup it makes is removed on exit.
@@ -63,6 +64,18 @@ fi
 [ "$status" -eq 1 ] || fail "exit status $status (137: killed by the kernel)"
 grep -q "pass the memory limit of 0.63 GB ($group/$limit_file)" "$tmp/err" || fail "no refusal naming the limit"
 echo "ok: refused, exit 1"
+# The router's in-process experts, locked: 16 files of 0.8 MB + 256 MiB for the process > 266 MiB.
+echo $((266 * mib)) > "$group/$limit_file"
+if sh -c "$enter" "$group" timeout 120 "$build/router_node/colibri-router" --local "$tmp/model" --mlock \
+  --listen 127.0.0.1:0 > /dev/null 2> "$tmp/err"; then
+  fail "the router started"
+else
+  status=$?
+fi
+[ "$status" -eq 1 ] || fail "router exit status $status (137: killed by the kernel)"
+grep -q "pass the memory limit of 0.28 GB ($group/$limit_file).*--mlock, --hugepages and --numa_node" "$tmp/err" ||
+  fail "no refusal naming the limit and the flags"
+echo "ok: the router's locked weights refused, exit 1"
 
 echo "--- with room: the limit is logged and the default budget stays within it"
 # Starts "$@" in the group, checks its log for `limit` bytes, stops it with SIGTERM.

@@ -8,6 +8,8 @@
 #include <limits>
 #include <random>
 
+#include "absl/strings/match.h"
+#include "common/cgroup_limits.h"
 #include "common/model_dir.h"
 #include "kernels/reference_moe.h"
 #include "router_node/engine.h"
@@ -271,6 +273,38 @@ TEST_CASE("Engine::Open refuses a missing or corrupt model directory with the re
   auto corrupt = Engine::Open(dir / "model", {});
   REQUIRE(!corrupt.ok());
   CHECK(corrupt.status().message().find("lut.bin") != absl::string_view::npos);
+}
+
+TEST_CASE("Engine::Open refuses locked weights that would pass the memory limit, before locking them") {
+  TempDir dir;
+  colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), dir / "model", DType::kBF16);
+  Engine::Options options;
+  options.threads = 1;
+  options.lock_memory = true;
+  options.memory_limit = -1;  // none
+  int64_t held = 0;
+  {
+    auto unlimited = Engine::Open(dir / "model", options);
+    REQUIRE(unlimited.ok());
+    held = (*unlimited)->resident_bytes();
+  }
+  REQUIRE(held > 0);
+  options.memory_limit_source = "/sys/fs/cgroup/test/memory.max";
+  options.memory_limit = held + common::kProcessMemoryBytes - 1;
+  auto refused = Engine::Open(dir / "model", options);
+  INFO(refused.status().message());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "pass the memory limit"));
+  CHECK(absl::StrContains(refused.status().message(), "/sys/fs/cgroup/test/memory.max"));
+  CHECK(absl::StrContains(refused.status().message(), "Engine::Options::lock_memory"));
+  options.memory_limit = held + common::kProcessMemoryBytes;
+  CHECK(Engine::Open(dir / "model", options).ok());
+  // Mapped weights are the kernel's to reclaim: not checked.
+  options.lock_memory = false;
+  options.memory_limit = 1;
+  auto mapped = Engine::Open(dir / "model", options);
+  REQUIRE(mapped.ok());
+  CHECK((*mapped)->resident_bytes() == 0);
 }
 
 }  // namespace
