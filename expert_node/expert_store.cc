@@ -178,7 +178,18 @@ int64_t ExpertStore::ResidentBytes() const {
   for (const auto* set : {&current_, &previous_}) {
     if (*set != nullptr) bytes += static_cast<int64_t>((*set)->resident_bytes());
   }
+  for (const auto& [set, resident] : retired_) {
+    if (!set.expired()) bytes += resident;
+  }
   return bytes;
+}
+
+void ExpertStore::Retire(const std::shared_ptr<const WeightSet>& set) {
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(), [](const auto& r) { return r.first.expired(); }),
+                 retired_.end());
+  if (set != nullptr && set->resident_bytes() > 0) {
+    retired_.emplace_back(set, static_cast<int64_t>(set->resident_bytes()));
+  }
 }
 
 absl::Status ExpertStore::CheckMemory(int64_t resident, int64_t held, const std::string& what) const {
@@ -288,6 +299,7 @@ absl::Status ExpertStore::ReloadLocked(const std::string& model_dir, const std::
     current_ = std::move(next);
     model_dir_ = dir;
     shard_ = spec;
+    for (const auto& set : released) Retire(set);
   }
   return absl::OkStatus();
 }
@@ -311,6 +323,7 @@ absl::Status ExpertStore::Drop(const std::string& model_id) {
     } else {
       status = absl::NotFoundError(absl::StrCat("this node does not serve model ", model_id));
     }
+    Retire(released);
   }
   reload_mu_.Unlock();
   return status;

@@ -193,7 +193,10 @@ class ExpertStore {
   // StoreOptions::memory_reserve for the loads from now on (the server sets
   // it once its in-flight budget is known).
   void SetMemoryReserve(int64_t bytes);
-  // resident_bytes() of the sets served (current and previous).
+  // resident_bytes() of the sets in memory: those served (current and
+  // previous), and those a reload or Drop replaced that calls in flight still
+  // hold (a file such a set shares with a new one is counted twice, which errs
+  // towards refusing).
   int64_t ResidentBytes() const;
   // Called (from the locking thread) with a set whose background locking
   // has ended; empty: none. Once this returns, the previous listener is not
@@ -217,6 +220,8 @@ class ExpertStore {
                                                         uint64_t version, int64_t held,
                                                         const std::set<std::pair<uint64_t, uint64_t>>& mapped) const;
   std::set<std::pair<uint64_t, uint64_t>> MappedFiles() const;  // of the sets served, where not copied
+  // Keeps track of a set replaced (not served any more) while calls hold it.
+  void Retire(const std::shared_ptr<const WeightSet>& set) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION when `resident` new bytes beside `held` pass the memory limit.
   absl::Status CheckMemory(int64_t resident, int64_t held, const std::string& what) const;
   // Bytes of one owned expert to lock: its weights, or one of its int8 tile records.
@@ -250,6 +255,9 @@ class ExpertStore {
   std::string previous_dir_ ABSL_GUARDED_BY(mu_);
   ShardSpec previous_shard_ ABSL_GUARDED_BY(mu_);
   int64_t max_d_model_ ABSL_GUARDED_BY(mu_) = 0;
+  // Replaced sets with their resident_bytes(), while a call still holds them
+  // (no reference is kept: the last holder frees them on its own thread).
+  std::vector<std::pair<std::weak_ptr<const WeightSet>, int64_t>> retired_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> memory_reserve_;
 };
 

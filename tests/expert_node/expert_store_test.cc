@@ -386,6 +386,29 @@ TEST_CASE("a load whose resident weights would pass the memory limit is refused 
   CHECK((*paged)->ResidentBytes() == 0);
 }
 
+TEST_CASE("weights replaced while a call holds them count as held until it lets them go") {
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  colibri::testing::MakeModel(synth, dir / "v1", DType::kBF16);
+  colibri::testing::MakeModel(synth, dir / "v2", DType::kInt8);
+  StoreOptions options;
+  options.residency = Residency::kCopy;
+  auto created = ExpertStore::Create(dir / "v1", options, nullptr);
+  REQUIRE(created.ok());
+  ExpertStore& store = **created;
+  const int64_t v1_bytes = store.ResidentBytes();
+  std::shared_ptr<const WeightSet> in_flight = store.Current();  // a call that started before the reloads
+  REQUIRE(store.Reload(dir / "v2", std::nullopt, /*keep_previous=*/false).ok());
+  const int64_t v2_bytes = static_cast<int64_t>(store.Current()->resident_bytes());
+  CHECK(store.ResidentBytes() == v1_bytes + v2_bytes);
+  // Back to v1 while the first v1 is still held: three sets in memory, and a
+  // limit that fits two refuses a third.
+  REQUIRE(store.Reload(dir / "v1", std::nullopt, /*keep_previous=*/false).ok());
+  CHECK(store.ResidentBytes() == 2 * v1_bytes);
+  in_flight.reset();  // the call ends: its set is freed
+  CHECK(store.ResidentBytes() == v1_bytes);
+}
+
 TEST_CASE("a reload of a model with a larger d_model than the node's limits hold is refused") {
   TempDir dir;
   tools::SynthOptions small = colibri::testing::SmallSynth(dir / "small");
