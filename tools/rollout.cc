@@ -120,21 +120,29 @@ absl::Status StageOn(const RolloutOptions& o, std::ostream& log, std::string* mo
     request.set_model_dir(o.model_dir);
     request.set_keep_previous(true);
     v1::ReloadResponse response;
-    const std::vector<std::string> before = NodeModels(o, node);
+    // What the node serves before: a roll-back drops only what it did not
+    // (a model it served already, staged again, stays; the router may be
+    // serving it).
+    const absl::StatusOr<v1::GetNodeInfoResponse> info = NodeInfo(o, node);
+    if (!info.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("stage: ", info.status().message()));
+    }
+    const std::vector<std::string> before(info->model_ids().begin(), info->model_ids().end());
+    const auto is_new = [&before](const std::string& id) {
+      return std::find(before.begin(), before.end(), id) == before.end();
+    };
     const grpc::Status s = Reload(o, node, request, &response);
     if (!s.ok()) {
       // A node whose load outlives the deadline sees its caller gone and
       // does not install it; but one may have swapped just before its answer
       // was lost: what it serves now that it did not is rolled back too.
       for (const std::string& id : NodeModels(o, node)) {
-        if (!before.empty() && std::find(before.begin(), before.end(), id) == before.end()) {
-          staged->emplace_back(node, id);
-        }
+        if (is_new(id)) staged->emplace_back(node, id);
       }
       return absl::FailedPreconditionError(
           absl::StrCat("stage: node ", node, " could not load ", o.model_dir, ": ", Describe(s)));
     }
-    staged->emplace_back(node, response.model_id());
+    if (is_new(response.model_id())) staged->emplace_back(node, response.model_id());
     if (!new_id.empty() && response.model_id() != new_id) {
       return absl::FailedPreconditionError(absl::StrCat("stage: node ", node, " loaded model ", response.model_id(),
                                                         " from ", o.model_dir, ", the others ", new_id));

@@ -147,6 +147,24 @@ TEST_CASE("a model upgrade under load fails no request and never mixes versions,
   CHECK(ReadFile(root / "again.txt").find("already serves") != std::string::npos);
   CHECK(ModelIds(x_admin).size() == 1);
   CHECK(ModelIds(y_admin).size() == 1);
+  // v1 staged beside v2 (the router's), then v2 staged again where a third
+  // node cannot be reached: the roll-back drops nothing the nodes served
+  // before, and the router's model stays on them.
+  const std::string both = "--nodes=" + Address(x_admin) + "," + Address(y_admin);
+  CHECK(Admin("stage --model=" + root / "v1 " + both + " --timeout_s=30", root / "stage.txt") == 0);
+  CHECK(Admin("upgrade --model=" + root / "v2 " + both + ",127.0.0.1:1 --router=" + Address(router_admin) +
+                  " --timeout_s=5",
+              root / "unreachable.txt") == 1);
+  INFO(ReadFile(root / "unreachable.txt"));
+  CHECK(ReadFile(root / "unreachable.txt").find("drop: node") == std::string::npos);
+  CHECK(ModelIds(x_admin).size() == 2);
+  CHECK(ModelIds(y_admin).size() == 2);
+  {
+    v1::ForwardResponse response;
+    auto stub = Connect(router.port);
+    CHECK(Call(*stub, Nth(0), &response).ok());
+    CHECK(response.output().data() == b[0]);
+  }
   // Flags missing: a usage error (2), before any node is touched.
   CHECK(Admin("upgrade --model=" + root / "v2 --nodes=" + Address(x_admin), root / "usage.txt") == 2);
   CHECK(ReadFile(root / "usage.txt").find("--router is required") != std::string::npos);
