@@ -25,16 +25,20 @@ namespace tools {
 
 using ExpertLoad = std::vector<std::vector<double>>;  // [layer][routed expert]: token slots
 
-// Adds the file's counts to `load` (sized [n_layers][n_experts]); a metric
-// sample of one of the `shared_experts` (ids n_experts and up) is skipped.
-// NOT_FOUND if unreadable; INVALID_ARGUMENT naming the line for a malformed
-// line or a layer/expert outside the model, or for a file with no count.
+// Adds the file's counts to `load` (sized [n_layers][n_experts]). The file
+// is 'layer expert count' lines or a router's Prometheus page, whose
+// colibri_router_expert_tokens_total samples are read (one of the
+// `shared_experts`, ids n_experts and up, is skipped) and every other sample
+// skipped. NOT_FOUND if unreadable; INVALID_ARGUMENT naming the line for a
+// malformed line or a layer/expert outside the model, for a file with no
+// count, and for a page without a sample of every (layer, routed expert): a
+// router exports them all, so one missing is a page cut short.
 absl::Status AddLoadFile(const std::string& path, int64_t shared_experts, ExpertLoad* load);
 
 // Calibration records routed through each layer's gate: the records' hidden
 // states (f32) and their routes, per layer (empty for a layer the file has
 // no hidden_states for). INVALID_ARGUMENT for a tensor of the wrong shape
-// or type.
+// or type, or with a value that is not finite.
 struct CalibrationRoutes {
   std::vector<std::vector<float>> hidden;  // [layer][records * d_model]
   std::vector<common::Routes> routes;      // [layer]

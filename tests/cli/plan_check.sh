@@ -46,8 +46,11 @@ for n in 0 1 2; do
   addresses+="${addresses:+,}127.0.0.1:$port"
 done
 proc_start router "$build/router_node/colibri-router" --model "$tmp/model" --experts_at "$addresses" \
-  --listen 127.0.0.1:0 --health_interval_ms 100
+  --listen 127.0.0.1:0 --health_interval_ms 100 --metrics_port 0
 router=127.0.0.1:$port
+for _ in $(seq 1 50); do grep -q "metrics on port" "$proc_logs/router.out" && break; sleep 0.1; done
+metrics_port=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$proc_logs/router.out")
+[ -n "$metrics_port" ] || fail "the router printed no metrics port"
 for _ in $(seq 1 100); do
   "$build/tools/colibri-health" --target "$router" --timeout_ms 500 >/dev/null 2>&1 && break
   sleep 0.1
@@ -61,16 +64,25 @@ plan --nodes 3 --node_memory "$memory" --router "$router" >"$tmp/live.txt" || fa
 grep -q "busiest node" "$tmp/live.txt" || fail "no plan from the live router"
 echo "ok: planned from the live router's load"
 
-# A saved /metrics page counts the shared expert (id 8) too: its samples are skipped.
-cat >"$tmp/metrics.txt" <<'METRICS'
-colibri_router_expert_tokens_total{expert="0",layer="0"} 500
-colibri_router_expert_tokens_total{expert="8",layer="0"} 1000
-colibri_router_expert_tokens_total{expert="3",layer="1"} 400
-colibri_router_expert_tokens_total{expert="8",layer="1"} 1000
-METRICS
+# The router's /metrics page, saved: the shared expert's samples (id 8) and
+# the other metrics (the exporter's own included) are skipped.
+/usr/bin/python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+  "http://127.0.0.1:$metrics_port/metrics" >"$tmp/metrics.txt"
+grep -q '^colibri_router_expert_tokens_total{expert="8",layer="1"}' "$tmp/metrics.txt" || fail "no shared-expert sample"
+grep -q '^exposer_' "$tmp/metrics.txt" || fail "no exporter metric on the page"
 plan --nodes 3 --node_memory "$memory" --load "$tmp/metrics.txt" >"$tmp/by_metrics.txt" ||
-  { cat "$tmp/by_metrics.txt"; fail "no plan from a /metrics page with the shared expert's samples"; }
-echo "ok: planned from a saved /metrics page"
+  { cat "$tmp/by_metrics.txt"; fail "no plan from the router's saved /metrics page"; }
+echo "ok: planned from the router's saved /metrics page"
+# Cut short: inside a sample, or after one.
+head -c "$(($(grep -b -m1 'expert="5",layer="1"' "$tmp/metrics.txt" | cut -d: -f1) + 45))" "$tmp/metrics.txt" \
+  >"$tmp/cut.txt"
+if plan --nodes 3 --node_memory "$memory" --load "$tmp/cut.txt" >"$tmp/out.txt" 2>&1; then fail "a cut page accepted"; fi
+grep -q "does not parse (a page cut short?)" "$tmp/out.txt" || fail "cut page: $(cat "$tmp/out.txt")"
+grep -v 'expert="5",layer="1"' "$tmp/metrics.txt" >"$tmp/cut.txt"
+if plan --nodes 3 --node_memory "$memory" --load "$tmp/cut.txt" >"$tmp/out.txt" 2>&1; then fail "a partial page accepted"; fi
+grep -q "no colibri_router_expert_tokens_total sample for layer 1 expert 5" "$tmp/out.txt" ||
+  fail "partial page: $(cat "$tmp/out.txt")"
+echo "ok: a page cut short is refused, naming the line or the missing expert"
 
 printf '# address memory host\n%s %s a\n%s %s a\n%s %s b\n' \
   "${addresses%%,*}" "$memory" "$(cut -d, -f2 <<<"$addresses")" "$memory" "${addresses##*,}" "$memory" \

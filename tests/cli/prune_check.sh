@@ -68,17 +68,21 @@ for spec in f32:1e-4 bf16:2e-2; do
 done
 
 echo "--- the load from a router's /metrics page, and --min_share"
-cat >"$tmp/metrics.txt" <<'METRICS'
-# HELP colibri_router_expert_tokens_total Token rows routed to each (layer, expert).
-# TYPE colibri_router_expert_tokens_total counter
-colibri_router_expert_tokens_total{expert="0",layer="0"} 500
-colibri_router_expert_tokens_total{expert="1",layer="0"} 20
-colibri_router_expert_tokens_total{expert="6",layer="0"} 300
-colibri_router_expert_tokens_total{expert="7",layer="0"} 180
-colibri_router_expert_tokens_total{expert="2",layer="1"} 600
-colibri_router_expert_tokens_total{expert="3",layer="1"} 400
-colibri_router_calls_total{code="OK"} 1000
-METRICS
+# A page as a router writes it: a sample for every (layer, expert), 0 for
+# those not given here, and other metrics, the exporter's own included.
+declare -A counts=([0.0]=500 [0.1]=20 [0.6]=300 [0.7]=180 [1.2]=600 [1.3]=400)
+{
+  echo '# HELP colibri_router_expert_tokens_total Token rows routed to each (layer, expert).'
+  echo '# TYPE colibri_router_expert_tokens_total counter'
+  for layer in 0 1; do
+    for expert in 0 1 2 3 4 5 6 7; do
+      echo "colibri_router_expert_tokens_total{expert=\"$expert\",layer=\"$layer\"} ${counts[$layer.$expert]:-0}"
+    done
+  done
+  echo 'colibri_router_calls_total{code="OK"} 1000'
+  echo 'exposer_transferred_bytes_total 10548'
+  echo 'exposer_request_latencies{quantile="0.5"} Nan'
+} >"$tmp/metrics.txt"
 "$build/tools/colibri-prune" --model "$tmp/f32" --out "$tmp/by_metrics" --load "$tmp/metrics.txt" --min_share 0.1 |
   tee "$tmp/by_metrics.txt"
 grep -q "^layer 0: kept 3 of 8 experts \[0,6,7\]" "$tmp/by_metrics.txt" || fail "layer 0 should keep 0,6,7"
@@ -97,6 +101,16 @@ refuse() {  # EXPECTED_TEXT ARGS...
 refuse "outside \[top_k 2" --calibration "$tmp/calib.safetensors" --keep_top 1
 refuse "exactly one of" --calibration "$tmp/calib.safetensors" --keep_top 3 --min_share 0.1
 refuse "no load" --keep_top 3
+# Calibration records with a NaN (the last value of record 2).
+/usr/bin/python3 - "$tmp/nan.safetensors" <<'PY'
+import json, struct, sys
+rows, d = 3, 96
+data = struct.pack("<%df" % (rows * d), *([0.5] * (rows * d - 1) + [float("nan")]))
+header = json.dumps({"hidden_states.0": {"dtype": "F32", "shape": [rows, d], "data_offsets": [0, len(data)]}})
+header += " " * (-len(header) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(header)) + header.encode() + data)
+PY
+refuse "record 2 has a value that is not finite" --calibration "$tmp/nan.safetensors" --keep_top 3
 refuse "line 1" --load "$tmp/in.safetensors" --keep_top 3
 printf '0 9 5\n' >"$tmp/bad_load.txt"
 refuse "outside the model" --load "$tmp/bad_load.txt" --keep_top 3
