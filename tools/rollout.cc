@@ -471,6 +471,25 @@ absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::stri
       dropped.insert(pair);
       before[pair] = std::max(before[pair], held.at(pair));
     }
+    // A node may have died since it grew: what node n drops must be owned by
+    // another node that answers now.
+    Pairs elsewhere;
+    for (size_t m = 0; m < o.nodes.size(); ++m) {
+      if (m == n) continue;
+      const absl::StatusOr<v1::GetNodeInfoResponse> info = NodeInfo(o, o.nodes[m]);
+      if (!info.ok()) continue;
+      for (const v1::OwnedExperts& layer : info->owned()) {
+        for (const int32_t e : layer.experts()) elsewhere.insert({layer.layer(), e});
+      }
+    }
+    for (const auto& pair : dropped) {
+      if (elsewhere.count(pair) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shrink: node ", o.nodes[n], " would drop ", Name(pair),
+            ", which no other node that answers now owns: stopped before it, the node keeps its old and new experts; "
+            "bring the other nodes back and run apply-plan again"));
+      }
+    }
     COLIBRI_RETURN_IF_ERROR(ReloadShard(o, "shrink", n, &owned[n], target[n], log));
     COLIBRI_RETURN_IF_ERROR(AwaitRouter(
         o, settle,

@@ -79,7 +79,10 @@ absl::Status DropOnNodes(const RolloutOptions& options, const std::string& model
 //   3. shrink: each node in turn loads exactly its new shard, and the next
 //      waits until the router counts one copy fewer of each expert the node
 //      dropped (without a router, `settle`); a call the router planned on
-//      the old map is retried on a copy that remains.
+//      the old map is retried on a copy that remains. Before a node shrinks,
+//      every expert it drops must be owned by another node that answers
+//      GetNodeInfo then: one that died since it grew stops the shrinks
+//      (FAILED_PRECONDITION naming the expert), rather than losing it.
 // Every node needs memory for its union while it is grown. A failed grow
 // stops there (the nodes grown keep a superset of their old shard: all is
 // served) and says so; a failed shrink leaves that node with its union.

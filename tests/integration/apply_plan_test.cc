@@ -12,9 +12,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "colibri/v1/expert_node.grpc.pb.h"
 #include "tests/integration/cluster.h"
+#include "tools/rollout.h"
 
 namespace colibri {
 namespace testing {
@@ -179,6 +181,62 @@ TEST_CASE("a plan applied by reloading the nodes' shards under load fails no req
   CHECK(ReadFile(root / "bad.txt").find("expert 2 on no node") != std::string::npos);
   CHECK(Owned(x_admin) == x_owned);
   CHECK(Owned(y_admin) == y_owned);
+}
+
+// A log whose lines are handed to `on_line` as they are written.
+class LineLog : public std::streambuf {
+ public:
+  explicit LineLog(std::function<void(const std::string&)> on_line) : on_line_(std::move(on_line)) {}
+  std::string text;
+
+ protected:
+  int overflow(int c) override {
+    if (c == EOF) return 0;
+    text.push_back(static_cast<char>(c));
+    line_.push_back(static_cast<char>(c));
+    if (c == '\n') {
+      on_line_(line_);
+      line_.clear();
+    }
+    return c;
+  }
+
+ private:
+  std::function<void(const std::string&)> on_line_;
+  std::string line_;
+};
+
+TEST_CASE("apply-plan stops before a shrink would drop the last copy of an expert on a node that died") {
+  TempDir root;
+  const std::string model = root / "model";
+  MakeModel(SmallSynth(root / "ckpt"), model, common::DType::kBF16);
+  Proc x = StartNode(model, "all", 0, {"--admin_listen=127.0.0.1:0"});
+  const int x_admin = x.process->ReadPort("admin on port ");
+  Proc y = StartNode(model, "all", 0, {"--admin_listen=127.0.0.1:0"});
+  const int y_admin = y.process->ReadPort("admin on port ");
+  Proc router = StartRouter({"--model=" + model, "--admin_listen=127.0.0.1:0", "--health_interval_ms=100",
+                             "--experts_at=" + Address(x.port) + "," + Address(y.port)});
+  const int router_admin = router.process->ReadPort("admin on port ");
+  const std::string y_before = Owned(y_admin);
+
+  // x shrinks to 0-1 and dies as soon as it has; y would then drop 2-3's last copies.
+  tools::RolloutOptions options;
+  options.nodes = {Address(x_admin), Address(y_admin)};
+  options.router = Address(router_admin);
+  options.timeout = absl::Seconds(30);
+  LineLog lines([&](const std::string& line) {
+    if (line.rfind("shrink: node " + Address(x_admin), 0) == 0)
+      x.process->SignalAndWait(SIGKILL, std::chrono::seconds(10));
+  });
+  std::ostream log(&lines);
+  const absl::Status applied = tools::ApplyPlacement(options, {"0-1", "2-3"}, absl::Seconds(1), log);
+  INFO(lines.text);
+  INFO(applied.message());
+  CHECK(applied.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(applied.message().find("shrink: node " + Address(y_admin) + " would drop layer 0 expert 0") !=
+        std::string::npos);
+  CHECK(Owned(y_admin) == y_before);  // y kept every expert
+  CHECK(lines.text.find("placement applied") == std::string::npos);
 }
 
 TEST_CASE("a plan applied by restarting nodes one at a time, two per shard, fails no request and keeps the bits") {
