@@ -47,10 +47,9 @@ constexpr char kUsage[] =
 
 // The options named in the tools' errors, and the flags that set them.
 const colibri::runtime::OptionFlags kOptionFlags = {
-    {"RolloutOptions::tls_ca_file", "--tls_ca"},
-    {"RolloutOptions::tls_cert_file", "--tls_cert"},
-    {"RolloutOptions::tls_key_file", "--tls_key"},
-    {"RolloutOptions::tls_server_name", "--tls_server_name"},
+    {"RolloutOptions::tls_ca_file", "--tls_ca"},   {"RolloutOptions::tls_cert_file", "--tls_cert"},
+    {"RolloutOptions::tls_key_file", "--tls_key"}, {"RolloutOptions::tls_server_name", "--tls_server_name"},
+    {"RolloutOptions::nodes", "--nodes"},          {"RolloutOptions::router", "--router"},
 };
 
 }  // namespace
@@ -111,7 +110,7 @@ int main(int argc, char* argv[]) {
     const absl::Status s =
         colibri::tools::ApplyPlacement(o, specs, absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)), std::cout);
     if (!s.ok()) {
-      std::cerr << "colibri-admin apply-plan: " << s.message() << "\n";
+      std::cerr << "colibri-admin apply-plan: " << colibri::runtime::NameFlags(s, kOptionFlags).message() << "\n";
       return 1;
     }
     return 0;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -95,8 +96,30 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   return static_cast<int64_t>(std::llround(value * scale));
 }
 
-absl::StatusOr<std::vector<PlanNode>> ParseNodes(const std::string& nodes, const std::string& memory,
-                                                 int64_t nodes_per_host, const std::string& node_file) {
+namespace {
+
+// Addresses the router takes from a cluster file: host:port, each once.
+absl::Status CheckAddresses(const std::vector<PlanNode>& nodes) {
+  std::set<std::string> seen;
+  for (const PlanNode& node : nodes) {
+    if (node.address.empty()) continue;
+    const size_t colon = node.address.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(node.address.substr(colon + 1), &port) ||
+        port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("node address '", node.address,
+                                                     "' is not host:port (the router would refuse the cluster file)"));
+    }
+    if (!seen.insert(node.address).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node address '", node.address, "' is given twice: one node serves one shard"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PlanNode>> ParseNodeList(const std::string& nodes, const std::string& memory,
+                                                    int64_t nodes_per_host, const std::string& node_file) {
   std::vector<PlanNode> out;
   if (!node_file.empty()) {
     if (!nodes.empty()) return absl::InvalidArgumentError("give the nodes once: a node file or a node list");
@@ -137,6 +160,15 @@ absl::StatusOr<std::vector<PlanNode>> ParseNodes(const std::string& nodes, const
     const std::string host = nodes_per_host > 0 ? absl::StrCat("host-", n / nodes_per_host) : "";
     out.push_back({absl::StrCat("node-", n), addresses.empty() ? "" : addresses[n], bytes, host});
   }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PlanNode>> ParseNodes(const std::string& nodes, const std::string& memory,
+                                                 int64_t nodes_per_host, const std::string& node_file) {
+  COLIBRI_ASSIGN_OR_RETURN(std::vector<PlanNode> out, ParseNodeList(nodes, memory, nodes_per_host, node_file));
+  COLIBRI_RETURN_IF_ERROR(CheckAddresses(out));
   return out;
 }
 

@@ -385,6 +385,10 @@ absl::Status ApplyPlacement(const RolloutOptions& o, const std::vector<std::stri
     return absl::InvalidArgumentError(absl::StrCat("the plan has ", specs.size(), " shards and ", o.nodes.size(),
                                                    " node endpoints were given (RolloutOptions::nodes): one each"));
   }
+  if (const std::set<std::string> distinct(o.nodes.begin(), o.nodes.end()); distinct.size() != o.nodes.size()) {
+    return absl::InvalidArgumentError(
+        "a node endpoint is given twice (RolloutOptions::nodes): each node takes one shard of the plan");
+  }
   std::vector<Pairs> owned(o.nodes.size()), target(o.nodes.size()), grown(o.nodes.size());
   int64_t n_layers = 0, n_experts = 0;  // the model's, as the first node reports it
   for (size_t n = 0; n < o.nodes.size(); ++n) {

@@ -237,6 +237,11 @@ TEST_CASE("apply-plan stops before a shrink would drop the last copy of an exper
         std::string::npos);
   CHECK(Owned(y_admin) == y_before);  // y kept every expert
   CHECK(lines.text.find("placement applied") == std::string::npos);
+  // One endpoint given for two shards: refused before any node is asked.
+  options.nodes = {Address(y_admin), Address(y_admin)};
+  CHECK(tools::ApplyPlacement(options, {"0-1", "2-3"}, absl::Seconds(1), log).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(Owned(y_admin) == y_before);
 }
 
 TEST_CASE("a plan applied by restarting nodes one at a time, two per shard, fails no request and keeps the bits") {

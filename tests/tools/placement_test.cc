@@ -210,6 +210,13 @@ TEST_CASE("sizes and node lists parse") {
   CHECK((*addressed)[1].memory_bytes == int64_t{2} << 30);
   CHECK(!ParseNodes("", "1GiB", 0, "").ok());
   CHECK(!ParseNodes("4", "", 0, "").ok());
+  // Addresses the router's cluster file would refuse or read as one node.
+  CHECK(ParseNodes("nodeA,nodeB", "1GiB", 0, "").status().message().find("'nodeA' is not host:port") !=
+        absl::string_view::npos);
+  CHECK(!ParseNodes("10.0.0.1:99999", "1GiB", 0, "").ok());
+  CHECK(ParseNodes("10.0.0.1:5,10.0.0.1:5", "1GiB", 0, "").status().message().find("given twice") !=
+        absl::string_view::npos);
+  CHECK(ParseNodes("[::1]:5,10.0.0.1:5", "1GiB", 0, "").ok());
 }
 
 }  // namespace
