@@ -281,6 +281,12 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   if (o.batch_size < 1 || o.seq_len < 1 || o.concurrency < 1 || o.layers < 0) {
     return absl::InvalidArgumentError("--batch_size, --seq_len and --concurrency must be >= 1, --layers >= 0");
   }
+  if (!o.trace_path.empty() && o.trace_calls < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--trace_calls must be >= 1 with --trace, not ", o.trace_calls));
+  }
+  if (o.check_tokens > 0 && o.model_dir.empty() && o.local_model.empty()) {
+    return absl::InvalidArgumentError("--check needs --model DIR (the router's model)");
+  }
   // The target(s) and the model.
   Model model;
   std::unique_ptr<client::Client> client;
@@ -481,7 +487,6 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   absl::Status check = absl::OkStatus();
   if (o.check_tokens > 0) {
     const std::string dir = !o.model_dir.empty() ? o.model_dir : o.local_model;
-    if (dir.empty()) return absl::InvalidArgumentError("--check needs --model DIR (the router's model)");
     std::ostringstream ignored;
     check =
         Check(*targets[0], dir, model, layers, o.check_tokens, routing, o.seed, o.json ? ignored : out, &check_summary);
@@ -515,8 +520,9 @@ absl::Status RunLoadBench(const LoadBenchOptions& o, std::ostream& out) {
   out << absl::StrFormat("colibri-bench run: %s (%s, %s, d_model %d, %d layers, %d experts, top-%d)\n", target_name,
                          model.backend, model.weight_type, model.d_model, model.n_layers, model.n_experts, model.top_k);
   out << absl::StrFormat("workload: %d client(s) x %s, batch %d, seq_len %d, %d layers, %s routing, %.1f s\n",
-                         o.concurrency, engine != nullptr ? "in-process" : (o.unary ? "unary" : "stream"), o.batch_size,
-                         o.seq_len, layers, routing_name, elapsed);
+                         o.concurrency,
+                         engine != nullptr ? "in-process" : (o.unary || o.deadline_ms > 0 ? "unary" : "stream"),
+                         o.batch_size, o.seq_len, layers, routing_name, elapsed);
   out << absl::StrFormat("throughput: %.1f tokens/s through %d layers (%.1f layer calls/s)\n", tokens_per_s, layers,
                          calls_per_s);
   if (o.deadline_ms > 0) {

@@ -59,6 +59,15 @@ done
 "$build/tools/colibri-bench" run --router "$router" --model "$tmp/model" --concurrency 2 --batch_size 5 --seq_len 4 \
   --routing gate --check 4 --progress=false >"$tmp/run.txt" || { cat "$tmp/run.txt"; fail "answers off the reference"; }
 echo "ok: three nodes on the planned specs serve; $(grep '^check:' "$tmp/run.txt")"
+# colibri-bench run's usage errors come before the run.
+if "$build/tools/colibri-bench" run --router "$router" --trace "$tmp/t.json" --trace_calls -1 2>"$tmp/err"; then
+  fail "--trace_calls -1 accepted"
+fi
+grep -q -- "--trace_calls must be >= 1" "$tmp/err" || fail "--trace_calls -1: $(cat "$tmp/err")"
+if "$build/tools/colibri-bench" run --router "$router" --check 3 --duration 60 2>"$tmp/err" >/dev/null; then
+  fail "--check without --model accepted"
+fi
+grep -q -- "--check needs --model" "$tmp/err" || fail "--check without --model: $(cat "$tmp/err")"
 
 plan --nodes 3 --node_memory "$memory" --router "$router" >"$tmp/live.txt" || fail "no plan from the live router"
 grep -q "busiest node" "$tmp/live.txt" || fail "no plan from the live router"
