@@ -220,8 +220,10 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
   const int64_t k1 = l1.padded_cols, k2 = l2.padded_cols;  // padded d_model, d_ff
   const int64_t blocks1 = l1.num_blocks(), blocks2 = l2.num_blocks();
   const BlockKernelFn block_kernel = kernels.For(type);
-  const bool onednn_type = type == common::DType::kBF16 || type == common::DType::kF32;
   const int64_t onednn_min_tokens = OnednnMinTokens(options, kernels);
+  // A profile (or an explicit threshold) may name oneDNN where its matmul is missing: never there.
+  const bool onednn_type = (type == common::DType::kBF16 || type == common::DType::kF32) && onednn_min_tokens > 0 &&
+                           OnednnMatmulAvailable(type);
   const BlockKernelFn bf16_kernel = kernels.For(common::DType::kBF16);
   const TileKernelFn tile_kernel = kernels.TileFor(type);
   const TileKernelFn bf16_tiles = kernels.TileFor(common::DType::kBF16);  // AMX, where there are some

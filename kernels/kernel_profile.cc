@@ -487,9 +487,15 @@ KernelProfile MeasureProfile(Isa isa) {
 
   // bf16 (and f32) through oneDNN from some number of rows, where its bits
   // do not depend on how the executor's chunks cut the outputs.
-  std::string width_dependence;
+  std::string width_dependence;  // why not, if not
   for (DType type : {DType::kBF16, DType::kF32}) {
-    if (width_dependence.empty()) width_dependence = MatmulWidthDependence(OnednnMatmul, type, kSmallDim, kRows);
+    if (!OnednnMatmulAvailable(type)) {
+      width_dependence = absl::StrCat("oneDNN has no ", common::DTypeName(type), " matmul on this CPU");
+    } else if (width_dependence.empty()) {
+      if (std::string d = MatmulWidthDependence(OnednnMatmul, type, kSmallDim, kRows); !d.empty()) {
+        width_dependence = absl::StrCat("its bits depend on the width of a run (", d, ")");
+      }
+    }
   }
   if (width_dependence.empty()) {
     ExecutorOptions onednn = hand;
@@ -498,8 +504,7 @@ KernelProfile MeasureProfile(Isa isa) {
         MeasureThreshold(timer, bf16->weights, hand, onednn, "bf16 matmul", "hand-written", "oneDNN", &profile);
   } else {
     profile.onednn_min_tokens = 0;
-    profile.evidence.push_back(
-        absl::StrCat("oneDNN not used: its bits depend on the width of a run (", width_dependence, ")"));
+    profile.evidence.push_back(absl::StrCat("oneDNN not used: ", width_dependence));
   }
 
   // int8 / int4: their own kernels against tiles. bf16 tiles (dequantized)

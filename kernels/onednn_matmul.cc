@@ -68,6 +68,26 @@ const Cached& Lookup(const Key& key) {
 
 }  // namespace
 
+bool OnednnMatmulAvailable(common::DType type) {
+  const auto probe = [](common::DType t) {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const bool bf16 = t == common::DType::kBF16;
+    try {
+      const dnnl::memory::desc src({2, 64}, bf16 ? dt::bf16 : dt::f32, tag::ab);
+      const dnnl::memory::desc weights({64, 64}, bf16 ? dt::bf16 : dt::f32, bf16 ? tag::BA16a64b2a : tag::BA16a64b);
+      const dnnl::memory::desc dst({2, 64}, dt::f32, tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, dst), Engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  };
+  static const bool bf16 = probe(common::DType::kBF16);
+  static const bool f32 = probe(common::DType::kF32);
+  return type == common::DType::kBF16 ? bf16 : type == common::DType::kF32 && f32;
+}
+
 void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src, const void* weights,
                   float* dst, int64_t ldd) {
   const Cached& c = Lookup(Key{static_cast<int>(type), num_tokens, cols, n, ldd});

@@ -64,6 +64,23 @@ pid=""
 [ "$status" -eq 0 ] || fail "exit status $status after SIGTERM"
 grep -q "^I.*draining and stopping" "$tmp/err" || fail "no INFO line for the drain: $(cat "$tmp/err")"
 
+echo "--- oneDNN without a bf16 matmul (no AVX-512 for it): the profile is measured without it, not aborted"
+XDG_CACHE_HOME="$tmp/cache" ONEDNN_MAX_CPU_ISA=AVX2 COLIBRI_MAX_ISA=avx2 COLIBRI_KERNEL_PROFILE= \
+  "$build/expert_node/colibri-expert" --model "$tmp/model" --listen 127.0.0.1:0 --residency=paged >"$tmp/out" \
+  2>"$tmp/err" &
+pid=$!
+for _ in $(seq 1 1200); do
+  grep -q "listening on port" "$tmp/out" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || fail "colibri-expert exited early"
+  sleep 0.1
+done
+grep -q "kernels avx2: .*oneDNN never.*measured, cached" "$tmp/out" || fail "no measured profile without oneDNN"
+grep -q "evidence oneDNN not used: oneDNN has no bf16 matmul on this CPU" "$tmp/cache"/colibri/kernels-*.txt ||
+  fail "the profile does not say why oneDNN is not used: $(cat "$tmp/cache"/colibri/kernels-*.txt)"
+kill -TERM "$pid"
+wait "$pid" || fail "exit status $? after SIGTERM"
+pid=""
+
 echo "--- --log_format json: one object per line, levels; a bad format is refused"
 if "$build/expert_node/colibri-expert" --model "$tmp/model" --log_format xml 2>"$tmp/err"; then fail "took --log_format xml"; fi
 grep -q -- "--log_format 'xml'" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
