@@ -256,6 +256,13 @@ absl::StatusOr<std::unique_ptr<ExpertWeights>> ModelDir::LoadExpert(int64_t laye
   return weights;
 }
 
+absl::Status CheckIntact(const ExpertWeights& expert, absl::string_view remedy) {
+  if (expert.file == nullptr || !expert.file->faulted()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("layer ", expert.layer, " expert ", expert.expert, ": its weight file ",
+                                          expert.file->path(), " shrank while it was served from the page cache ",
+                                          "(changed in place): ", remedy));
+}
+
 absl::Status CopyExpertToMemory(ExpertWeights* e, const AnonymousMemory::Options& options) {
   const MappedFile& file = *e->file;
   COLIBRI_ASSIGN_OR_RETURN(auto copy, AnonymousMemory::Create(file.size(), options));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/anonymous_memory.h"
 #include "common/manifest.h"
 #include "common/mapped_file.h"
@@ -51,6 +52,12 @@ struct ExpertWeights {
   // What the views' q8_records point into, when they were built.
   std::vector<std::unique_ptr<AnonymousMemory>> q8_records;
 };
+
+// DATA_LOSS naming the expert and its file when that file shrank while it
+// was mapped (MappedFile::faulted: reads past its new end were given zeros,
+// so what was computed from it is wrong), ending with `remedy`; OK if not
+// (and for an expert copied to memory).
+absl::Status CheckIntact(const ExpertWeights& expert, absl::string_view remedy);
 
 // Copies the expert's file into anonymous memory (huge pages and/or one NUMA
 // node), points the views there and releases the file mapping. On failure

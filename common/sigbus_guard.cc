@@ -19,7 +19,12 @@ struct Slot {
 
 Slot g_slots[SigbusGuard::kSlots];
 
-void OnSigbus(int sig, siginfo_t* info, void* /*context*/) {
+// The SIGBUS handler in place before ours (the embedding program's), written
+// once, before ours is installed: faults not ours go to it.
+struct sigaction g_previous = {};
+std::atomic<int> g_previous_state{0};  // 0: not recorded; 1: being recorded; 2: recorded
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
   for (Slot& s : g_slots) {
     const uintptr_t begin = s.begin.load(std::memory_order_acquire);
@@ -33,7 +38,18 @@ void OnSigbus(int sig, siginfo_t* info, void* /*context*/) {
     }
     break;
   }
-  // Not ours (or no page to put there): the default action, as without the guard.
+  // Not ours (or no page to put there): the handler before ours, or the default action, as without the guard.
+  if (g_previous_state.load(std::memory_order_acquire) == 2) {
+    if ((g_previous.sa_flags & SA_SIGINFO) != 0 && g_previous.sa_sigaction != nullptr) {
+      g_previous.sa_sigaction(sig, info, context);
+      return;
+    }
+    if ((g_previous.sa_flags & SA_SIGINFO) == 0 && g_previous.sa_handler != SIG_DFL &&
+        g_previous.sa_handler != SIG_IGN) {
+      g_previous.sa_handler(sig);
+      return;
+    }
+  }
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -45,6 +61,10 @@ void InstallHandler() {
   if (::sigaction(SIGBUS, nullptr, &current) == 0 && (current.sa_flags & SA_SIGINFO) != 0 &&
       current.sa_sigaction == OnSigbus) {
     return;
+  }
+  if (int expected = 0; g_previous_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    g_previous = current;
+    g_previous_state.store(2, std::memory_order_release);
   }
   struct sigaction action = {};
   action.sa_sigaction = OnSigbus;

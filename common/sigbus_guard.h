@@ -6,11 +6,13 @@
 // file's new end raises SIGBUS, which kills a process by default. A guarded
 // range instead gets that page replaced by a page of zeros (the read goes on)
 // and is marked faulted; whoever computed from it checks Faulted() afterwards
-// and discards the result. Faults outside guarded ranges keep the default
-// action (the process dies, as it should for a bug).
+// and discards the result. Faults outside guarded ranges go to the SIGBUS
+// handler that was installed before this one (a program that links Colibri
+// keeps its own), else take the default action (the process dies, as it
+// should for a bug).
 //
-// Process-wide: Register installs a SIGBUS handler (SA_SIGINFO, chained to
-// no other) if it is not installed already. Register/Unregister/Faulted are thread-safe and
+// Process-wide: Register installs a SIGBUS handler (SA_SIGINFO) if it is not
+// installed already. Register/Unregister/Faulted are thread-safe and
 // lock-free; the handler is async-signal-safe (atomics and mmap). At most
 // kSlots ranges are guarded at once; beyond that Register returns -1 and the
 // range stays unguarded.

@@ -209,13 +209,7 @@ bool ComputeEngine::Run(absl::Span<const kernels::ExpertTask> tasks, const float
 absl::Status ComputeEngine::Check(bool completed, absl::Span<const kernels::ExpertTask> tasks) {
   if (!completed) return absl::CancelledError("the call was abandoned during compute (cancelled or past its deadline)");
   for (const kernels::ExpertTask& t : tasks) {
-    const common::ExpertWeights& e = *t.expert;
-    if (e.file != nullptr && e.file->faulted()) {
-      return absl::DataLossError(absl::StrCat(
-          "layer ", e.layer, " expert ", e.expert,
-          ": its weight file shrank while the node served it from the page cache (changed in place); the node "
-          "must be reloaded with intact files"));
-    }
+    COLIBRI_RETURN_IF_ERROR(common::CheckIntact(*t.expert, "the node must be reloaded with intact files"));
   }
   return absl::OkStatus();
 }

@@ -102,7 +102,11 @@ COLIBRI_EXPORT void colibri_options_init(colibri_options* options);
  * FAILED_PRECONDITION when lock_memory is set and the weights would not fit
  * in the memory limit of the process's cgroup (beside 256 MiB for the
  * process; checked before anything is locked), RESOURCE_EXHAUSTED when
- * memory runs out. Thread-safe. */
+ * memory runs out. Thread-safe. The weights stay mapped from their files: a
+ * file truncated in place later makes the calls that read it DATA_LOSS,
+ * naming it, never a crash or zeros. For that colibri_init installs a
+ * process-wide SIGBUS handler; a SIGBUS that is not such a file's goes on to
+ * the handler the program had before, else to the default action. */
 COLIBRI_EXPORT colibri_status colibri_init(const char* model_path, const colibri_options* options,
                                            colibri_engine** out);
 

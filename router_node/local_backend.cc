@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 
 namespace colibri {
 namespace router_node {
@@ -48,6 +49,10 @@ absl::Status LocalBackend::Compute(const LayerWork& work, float* contributions, 
   common::MutexLock lock(&mu_);
   const auto begin = std::chrono::steady_clock::now();
   kernels::RunExperts(*pool_, tasks, work.x, set->model().manifest().d_model, contributions, workspace_);
+  for (const kernels::ExpertTask& t : tasks) {  // a file truncated under the mapping gave zeros: not an answer
+    COLIBRI_RETURN_IF_ERROR(
+        common::CheckIntact(*t.expert, "open the engine again (or restart the router) with intact files"));
+  }
   if (stats != nullptr) {
     NodeCallRecord r;
     r.node = "local";

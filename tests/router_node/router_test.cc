@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <random>
 
@@ -273,6 +274,24 @@ TEST_CASE("Engine::Open refuses a missing or corrupt model directory with the re
   auto corrupt = Engine::Open(dir / "model", {});
   REQUIRE(!corrupt.ok());
   CHECK(corrupt.status().message().find("lut.bin") != absl::string_view::npos);
+}
+
+TEST_CASE("an engine whose mapped weight file shrank in place answers DATA_LOSS, not zeros") {
+  Fixture f(DType::kBF16);
+  const std::vector<int32_t> ids = {1, 2, 3};
+  const std::vector<float> x(3 * 48, 0.25f);
+  std::vector<float> out(x.size());
+  REQUIRE(f.engine->Forward(0, ids, x, absl::MakeSpan(out)).ok());
+  for (int e = 0; e < 8; ++e) {  // the header stays; every weight page is gone
+    const std::string file = f.model_dir + "/layer_000/expert_00" + std::to_string(e) + ".bin";
+    if (std::filesystem::exists(file)) std::filesystem::resize_file(file, 4096);
+  }
+  const absl::Status lost = f.engine->Forward(0, ids, x, absl::MakeSpan(out));
+  INFO(lost.message());
+  CHECK(lost.code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(lost.message(), "/layer_000/expert_00"));
+  CHECK(absl::StrContains(lost.message(), "shrank"));
+  CHECK(f.engine->Forward(1, ids, x, absl::MakeSpan(out)).ok());  // the other layer's files are intact
 }
 
 TEST_CASE("Engine::Open refuses locked weights that would pass the memory limit, before locking them") {
