@@ -21,7 +21,12 @@
  *
  * Thread safety: colibri_forward_batch, colibri_forward and
  * colibri_get_model_info may run concurrently on one engine from any number
- * of threads. colibri_free must not overlap any other call on that engine.
+ * of threads. colibri_free waits for the calls in progress on its engine;
+ * a call on an engine freed already (or being freed), or on a pointer that
+ * colibri_init or colibri_connect did not return, is INVALID_ARGUMENT, and
+ * a second colibri_free of it does nothing. (A freed handle's address may
+ * be given to a later engine, which such a stale handle then reaches: do
+ * not keep handles past colibri_free.)
  *
  * ABI: only colibri_* functions are exported. colibri_options and
  * colibri_direct_options carry their size so later versions can append
@@ -247,8 +252,9 @@ COLIBRI_EXPORT colibri_status colibri_get_shared_experts(const colibri_engine* e
 COLIBRI_EXPORT const char* colibri_last_error(const colibri_engine* engine);
 
 /* Releases the engine and its weights (a proxyless one: its channels and
- * health checks). NULL is a no-op. REQUIRES: no other
- * call on this engine is running or will start. */
+ * health checks), once the calls in progress on it have returned; calls
+ * that start meanwhile or later are INVALID_ARGUMENT. NULL, an engine freed
+ * already or a pointer that is not an engine: nothing happens. */
 COLIBRI_EXPORT void colibri_free(colibri_engine* engine);
 
 #ifdef __cplusplus

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <new>
 #include <string>
@@ -25,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 #include "router_node/colibri.h"
 #include "router_node/engine.h"
@@ -120,6 +122,79 @@ absl::Status NotNull(const void* pointer, absl::string_view name) {
   if (pointer != nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(name, " is NULL"));
 }
+
+// The engines colibri_init and colibri_connect returned that colibri_free has
+// not freed, with the calls in progress on each: a handle that is not one
+// (freed already, or never returned) is refused rather than used, and
+// colibri_free waits for the calls on its engine to return.
+class LiveEngines {
+ public:
+  void Add(const colibri_engine* engine) {
+    common::MutexLock lock(&mu_);
+    engines_[engine] = State();
+  }
+  // Counts a call on `engine`; false if it is not live or is being freed.
+  bool Enter(const colibri_engine* engine) {
+    common::MutexLock lock(&mu_);
+    const auto it = engines_.find(engine);
+    if (it == engines_.end() || it->second.freeing) return false;
+    ++it->second.calls;
+    return true;
+  }
+  void Leave(const colibri_engine* engine) {
+    common::MutexLock lock(&mu_);
+    --engines_[engine].calls;
+    left_.SignalAll();
+  }
+  // Refuses new calls on `engine`, waits for those in progress and forgets
+  // it; false if it is not live or another thread is freeing it.
+  bool Remove(const colibri_engine* engine) {
+    common::MutexLock lock(&mu_);
+    const auto it = engines_.find(engine);
+    if (it == engines_.end() || it->second.freeing) return false;
+    it->second.freeing = true;
+    while (it->second.calls > 0) left_.Wait(&mu_);
+    engines_.erase(it);
+    return true;
+  }
+
+ private:
+  struct State {
+    int64_t calls = 0;
+    bool freeing = false;
+  };
+  common::Mutex mu_;
+  common::CondVar left_;
+  std::map<const colibri_engine*, State> engines_ ABSL_GUARDED_BY(mu_);
+};
+
+LiveEngines& Live() {
+  static LiveEngines* live = new LiveEngines();  // never destroyed: engines may be freed at exit
+  return *live;
+}
+
+// One call on an engine, counted from construction to destruction if the
+// handle is live; status() says why not otherwise.
+class EngineCall {
+ public:
+  explicit EngineCall(const colibri_engine* engine)
+      : engine_(engine), live_(engine != nullptr && Live().Enter(engine)) {}
+  ~EngineCall() {
+    if (live_) Live().Leave(engine_);
+  }
+  EngineCall(const EngineCall&) = delete;
+  EngineCall& operator=(const EngineCall&) = delete;
+  absl::Status status() const {
+    if (live_) return absl::OkStatus();
+    if (engine_ == nullptr) return absl::InvalidArgumentError("engine is NULL");
+    return absl::InvalidArgumentError(
+        "engine is not a live engine: freed by colibri_free, or not returned by colibri_init or colibri_connect");
+  }
+
+ private:
+  const colibri_engine* const engine_;
+  const bool live_;
+};
 
 // The caller's options over the defaults; a field the caller's struct_size
 // does not cover keeps its default.
@@ -243,7 +318,6 @@ absl::StatusOr<router_node::ForwardOutput> RunForward(colibri_engine* engine, co
 // Checks shared by both forward calls. After it, n_tokens * d_model and
 // n_tokens * top_k fit easily (max_tokens <= 2^24, d_model <= 2^20).
 absl::Status CheckBatch(const colibri_engine* engine, int64_t n_tokens) {
-  COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
   if (n_tokens < 0) return absl::InvalidArgumentError(absl::StrCat("n_tokens ", n_tokens, " is negative"));
   const int64_t max_tokens = engine->router->max_tokens();
   if (n_tokens > max_tokens) {
@@ -298,6 +372,7 @@ colibri_status colibri_init(const char* model_path, const colibri_options* optio
     std::unique_ptr<colibri::Engine> engine = *std::move(opened);
     colibri::router_node::Router* router = &engine->router();
     *out = new colibri_engine{std::move(engine), {}, router, absl::ZeroDuration()};
+    colibri::Live().Add(*out);
     return absl::OkStatus();
   });
 }
@@ -327,6 +402,7 @@ colibri_status colibri_connect(const char* model_path, const colibri_direct_opti
     auto engine = std::make_unique<colibri_engine>();
     COLIBRI_RETURN_IF_ERROR(colibri::ConnectDirect(model_path, options, engine.get()));
     *out = engine.release();
+    colibri::Live().Add(*out);
     return absl::OkStatus();
   });
 }
@@ -344,6 +420,8 @@ colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t ro
                                float* routes_out_weights) {
   return Guarded([&]() -> absl::Status {
     namespace rn = colibri::router_node;
+    const colibri::EngineCall call(engine);
+    COLIBRI_RETURN_IF_ERROR(call.status());
     COLIBRI_RETURN_IF_ERROR(colibri::CheckBatch(engine, n_tokens));
     COLIBRI_ASSIGN_OR_RETURN(const colibri::common::RoutingMode mode, colibri::ToRoutingMode(routing));
     if (n_tokens == 0) {
@@ -398,7 +476,8 @@ colibri_status colibri_forward(colibri_engine* engine, int32_t layer, int32_t ro
 
 colibri_status colibri_get_model_info(const colibri_engine* engine, colibri_model_info* out) {
   return Guarded([&]() -> absl::Status {
-    COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    const colibri::EngineCall call(engine);
+    COLIBRI_RETURN_IF_ERROR(call.status());
     COLIBRI_RETURN_IF_ERROR(NotNull(out, "out"));
     const colibri::router_node::Router& router = *engine->router;
     const colibri::common::Manifest& m = router.manifest();
@@ -419,7 +498,8 @@ colibri_status colibri_get_model_info(const colibri_engine* engine, colibri_mode
 
 colibri_status colibri_get_shared_experts(const colibri_engine* engine, int64_t* count, int64_t* d_ff) {
   return Guarded([&]() -> absl::Status {
-    COLIBRI_RETURN_IF_ERROR(NotNull(engine, "engine"));
+    const colibri::EngineCall call(engine);
+    COLIBRI_RETURN_IF_ERROR(call.status());
     COLIBRI_RETURN_IF_ERROR(NotNull(count, "count"));
     COLIBRI_RETURN_IF_ERROR(NotNull(d_ff, "d_ff"));
     const colibri::common::Manifest& m = engine->router->manifest();
@@ -432,8 +512,10 @@ colibri_status colibri_get_shared_experts(const colibri_engine* engine, int64_t*
 const char* colibri_last_error(const colibri_engine* /*engine*/) { return colibri::last_error; }
 
 void colibri_free(colibri_engine* engine) {
+  // NULL, freed already (or being freed) or not an engine: nothing to free.
+  if (engine == nullptr || !colibri::Live().Remove(engine)) return;
   // A merged call whose callers gave up (call_timeout_ms) may still use the nodes' backend.
-  if (engine != nullptr && engine->remote.router != nullptr) colibri::router_node::AwaitIdle(engine->remote);
+  if (engine->remote.router != nullptr) colibri::router_node::AwaitIdle(engine->remote);
   delete engine;
 }
 

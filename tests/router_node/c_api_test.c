@@ -57,6 +57,25 @@ static int RunWorker(void* arg) {
   return 0;
 }
 
+/* Calls until one is refused because the engine was freed: each before
+ * that must reproduce `want`; `ok` says whether all did and one was refused. */
+static int CallUntilFreed(void* arg) {
+  Worker* w = (Worker*)arg;
+  float* y = malloc(sizeof(float) * w->values);
+  int round;
+  w->ok = 0;
+  for (round = 0; y != NULL && round < 100000; ++round) {
+    const colibri_status s = colibri_forward_batch(w->engine, 0, w->ids, w->n_tokens, w->x, y);
+    if (s == COLIBRI_INVALID_ARGUMENT && strstr(colibri_last_error(NULL), "not a live engine") != NULL) {
+      w->ok = 1;
+      break;
+    }
+    if (s != COLIBRI_OK || memcmp(y, w->want, sizeof(float) * w->values) != 0) break;
+  }
+  free(y);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   enum { kTokens = 6 };
   char missing[4096];
@@ -195,7 +214,31 @@ int main(int argc, char** argv) {
   CheckError(s, COLIBRI_INVALID_ARGUMENT, "engine", "a NULL engine is refused");
   Check(memcmp(y2, sentinel, sizeof(float) * values) == 0, "no failed call wrote hidden_out");
 
+  /* colibri_free waits for the calls in progress; calls after it are refused. */
+  {
+    enum { kThreads = 3 };
+    thrd_t threads[kThreads];
+    Worker workers[kThreads];
+    int t, all_ok = colibri_forward_batch(engine, 0, ids, kTokens, x, y3) == COLIBRI_OK;
+    for (t = 0; t < kThreads; ++t) {
+      Worker w = {engine, ids, kTokens, x, y3, values, 0, 0};
+      workers[t] = w;
+      if (thrd_create(&threads[t], CallUntilFreed, &workers[t]) != thrd_success) return 1;
+    }
+    thrd_sleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
+    colibri_free(engine);
+    for (t = 0; t < kThreads; ++t) {
+      thrd_join(threads[t], NULL);
+      all_ok = all_ok && workers[t].ok;
+    }
+    Check(all_ok, "colibri_free during calls: each call before it is right, every call after it refused");
+  }
+  s = colibri_get_model_info(engine, &info);
+  CheckError(s, COLIBRI_INVALID_ARGUMENT, "not a live engine", "colibri_get_model_info on a freed engine is refused");
   colibri_free(engine);
+  Check(1, "a second colibri_free of an engine does nothing");
+  s = colibri_forward_batch((colibri_engine*)&failures, 0, ids, kTokens, x, y2);
+  CheckError(s, COLIBRI_INVALID_ARGUMENT, "not a live engine", "a pointer that is not an engine is refused");
 
   /* Options: struct_size 0 is refused; a field struct_size does not cover
    * takes its default; a covered max_tokens is applied. */
