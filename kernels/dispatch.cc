@@ -193,8 +193,9 @@ std::string IsaName(Isa isa) {
 }
 
 absl::StatusOr<Isa> ParseIsa(const std::string& name) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
   for (Isa isa : kIsas) {
-    if (absl::AsciiStrToLower(name) == IsaName(isa)) return isa;
+    if (lower == IsaName(isa)) return isa;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown ISA '", name, "' (expected scalar, avx2, avx512, avx512_bf16 or avx512_amx)"));

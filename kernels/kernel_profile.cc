@@ -16,6 +16,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -573,10 +574,14 @@ absl::StatusOr<KernelProfile> ParseProfile(const std::string& text, Isa isa) {
   int line_number = 0;
   std::optional<int64_t> int8_records, int4_records;  // optional keys
   std::set<std::string> seen;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+  for (absl::string_view raw : absl::StrSplit(text, '\n')) {
     ++line_number;
-    const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits(' ', 1));
-    const auto& [key, value] = kv;
+    // A file written by hand may end its lines in "\r\n" or spaces.
+    const absl::string_view line = absl::StripAsciiWhitespace(raw);
+    if (line.empty()) continue;
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, absl::MaxSplits(' ', 1));
+    const std::string key(kv.first);
+    const std::string value(absl::StripAsciiWhitespace(kv.second));
     auto bad = [&] { return absl::InvalidArgumentError(absl::StrCat("line ", line_number, " '", line, "'")); };
     int64_t number = 0;
     if (key == "evidence") {

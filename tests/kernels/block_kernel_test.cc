@@ -560,6 +560,7 @@ TEST_CASE("ISA names parse and the cap never exceeds the CPU") {
     CHECK(*parsed == isa);
   }
   CHECK_FALSE(ParseIsa("sse9").ok());
+  CHECK(*ParseIsa(" AVX2\n") == Isa::kAvx2);  // as an environment variable may carry it
   CHECK(SelectedKernels().isa <= DetectIsa());
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
     CHECK(SelectedKernels().For(type) != nullptr);

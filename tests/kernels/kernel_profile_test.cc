@@ -10,6 +10,7 @@
 #include <fstream>
 #include <tuple>
 
+#include "absl/strings/str_replace.h"
 #include "catch2/catch.hpp"
 #include "tests/test_util.h"
 
@@ -51,6 +52,12 @@ TEST_CASE("a kernel profile survives its file format") {
   CHECK_THAT(DescribeProfile(*parsed), Catch::Contains("int8 tiles never (2 with records)"));
   CHECK_THAT(DescribeProfile(*parsed), Catch::Contains("from 16 rows (8 with records)"));
   CHECK(parsed->evidence == p.evidence);
+  // Written by hand (a pinned ConfigMap): "\r\n" line ends and spaces read the same.
+  const std::string crlf = absl::StrReplaceAll(SerializeProfile(p), {{"\n", " \r\n"}});
+  auto by_hand = ParseProfile(" " + crlf, Isa::kAvx512Bf16);
+  INFO(by_hand.status().message());
+  REQUIRE(by_hand.ok());
+  CHECK(SerializeProfile(*by_hand) == SerializeProfile(*parsed));
   CHECK(ProfiledTable(*parsed).For(common::DType::kBF16) == BlockBf16Avx512);
   CHECK(ProfiledTable(*parsed).For(common::DType::kInt8) == BlockInt8Avx512Vnni);
   CHECK(ProfiledTable(*parsed).For(common::DType::kInt4) == BlockInt4Avx512);
