@@ -214,6 +214,13 @@ absl::StatusOr<Engine::Options> ToEngineOptions(const colibri_options* given) {
     if (COLIBRI_GIVEN(max_tokens)) o.max_tokens = given->max_tokens;
 #undef COLIBRI_GIVEN
   }
+  if (o.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.threads ", o.threads, " is negative (0: one per allowed CPU)"));
+  }
+  if (o.numa_node < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("options.numa_node ", o.numa_node, " is below -1 (-1: none)"));
+  }
   Engine::Options options;
   options.threads = o.threads;
   options.numa_node = o.numa_node;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/host_port.h"
 #include "common/log_line.h"
 #include "common/small_file.h"
 #include "common/status_macros.h"
@@ -158,9 +159,7 @@ absl::Status RemoteBackend::SetAddresses(const std::vector<std::string>& address
   auto topo = std::make_shared<Topology>();
   std::set<std::string> seen;
   for (const std::string& a : addresses) {
-    if (a.empty() || a.find(':') == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("expert node address '", a, "' is not host:port"));
-    }
+    COLIBRI_RETURN_IF_ERROR(common::CheckHostPort(a, "expert node address"));
     if (!seen.insert(a).second) continue;
     if (auto it = existing.find(a); it != existing.end()) {
       topo->nodes.push_back(it->second);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/host_port.h"
 #include "common/model_dir.h"
 #include "common/status_macros.h"
 
@@ -103,13 +104,7 @@ absl::Status CheckAddresses(const std::vector<PlanNode>& nodes) {
   std::set<std::string> seen;
   for (const PlanNode& node : nodes) {
     if (node.address.empty()) continue;
-    const size_t colon = node.address.rfind(':');
-    int port = 0;
-    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(node.address.substr(colon + 1), &port) ||
-        port < 1 || port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("node address '", node.address,
-                                                     "' is not host:port (the router would refuse the cluster file)"));
-    }
+    COLIBRI_RETURN_IF_ERROR(common::CheckHostPort(node.address, "node address"));
     if (!seen.insert(node.address).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("node address '", node.address, "' is given twice: one node serves one shard"));

@@ -191,6 +191,9 @@ int main(int argc, char** argv) {
   options.nodes = "not-an-address";
   CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "not-an-address",
              "a node address that is not host:port");
+  options.nodes = "127.0.0.1:abc";
+  CheckError(colibri_connect(model, &options, &direct), COLIBRI_INVALID_ARGUMENT, "port must be a number",
+             "a node address whose port is not a number");
   colibri_direct_options_init(&options, sizeof(options));
   options.nodes = nodes;
   CheckError(colibri_connect(NULL, &options, &direct), COLIBRI_INVALID_ARGUMENT, "model_path",

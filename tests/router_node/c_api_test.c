@@ -247,6 +247,14 @@ int main(int argc, char** argv) {
   s = colibri_init(argv[1], &options, &engine);
   CheckError(s, COLIBRI_INVALID_ARGUMENT, "struct_size", "options.struct_size 0 is refused");
   colibri_options_init(&options);
+  options.threads = -3;
+  s = colibri_init(argv[1], &options, &engine);
+  CheckError(s, COLIBRI_INVALID_ARGUMENT, "options.threads -3", "a negative thread count is refused, naming the field");
+  colibri_options_init(&options);
+  options.numa_node = -5;
+  s = colibri_init(argv[1], &options, &engine);
+  CheckError(s, COLIBRI_INVALID_ARGUMENT, "options.numa_node -5", "a NUMA node below -1 is refused, naming the field");
+  colibri_options_init(&options);
   options.max_tokens = 0;
   s = colibri_init(argv[1], &options, &engine);
   CheckError(s, COLIBRI_INVALID_ARGUMENT, "(options.max_tokens)", "max_tokens 0 is refused, naming the C field");
