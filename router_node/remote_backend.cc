@@ -292,7 +292,11 @@ void RemoteBackend::HealthRound() {
     Node& node = *topo->nodes[i];
     const v1::GetNodeInfoResponse& info = probes[i].response;
     std::string error;
-    if (!probes[i].status.ok()) {
+    if (probes[i].status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      error =
+          absl::StrCat("health check: it does not serve colibri.v1.ExpertNode (a router, or another server?) (code ",
+                       static_cast<int>(grpc::StatusCode::UNIMPLEMENTED), ")");
+    } else if (!probes[i].status.ok()) {
       error = absl::StrCat("health check: ", probes[i].status.error_message(), " (code ",
                            static_cast<int>(probes[i].status.error_code()), ")");
     } else if (info.state() != v1::LOAD_STATE_READY) {
