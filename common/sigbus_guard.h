@@ -7,11 +7,14 @@
 // range instead gets that page replaced by a page of zeros (the read goes on)
 // and is marked faulted; whoever computed from it checks Faulted() afterwards
 // and discards the result. Faults outside guarded ranges go to the SIGBUS
-// handler that was installed before this one (a program that links Colibri
-// keeps its own), else take the default action (the process dies, as it
-// should for a bug).
+// handler this one displaced (a program that links Colibri keeps its own,
+// installed before the first Register or after it: Register installs the
+// guard's again and keeps the program's as the one to pass faults on to),
+// called as the kernel would (its mask, SA_NODEFER, SA_RESETHAND), else take
+// the default action (the process dies, as it should for a bug).
 //
-// Process-wide: Register installs a SIGBUS handler (SA_SIGINFO) if it is not
+// Process-wide: Register installs a SIGBUS handler (SA_SIGINFO, SA_ONSTACK:
+// a Go program's handler must run on the signal stack) if it is not
 // installed already. Register/Unregister/Faulted are thread-safe and
 // lock-free; the handler is async-signal-safe (atomics and mmap). At most
 // kSlots ranges are guarded at once; beyond that Register returns -1 and the

@@ -178,18 +178,13 @@ int64_t ExpertStore::ResidentBytes() const {
   for (const auto* set : {&current_, &previous_}) {
     if (*set != nullptr) bytes += static_cast<int64_t>((*set)->resident_bytes());
   }
-  for (const auto& [set, resident] : retired_) {
-    if (!set.expired()) bytes += resident;
-  }
-  return bytes;
+  return bytes + retired_bytes_->load();
 }
 
 void ExpertStore::Retire(const std::shared_ptr<const WeightSet>& set) {
-  retired_.erase(std::remove_if(retired_.begin(), retired_.end(), [](const auto& r) { return r.first.expired(); }),
-                 retired_.end());
-  if (set != nullptr && set->resident_bytes() > 0) {
-    retired_.emplace_back(set, static_cast<int64_t>(set->resident_bytes()));
-  }
+  if (set == nullptr || set->resident_bytes() == 0) return;
+  retired_bytes_->fetch_add(static_cast<int64_t>(set->resident_bytes()));
+  set->retired_bytes_ = retired_bytes_;  // the deleter (Load) takes them off once the set is freed
 }
 
 absl::Status ExpertStore::CheckMemory(int64_t resident, int64_t held, const std::string& what) const {
@@ -366,7 +361,14 @@ absl::Status ExpertStore::LockAll(WeightSet* set, const std::vector<LockRange>& 
 absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(
     std::unique_ptr<common::ModelDir> model, const ShardSpec& shard, uint64_t version, int64_t held,
     const std::set<std::pair<uint64_t, uint64_t>>& mapped) const {
-  auto set = std::make_shared<WeightSet>();
+  // Freed whole (the locking thread joined, mappings and copies released)
+  // before a retired set's bytes leave the count.
+  std::shared_ptr<WeightSet> set(new WeightSet(), [](WeightSet* done) {
+    const std::shared_ptr<std::atomic<int64_t>> retired = std::move(done->retired_bytes_);
+    const int64_t bytes = static_cast<int64_t>(done->resident_bytes());
+    delete done;
+    if (retired != nullptr) retired->fetch_sub(bytes);
+  });
   set->version_ = version;
   set->model_ = std::move(model);
   const common::Manifest& m = set->model_->manifest();

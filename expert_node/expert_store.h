@@ -139,6 +139,10 @@ class WeightSet {
   std::atomic<bool> stop_locking_{false};
   std::thread locker_;
   mutable common::Notification lock_done_;
+  // Set when the store retires this set (ExpertStore::Retire): its deleter
+  // takes resident_bytes() off the count once the set, its mappings and
+  // copies are gone.
+  mutable std::shared_ptr<std::atomic<int64_t>> retired_bytes_;
 };
 
 class ExpertStore {
@@ -220,7 +224,7 @@ class ExpertStore {
                                                         uint64_t version, int64_t held,
                                                         const std::set<std::pair<uint64_t, uint64_t>>& mapped) const;
   std::set<std::pair<uint64_t, uint64_t>> MappedFiles() const;  // of the sets served, where not copied
-  // Keeps track of a set replaced (not served any more) while calls hold it.
+  // Counts a set replaced (not served any more) as held until it is freed.
   void Retire(const std::shared_ptr<const WeightSet>& set) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION when `resident` new bytes beside `held` pass the memory limit.
   absl::Status CheckMemory(int64_t resident, int64_t held, const std::string& what) const;
@@ -255,9 +259,10 @@ class ExpertStore {
   std::string previous_dir_ ABSL_GUARDED_BY(mu_);
   ShardSpec previous_shard_ ABSL_GUARDED_BY(mu_);
   int64_t max_d_model_ ABSL_GUARDED_BY(mu_) = 0;
-  // Replaced sets with their resident_bytes(), while a call still holds them
-  // (no reference is kept: the last holder frees them on its own thread).
-  std::vector<std::pair<std::weak_ptr<const WeightSet>, int64_t>> retired_ ABSL_GUARDED_BY(mu_);
+  // The resident_bytes() of replaced sets not freed yet (a call in flight
+  // holds them; the last holder frees them on its own thread). Shared with
+  // those sets' deleters, which may run after the store is gone.
+  const std::shared_ptr<std::atomic<int64_t>> retired_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<int64_t> memory_reserve_;
 };
 

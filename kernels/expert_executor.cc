@@ -166,7 +166,8 @@ int64_t OnednnMinTokens(const ExecutorOptions& options, const KernelTable& kerne
 int64_t RowSplitLimit(const ExecutorOptions& options, const KernelTable& kernels, common::DType type, bool records) {
   const int64_t tiles = TileMinTokens(options, kernels, type, records);
   if (type != common::DType::kBF16 && type != common::DType::kF32) return tiles;
-  const int64_t onednn = OnednnMinTokens(options, kernels);
+  int64_t onednn = OnednnMinTokens(options, kernels);
+  if (onednn > 0 && !OnednnMatmulAvailable(type)) onednn = 0;  // never taken there (Plan)
   return tiles > 0 && onednn > 0 ? std::min(tiles, onednn) : std::max(tiles, onednn);
 }
 

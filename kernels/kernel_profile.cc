@@ -488,14 +488,13 @@ KernelProfile MeasureProfile(Isa isa) {
 
   // bf16 (and f32) through oneDNN from some number of rows, where its bits
   // do not depend on how the executor's chunks cut the outputs.
-  std::string width_dependence;  // why not, if not
+  std::string width_dependence;  // why not, if not: the first reason found
   for (DType type : {DType::kBF16, DType::kF32}) {
+    if (!width_dependence.empty()) break;
     if (!OnednnMatmulAvailable(type)) {
-      width_dependence = absl::StrCat("oneDNN has no ", common::DTypeName(type), " matmul on this CPU");
-    } else if (width_dependence.empty()) {
-      if (std::string d = MatmulWidthDependence(OnednnMatmul, type, kSmallDim, kRows); !d.empty()) {
-        width_dependence = absl::StrCat("its bits depend on the width of a run (", d, ")");
-      }
+      width_dependence = absl::StrCat("oneDNN has no optimized ", common::DTypeName(type), " matmul on this CPU");
+    } else if (std::string d = MatmulWidthDependence(OnednnMatmul, type, kSmallDim, kRows); !d.empty()) {
+      width_dependence = absl::StrCat("its bits depend on the width of a run (", d, ")");
     }
   }
   if (width_dependence.empty()) {

@@ -29,9 +29,10 @@ namespace kernels {
 void OnednnMatmul(common::DType type, int64_t num_tokens, int64_t cols, int64_t n, const void* src, const void* weights,
                   float* dst, int64_t ldd);
 
-// Whether oneDNN has a matmul for `type` (kBF16 or kF32) on this CPU: its
-// bf16 matmul needs AVX-512, which a CPU, a VM or ONEDNN_MAX_CPU_ISA may not
-// give. Asked once per type (a primitive descriptor of a small shape), then
+// Whether oneDNN has an optimized matmul for `type` (kBF16 or kF32) on this
+// CPU, not only its reference loops: its bf16 matmul needs AVX-512 (with
+// bf16 for more than the reference), which a CPU, a VM or ONEDNN_MAX_CPU_ISA
+// may not give. Asked once per type (a primitive descriptor of a small shape), then
 // cached. Where false, OnednnMatmul must not be called for that type.
 bool OnednnMatmulAvailable(common::DType type);
 

@@ -104,14 +104,16 @@ COLIBRI_EXPORT void colibri_options_init(colibri_options* options);
  * owns and must pass to colibri_free. On failure *out is NULL (if `out` is
  * not) and the status is NOT_FOUND for a missing file, DATA_LOSS for a
  * checksum mismatch, INVALID_ARGUMENT for a malformed file or option,
- * FAILED_PRECONDITION when lock_memory is set and the weights would not fit
+ * FAILED_PRECONDITION when lock_memory is set (or numa_node, which copies
+ * the weights) and the weights would not fit
  * in the memory limit of the process's cgroup (beside 256 MiB for the
  * process; checked before anything is locked), RESOURCE_EXHAUSTED when
  * memory runs out. Thread-safe. The weights stay mapped from their files: a
  * file truncated in place later makes the calls that read it DATA_LOSS,
- * naming it, never a crash or zeros. For that colibri_init installs a
- * process-wide SIGBUS handler; a SIGBUS that is not such a file's goes on to
- * the handler the program had before, else to the default action. */
+ * naming it, never a crash or zeros. For that colibri_init (and
+ * colibri_connect, for the routing files) installs a process-wide SIGBUS
+ * handler; a SIGBUS that is not such a file's goes on to the program's own
+ * handler (installed before or after), else to the default action. */
 COLIBRI_EXPORT colibri_status colibri_init(const char* model_path, const colibri_options* options,
                                            colibri_engine** out);
 

@@ -242,6 +242,7 @@ absl::Status InRange(int64_t value, int64_t lo, int64_t hi, absl::string_view fi
 const runtime::OptionFlags kInitFields = {
     {"RouterOptions::max_tokens", "options.max_tokens"},
     {"ThreadPool::Options::numa_node", "options.numa_node"},
+    {"Engine::Options::lock_memory, hugepages and numa_node", "options.lock_memory and options.numa_node"},
 };
 const runtime::OptionFlags kDirectFields = {
     {"RemoteOptions::addresses", "options.nodes"},

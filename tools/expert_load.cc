@@ -20,7 +20,7 @@ absl::Status AddLoadFile(const std::string& path, int64_t shared_experts, Expert
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the load file ", path));
   constexpr char kMetric[] = "colibri_router_expert_tokens_total";
-  const std::regex metric(R"(^colibri_router_expert_tokens_total\{(.*)\}\s+([0-9.eE+]+)\s*$)");
+  const std::regex metric(R"(^colibri_router_expert_tokens_total\{(.*)\}\s+([0-9.eE+]+)(\s+-?\d+)?\s*$)");
   // Any other sample of a Prometheus page (a name, labels, a value, a time): skipped.
   const std::regex other_sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?\s+\S+(\s+\S+)?\s*$)");
   const std::regex layer_label(R"(layer="(\d+)\")"), expert_label(R"(expert="(\d+)\")");
@@ -31,6 +31,10 @@ absl::Status AddLoadFile(const std::string& path, int64_t shared_experts, Expert
   while (std::getline(in, line)) {
     ++number;
     if (line.empty() || line[0] == '#') continue;
+    if (line.size() > 4096) {  // no sample is that long (std::regex would recurse through it)
+      return absl::InvalidArgumentError(
+          absl::StrCat("load file ", path, " line ", number, ": ", line.size(), " characters, more than any sample"));
+    }
     int64_t layer = -1, expert = -1;
     double count = -1;
     std::smatch m, l, e;

@@ -145,7 +145,9 @@ absl::StatusOr<std::vector<PlanNode>> ParseNodeList(const std::string& nodes, co
   std::vector<std::string> addresses;
   int64_t count = 0;
   if (!absl::SimpleAtoi(nodes, &count)) {
-    addresses = absl::StrSplit(nodes, ',', absl::SkipWhitespace());
+    for (absl::string_view a : absl::StrSplit(nodes, ',', absl::SkipWhitespace())) {
+      addresses.emplace_back(absl::StripAsciiWhitespace(a));
+    }
     count = static_cast<int64_t>(addresses.size());
   }
   if (count <= 0 || count > 4096) {

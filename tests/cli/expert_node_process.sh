@@ -75,7 +75,7 @@ for _ in $(seq 1 1200); do
   sleep 0.1
 done
 grep -q "kernels avx2: .*oneDNN never.*measured, cached" "$tmp/out" || fail "no measured profile without oneDNN"
-grep -q "evidence oneDNN not used: oneDNN has no bf16 matmul on this CPU" "$tmp/cache"/colibri/kernels-*.txt ||
+grep -q "evidence oneDNN not used: oneDNN has no optimized bf16 matmul on this CPU" "$tmp/cache"/colibri/kernels-*.txt ||
   fail "the profile does not say why oneDNN is not used: $(cat "$tmp/cache"/colibri/kernels-*.txt)"
 kill -TERM "$pid"
 wait "$pid" || fail "exit status $? after SIGTERM"

@@ -82,6 +82,12 @@ grep -q '^exposer_' "$tmp/metrics.txt" || fail "no exporter metric on the page"
 plan --nodes 3 --node_memory "$memory" --load "$tmp/metrics.txt" >"$tmp/by_metrics.txt" ||
   { cat "$tmp/by_metrics.txt"; fail "no plan from the router's saved /metrics page"; }
 echo "ok: planned from the router's saved /metrics page"
+# Samples with timestamps (a federated page) read the same.
+sed 's/^\(colibri_router_expert_tokens_total{.*} [0-9.e+]*\)$/\1 1733400000000/' "$tmp/metrics.txt" >"$tmp/stamped.txt"
+grep -q '^colibri_router_expert_tokens_total{.* 1733400000000$' "$tmp/stamped.txt" || fail "no timestamped sample"
+plan --nodes 3 --node_memory "$memory" --load "$tmp/stamped.txt" >"$tmp/by_stamped.txt" ||
+  { cat "$tmp/by_stamped.txt"; fail "no plan from a page with timestamps"; }
+cmp -s <(grep busiest "$tmp/by_metrics.txt") <(grep busiest "$tmp/by_stamped.txt") || fail "timestamps changed the plan"
 # Cut short: inside a sample, or after one.
 head -c "$(($(grep -b -m1 'expert="5",layer="1"' "$tmp/metrics.txt" | cut -d: -f1) + 45))" "$tmp/metrics.txt" \
   >"$tmp/cut.txt"

@@ -217,6 +217,9 @@ TEST_CASE("sizes and node lists parse") {
   CHECK(ParseNodes("10.0.0.1:5,10.0.0.1:5", "1GiB", 0, "").status().message().find("given twice") !=
         absl::string_view::npos);
   CHECK(ParseNodes("[::1]:5,10.0.0.1:5", "1GiB", 0, "").ok());
+  CHECK(ParseNodes("10.0.0.1:5, 10.0.0.1:5", "1GiB", 0, "").status().message().find("given twice") !=
+        absl::string_view::npos);
+  CHECK((*ParseNodes(" 10.0.0.1:5 ,10.0.0.2:5", "1GiB", 0, ""))[0].address == "10.0.0.1:5");
 }
 
 }  // namespace
