@@ -12,6 +12,23 @@ pid=""
 cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; cat "$tmp/out" "$tmp/err" 2>/dev/null; exit 1; }
+# start_node WAIT_TENTHS WHAT ARGS...: colibri-expert ARGS in the background
+# (pid in $pid, stdout and stderr in $tmp/out and err), once it printed its
+# port. The files are removed first: the background job truncates them only
+# after the fork, so a wait could otherwise read an earlier run's port line.
+start_node() {
+  local tenths=$1 what=$2
+  shift 2
+  rm -f "$tmp/out" "$tmp/err"
+  "$build/expert_node/colibri-expert" "$@" >"$tmp/out" 2>"$tmp/err" &
+  pid=$!
+  for _ in $(seq 1 "$tenths"); do
+    grep -q "listening on port" "$tmp/out" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || fail "colibri-expert exited early ($what)"
+    sleep 0.1
+  done
+  fail "no port printed ($what)"
+}
 
 "$build/tools/colibri-synth" --out "$tmp/ckpt" --d_model 64 --d_ff 96 --layers 2 --experts 4 --vocab 50 --dtype bf16 >/dev/null
 "$build/tools/colibri-convert" --checkpoint "$tmp/ckpt" --out "$tmp/model" --weight_type int8 --progress=false >/dev/null
@@ -42,14 +59,7 @@ fi
 grep -q -- "(--max_queued_calls) 0 must be at least 1" "$tmp/err" || fail "unclear error: $(cat "$tmp/err")"
 
 echo "--- start, SIGHUP, SIGTERM"
-"$build/expert_node/colibri-expert" --model "$tmp/model" --experts "layer:1/expert:0-1" --listen 127.0.0.1:0 \
-  --residency=paged >"$tmp/out" 2>"$tmp/err" &
-pid=$!
-for _ in $(seq 1 100); do
-  grep -q "listening on port" "$tmp/out" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || fail "colibri-expert exited early"
-  sleep 0.1
-done
+start_node 100 "SIGHUP" --model "$tmp/model" --experts "layer:1/expert:0-1" --listen 127.0.0.1:0 --residency=paged
 port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/out")
 [ -n "$port" ] && [ "$port" -gt 0 ] || fail "no port printed"
 echo "listening on port $port"
@@ -66,14 +76,7 @@ grep -q "^I.*draining and stopping" "$tmp/err" || fail "no INFO line for the dra
 
 echo "--- oneDNN without a bf16 matmul (no AVX-512 for it): the profile is measured without it, not aborted"
 XDG_CACHE_HOME="$tmp/cache" ONEDNN_MAX_CPU_ISA=AVX2 COLIBRI_MAX_ISA=avx2 COLIBRI_KERNEL_PROFILE= \
-  "$build/expert_node/colibri-expert" --model "$tmp/model" --listen 127.0.0.1:0 --residency=paged >"$tmp/out" \
-  2>"$tmp/err" &
-pid=$!
-for _ in $(seq 1 1200); do
-  grep -q "listening on port" "$tmp/out" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || fail "colibri-expert exited early"
-  sleep 0.1
-done
+  start_node 1200 "no oneDNN matmul" --model "$tmp/model" --listen 127.0.0.1:0 --residency=paged
 grep -q "kernels avx2: .*oneDNN never.*measured, cached" "$tmp/out" || fail "no measured profile without oneDNN"
 grep -q "evidence oneDNN not used: oneDNN has no optimized bf16 matmul on this CPU" "$tmp/cache"/colibri/kernels-*.txt ||
   fail "the profile does not say why oneDNN is not used: $(cat "$tmp/cache"/colibri/kernels-*.txt)"
@@ -87,18 +90,7 @@ grep -q -- "--log_format 'xml'" "$tmp/err" || fail "unclear error: $(cat "$tmp/e
 # A directory name that is not UTF-8: the reload error names it, and the line must stay JSON.
 model2="$tmp/model"$'\xff'"2"
 cp -r "$tmp/model" "$model2"
-# The background job truncates out/err itself, after the fork: remove the first
-# run's files so the wait below cannot read its "listening" line.
-rm -f "$tmp/out" "$tmp/err"
-"$build/expert_node/colibri-expert" --model "$model2" --listen 127.0.0.1:0 --residency=paged --log_format json \
-  >"$tmp/out" 2>"$tmp/err" &
-pid=$!
-for _ in $(seq 1 100); do
-  grep -q "listening on port" "$tmp/out" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || fail "colibri-expert exited early (json)"
-  sleep 0.1
-done
-grep -q "listening on port" "$tmp/out" || fail "no port printed (json)"
+start_node 100 "json" --model "$model2" --listen 127.0.0.1:0 --residency=paged --log_format json
 rm "$model2/manifest.json"  # the SIGHUP reload now fails: an ERROR line
 kill -HUP "$pid"
 for _ in $(seq 1 100); do grep -q "SIGHUP reload" "$tmp/err" && break; sleep 0.1; done
