@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/sigbus_guard.h"
+
 namespace colibri {
 namespace common {
 
@@ -28,7 +30,10 @@ inline void ParallelFor(size_t n, int threads, const std::function<void(size_t)>
   std::vector<std::thread> helpers;
   try {
     for (size_t t = 1; t < std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), n); ++t) {
-      helpers.emplace_back(work);
+      helpers.emplace_back([&work] {
+        SigbusGuard::UnblockHere();  // helpers may read mapped files
+        work();
+      });
     }
   } catch (const std::system_error&) {  // no more threads (EAGAIN): the ones started and the caller do it all
   }

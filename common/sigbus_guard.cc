@@ -22,33 +22,26 @@ struct Slot {
 
 Slot g_slots[SigbusGuard::kSlots];
 
-// The SIGBUS handler ours displaced last (the embedding program's), in one
-// of two slots so that a new one is written beside the one a handler may be
-// reading; -1: none recorded. Faults not ours go to it.
-struct sigaction g_previous[2] = {};
-std::atomic<int> g_previous_slot{-1};
-// Non-zero while a fault is being passed on: a handler that passes it back
-// to ours (one that recorded ours as its own previous) then ends the chain.
-std::atomic<int> g_passing{0};
+// The SIGBUS handler in place when the guard's was first installed (the
+// embedding program's, or the default), written once before the guard's is
+// installed: faults not ours go to it. Never one installed later, which may
+// have recorded the guard's as its own previous: the two would call each
+// other.
+struct sigaction g_previous = {};
+std::atomic<bool> g_previous_recorded{false};
+std::atomic<bool> g_previous_spent{false};  // a one-shot (SA_RESETHAND) previous handler has run
 
 // Calls `previous` as the kernel would have: its mask (and SIGBUS itself,
-// without SA_NODEFER) blocked meanwhile, its disposition reset first with
-// SA_RESETHAND. False if it is the default action or SIG_IGN.
+// without SA_NODEFER) blocked meanwhile, and once only with SA_RESETHAND.
+// False if it is the default action or SIG_IGN, or spent.
 bool PassOn(const struct sigaction& previous, int sig, siginfo_t* info, void* context) {
-  const bool with_info = (previous.sa_flags & SA_SIGINFO) != 0;
-  if (with_info ? previous.sa_sigaction == nullptr : previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
-    return false;
-  }
-  if ((previous.sa_flags & SA_RESETHAND) != 0) {
-    struct sigaction reset = {};
-    reset.sa_handler = SIG_DFL;
-    sigemptyset(&reset.sa_mask);
-    ::sigaction(sig, &reset, nullptr);
-  }
+  // sa_handler and sa_sigaction share their storage: SIG_DFL and SIG_IGN whatever the flags.
+  if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) return false;
+  if ((previous.sa_flags & SA_RESETHAND) != 0 && g_previous_spent.exchange(true)) return false;
   sigset_t mask = previous.sa_mask, before;
   if ((previous.sa_flags & SA_NODEFER) == 0) sigaddset(&mask, sig);
   ::pthread_sigmask(SIG_BLOCK, &mask, &before);
-  if (with_info) {
+  if ((previous.sa_flags & SA_SIGINFO) != 0) {
     previous.sa_sigaction(sig, info, context);
   } else {
     previous.sa_handler(sig);
@@ -58,8 +51,11 @@ bool PassOn(const struct sigaction& previous, int sig, siginfo_t* info, void* co
 }
 
 void OnSigbus(int sig, siginfo_t* info, void* context) {
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  // Only a fault the kernel raised (si_code > 0) has an address to look up;
+  // one sent by kill() or raise() does not.
+  const uintptr_t addr = info->si_code > 0 ? reinterpret_cast<uintptr_t>(info->si_addr) : 0;
   for (Slot& s : g_slots) {
+    if (addr == 0) break;
     const uintptr_t begin = s.begin.load(std::memory_order_acquire);
     if (begin <= 1 || addr < begin || addr >= s.end.load(std::memory_order_acquire)) continue;
     const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
@@ -71,31 +67,30 @@ void OnSigbus(int sig, siginfo_t* info, void* context) {
     }
     break;
   }
-  // Not ours (or no page to put there): the handler ours displaced, or the
-  // default action, as without the guard.
-  const int slot = g_previous_slot.load(std::memory_order_acquire);
-  if (slot >= 0 && g_passing.fetch_add(1) == 0) {
-    const bool passed = PassOn(g_previous[slot], sig, info, context);
-    g_passing.fetch_sub(1);
-    if (passed) return;
-  } else if (slot >= 0) {
-    g_passing.fetch_sub(1);
+  // Not ours (or no page to put there): the handler there before ours, or
+  // the default action, as without the guard.
+  if (g_previous_recorded.load(std::memory_order_acquire)) {
+    if (PassOn(g_previous, sig, info, context)) return;
+    if (g_previous.sa_handler == SIG_IGN && info->si_code <= 0) return;  // a sent signal the program ignores
   }
   ::signal(sig, SIG_DFL);
-  ::raise(sig);
+  // A fault the kernel raised happens again on return, now with the default
+  // action (and its own address in the core file); a sent signal is sent again.
+  if (info->si_code <= 0) ::raise(sig);
 }
 
-// (Re)installs the handler unless it is in place: the program may have
-// installed its own since, which faults not ours then go to.
+// (Re)installs the handler unless it is in place: something else (a test
+// framework, say) may have replaced it since.
 void InstallHandler() {
   static Mutex mu;  // one installer at a time (never taken in the handler)
   MutexLock lock(&mu);
   struct sigaction current = {};
   if (::sigaction(SIGBUS, nullptr, &current) != 0) return;
   if ((current.sa_flags & SA_SIGINFO) != 0 && current.sa_sigaction == OnSigbus) return;
-  const int next = g_previous_slot.load(std::memory_order_relaxed) == 0 ? 1 : 0;
-  g_previous[next] = current;
-  g_previous_slot.store(next, std::memory_order_release);
+  if (!g_previous_recorded.load(std::memory_order_relaxed)) {
+    g_previous = current;
+    g_previous_recorded.store(true, std::memory_order_release);
+  }
   struct sigaction action = {};
   action.sa_sigaction = OnSigbus;
   // SA_ONSTACK: a Go program's handler, passed on to, must run on the signal stack.
@@ -127,6 +122,13 @@ int SigbusGuard::Register(const void* data, size_t size) {
 void SigbusGuard::Unregister(int slot) {
   if (slot < 0 || slot >= kSlots) return;
   g_slots[slot].begin.store(0, std::memory_order_release);
+}
+
+void SigbusGuard::UnblockHere() {
+  sigset_t bus;
+  sigemptyset(&bus);
+  sigaddset(&bus, SIGBUS);
+  ::pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
 }
 
 bool SigbusGuard::Faulted(int slot) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "common/sigbus_guard.h"
 #include "expert_node/compute_call.h"
 #include "expert_node/compute_request.h"
 #include "expert_node/reload_request.h"
@@ -171,6 +172,7 @@ void ExpertService::ObservePaging(const ProcessIo& before) {
 }
 
 void ExpertService::ComputeLoop() {
+  common::SigbusGuard::UnblockHere();  // compute reads mapped weights
   for (;;) {
     std::vector<std::shared_ptr<ComputeCall>> jobs;
     bool run = false;

@@ -465,6 +465,7 @@ absl::StatusOr<std::shared_ptr<const WeightSet>> ExpertStore::Load(
     // (or the copy) already; locking a large shard takes seconds.
     set->lock_state_ = WeightSet::kLocking;
     set->locker_ = std::thread([this, s = set.get(), ranges = std::move(ranges), log = log_] {
+      common::SigbusGuard::UnblockHere();  // locking touches mapped pages
       (void)LockAll(s, ranges, log);
       common::MutexLock lock(&listener_mu_);  // the store outlives its sets' lockers
       if (lock_listener_) lock_listener_(*s);

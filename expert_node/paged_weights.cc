@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "common/sigbus_guard.h"
+
 namespace colibri {
 namespace expert_node {
 namespace {
@@ -140,6 +142,7 @@ std::vector<const common::ExpertWeights*> PagedWeights::OverBudget() {
 }
 
 void PagedWeights::Loop() {
+  common::SigbusGuard::UnblockHere();  // prefetching reads mapped weights
   for (;;) {
     Task task;
     {

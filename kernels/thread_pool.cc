@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cgroup_limits.h"
 #include "common/cpu_affinity.h"
+#include "common/sigbus_guard.h"
 
 namespace colibri {
 namespace kernels {
@@ -134,6 +135,7 @@ void RunJob(const std::function<void(int)>& job, int index) {
 }  // namespace
 
 void ThreadPool::WorkerLoop(int index) {
+  common::SigbusGuard::UnblockHere();  // workers read mapped weights
   if (!cpus_.empty())
     common::PinThread(per_cpu_ ? std::vector<int>{cpus_[index % cpus_.size()]} : cpus_);  // best effort
   omp_set_num_threads(1);  // oneDNN parallel regions started here stay on this thread

@@ -112,8 +112,9 @@ COLIBRI_EXPORT void colibri_options_init(colibri_options* options);
  * file truncated in place later makes the calls that read it DATA_LOSS,
  * naming it, never a crash or zeros. For that colibri_init (and
  * colibri_connect, for the routing files) installs a process-wide SIGBUS
- * handler; a SIGBUS that is not such a file's goes on to the program's own
- * handler (installed before or after), else to the default action. */
+ * handler; a SIGBUS that is not such a file's goes on to the handler the
+ * program had installed before its first engine, else to the default
+ * action (a SIGBUS handler installed later is replaced at the next load). */
 COLIBRI_EXPORT colibri_status colibri_init(const char* model_path, const colibri_options* options,
                                            colibri_engine** out);
 

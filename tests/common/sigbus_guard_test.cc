@@ -1,7 +1,8 @@
 // The SIGBUS guard: a guarded mapping whose file shrinks reads zeros and is
 // marked faulted; a SIGBUS that is not a guarded range's goes to the handler
-// the program had (installed before the guard's, or after it), called as the
-// kernel would call it. Each case runs in a child process.
+// the program had installed first, called as the kernel would call it. Each
+// case runs in a child process; the program's handlers exit 9 if a guarded
+// read reached them (the guard missing).
 #include "common/sigbus_guard.h"
 
 #include <fcntl.h>
@@ -10,20 +11,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <functional>
 #include <string>
 
+#include "common/parallel_for.h"
 #include "tests/test_util.h"
 
 namespace colibri {
 namespace common {
 namespace {
 
-void ExitHandler(int) { _exit(42); }
-
+volatile sig_atomic_t g_guarded_done = 0;  // the guarded reads are over
 int g_calls_fd = -1;
-void CountingHandler(int) {  // returns: the fault happens again
+
+void ExitHandler(int) { _exit(g_guarded_done ? 42 : 9); }
+
+void CountingHandler(int) {  // returns: a fault happens again
+  if (!g_guarded_done) _exit(9);
   const char c = 'x';
   if (write(g_calls_fd, &c, 1) != 1) _exit(7);
 }
@@ -40,6 +46,15 @@ void GuardedTruncation(const std::string& path) {
   if (slot < 0) _exit(3);
   if (::ftruncate(fd, 0) != 0) _exit(4);
   if (data[page] != 0 || !SigbusGuard::Faulted(slot)) _exit(5);  // zeros, and marked
+}
+
+// A read past the end of an unguarded mapping: a real fault, not ours.
+void UnguardedFault(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  auto* data =
+      static_cast<volatile unsigned char*>(::mmap(nullptr, ::sysconf(_SC_PAGESIZE), PROT_READ, MAP_SHARED, fd, 0));
+  if (data == MAP_FAILED) _exit(2);
+  (void)data[0];
 }
 
 void Install(void (*handler)(int), int flags) {
@@ -66,27 +81,30 @@ int InChild(const std::function<void()>& body) {
 TEST_CASE("a truncated guarded mapping reads zeros, and other SIGBUS go to the program's own handler") {
   colibri::testing::TempDir dir;
   const std::string path = dir / "file";
-  SECTION("installed before the guard's") {
-    const int status = InChild([&] {
-      Install(ExitHandler, 0);
-      GuardedTruncation(path);
-      ::raise(SIGBUS);  // not a guarded range's
-    });
-    INFO("child status " << status);
-    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 42));
+  SECTION("a real fault outside the ranges, and a sent SIGBUS") {
+    for (const bool sent : {false, true}) {
+      const int status = InChild([&] {
+        Install(ExitHandler, 0);
+        GuardedTruncation(path);
+        g_guarded_done = 1;
+        if (sent) ::raise(SIGBUS);
+        UnguardedFault(path + "2");
+      });
+      INFO("sent " << sent << ", child status " << status);
+      CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 42));
+    }
   }
-  SECTION("installed after the guard's, which is installed again by the next range") {
+  SECTION("a handler installed after the guard's is replaced at the next range; the guard runs on the signal stack") {
     const int status = InChild([&] {
       GuardedTruncation(path);
       Install(ExitHandler, 0);
-      GuardedTruncation(path + "2");
+      GuardedTruncation(path + "2");  // the guard's again: ExitHandler would exit 9
       struct sigaction now = {};
       ::sigaction(SIGBUS, nullptr, &now);
-      if ((now.sa_flags & SA_ONSTACK) == 0) _exit(8);  // a Go program's handler needs the signal stack
-      ::raise(SIGBUS);
+      _exit((now.sa_flags & SA_ONSTACK) != 0 ? 0 : 8);  // a Go program's handler needs the signal stack
     });
     INFO("child status " << status);
-    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 42));
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   }
   SECTION("SA_RESETHAND: called once, then the default action, as without the guard") {
     int calls[2];
@@ -95,12 +113,8 @@ TEST_CASE("a truncated guarded mapping reads zeros, and other SIGBUS go to the p
       g_calls_fd = calls[1];
       Install(CountingHandler, SA_RESETHAND);
       GuardedTruncation(path);
-      // An unguarded mapping past its file's end: the fault repeats after the handler returns.
-      const int fd = ::open((path + "3").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-      auto* data =
-          static_cast<volatile unsigned char*>(::mmap(nullptr, ::sysconf(_SC_PAGESIZE), PROT_READ, MAP_SHARED, fd, 0));
-      if (data == MAP_FAILED) _exit(2);
-      (void)data[0];
+      g_guarded_done = 1;
+      UnguardedFault(path + "3");  // the handler returns: the fault again, then the default action
     });
     ::close(calls[1]);
     char buffer[16];
@@ -110,6 +124,39 @@ TEST_CASE("a truncated guarded mapping reads zeros, and other SIGBUS go to the p
     CHECK(n == 1);
     CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS));
   }
+  SECTION("SIG_IGN: a sent SIGBUS stays ignored; a real fault takes the default action") {
+    const int ignored = InChild([&] {
+      Install(SIG_IGN, 0);
+      GuardedTruncation(path);
+      ::raise(SIGBUS);
+      _exit(0);
+    });
+    CHECK((WIFEXITED(ignored) && WEXITSTATUS(ignored) == 0));
+    const int fault = InChild([&] {
+      Install(SIG_IGN, SA_SIGINFO);  // sa_sigaction reads as SIG_IGN too
+      GuardedTruncation(path);
+      UnguardedFault(path + "4");
+    });
+    INFO("child status " << fault);
+    CHECK((WIFSIGNALED(fault) && WTERMSIG(fault) == SIGBUS));
+  }
+}
+
+TEST_CASE("the threads Colibri starts unblock SIGBUS, which a program may have blocked in all its threads") {
+  sigset_t all, before;
+  sigfillset(&all);
+  REQUIRE(::pthread_sigmask(SIG_BLOCK, &all, &before) == 0);  // the helpers inherit this mask
+  std::atomic<int> unblocked{0}, tasks{0};
+  ParallelFor(8, 4, [&](size_t) {
+    sigset_t now;
+    ::pthread_sigmask(SIG_BLOCK, nullptr, &now);
+    unblocked += !sigismember(&now, SIGBUS);
+    ++tasks;
+  });
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  CHECK(tasks == 8);
+  // The calling thread keeps its mask; its helpers (any of the tasks but not all, with 3 helpers) do not.
+  CHECK(unblocked > 0);
 }
 
 }  // namespace
