@@ -77,9 +77,14 @@ grep -q "^I.*draining and stopping" "$tmp/err" || fail "no INFO line for the dra
 echo "--- oneDNN without a bf16 matmul (no AVX-512 for it): the profile is measured without it, not aborted"
 XDG_CACHE_HOME="$tmp/cache" ONEDNN_MAX_CPU_ISA=AVX2 COLIBRI_MAX_ISA=avx2 COLIBRI_KERNEL_PROFILE= \
   start_node 1200 "no oneDNN matmul" --model "$tmp/model" --listen 127.0.0.1:0 --residency=paged
-grep -q "kernels avx2: .*oneDNN never.*measured, cached" "$tmp/out" || fail "no measured profile without oneDNN"
-grep -q "evidence oneDNN not used: oneDNN has no optimized bf16 matmul on this CPU" "$tmp/cache"/colibri/kernels-*.txt ||
-  fail "the profile does not say why oneDNN is not used: $(cat "$tmp/cache"/colibri/kernels-*.txt)"
+if grep -q "defaults (a sanitizer or unoptimized build does not measure" "$tmp/out"; then
+  echo "(this build does not measure kernel profiles: it started on the defaults)"
+else
+  grep -q "kernels avx2: .*oneDNN never.*measured, cached" "$tmp/out" || fail "no measured profile without oneDNN"
+  grep -q "evidence oneDNN not used: oneDNN has no optimized bf16 matmul on this CPU" \
+    "$tmp/cache"/colibri/kernels-*.txt ||
+    fail "the profile does not say why oneDNN is not used: $(cat "$tmp/cache"/colibri/kernels-*.txt)"
+fi
 kill -TERM "$pid"
 wait "$pid" || fail "exit status $? after SIGTERM"
 pid=""
