@@ -8,7 +8,8 @@
 //    vcvtph2ps, bf16 pairs split into even/odd k by shift and mask) once and
 //    multiplied into every token of the tile with a broadcast x value. When T
 //    spans several tiles, k is walked in 256 KiB chunks of weights so later
-//    tiles read the chunk from L2; partial sums wait in `out`, exactly.
+//    tiles read the chunk from L2; partial sums wait in `out`, exactly. The
+//    weights are prefetched into L2 kStreamAheadBytes ahead (x86_simd.h).
 //  * int8 (row-major): one 16-lane accumulator per (row, token), reduced once
 //    per row and scaled; 8 rows at a time at T=1, else 4 rows x up to 4 tokens.
 //  * int4 (row-major, nibbles j / j+32 per byte): per 64-input group the
@@ -93,6 +94,7 @@ void FloatTile(const uint8_t* wb, const Activations& x, int64_t t0, int64_t k0, 
   const float* xs = x.f32 + t0 * x.cols;
   const uint8_t* p = wb + k0 * Weights::kBytesPerK;
   for (int64_t k = k0; k < k1; ++k, p += Weights::kBytesPerK) {
+    PrefetchStreamAhead<Weights::kBytesPerK / 64>(p);
     __m512 w[4];
     Weights::Load(p, w);
 #pragma GCC unroll 8
@@ -118,6 +120,7 @@ void Bf16ShiftTile(const uint8_t* wb, const Activations& x, int64_t t0, int64_t 
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const uint8_t* p = wb + k0 * 128;
   for (int64_t k = k0; k < k1; k += 2, p += 256) {
+    PrefetchStreamAhead<4>(p);
     __m512i raw[4];
     __m512 w[4];
 #pragma GCC unroll 4

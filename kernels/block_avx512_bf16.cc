@@ -14,7 +14,8 @@
 // or on its place in the batch). When T needs more than one tile, k is split
 // into chunks of 256 KiB of weights and all tiles run over a chunk before the
 // next one (partial sums wait in `out`, exactly), so tiles after the first
-// read the chunk from L2 instead of memory.
+// read the chunk from L2 instead of memory. The weights are prefetched into
+// L2 kStreamAheadBytes ahead (x86_simd.h).
 
 #include "kernels/x86_simd.h"
 
@@ -52,6 +53,7 @@ void Tile(const uint8_t* wb, const Activations& x, int64_t t0, int64_t k0, int64
   const uint16_t* xs = x.bf16 + t0 * x.cols;
   const uint8_t* p = wb + (k0 / 2) * kPairBytes;
   for (int64_t k = k0; k < k1; k += 2, p += kPairBytes) {
+    PrefetchStreamAhead<4>(p);
     __m512bh w[4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) w[i] = AsBf16(_mm512_loadu_si512(p + 64 * i));
