@@ -94,7 +94,14 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
             Machine::template Store<2>(&dots[16][0], sizeof(dots[0]));
             Machine::template Store<3>(&dots[16][16], sizeof(dots[0]));
           }
-          const float* s = reinterpret_cast<const float*>(record + kGroupBytes) + j0;  // int4: s, then s·z at +64
+          // int4: the group's s, then s·z 64 floats on, copied so that the
+          // compiler knows `out` cannot alias them (and vectorizes the loop).
+          alignas(64) float s[32], sz[32];
+          if (kInt4) {
+            const float* record_s = reinterpret_cast<const float*>(record + kGroupBytes) + j0;
+            std::copy(record_s, record_s + 32, s);
+            std::copy(record_s + 64, record_s + 96, sz);
+          }
           for (int t = 0; t < r0 + r1; ++t) {
             const float xs = x.q8_scales[(t0 + t) * groups + g];
             float* acc = out + (t0 + t) * kBlockRows + j0;
@@ -102,7 +109,7 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
               const float sum = x.q8_sums[(t0 + t) * groups + g];
               for (int n = 0; n < 32; ++n) {
                 const float scale = s[n] * xs;
-                acc[n] = std::fma(-s[64 + n], sum, std::fma(static_cast<float>(dots[t][n]), scale, acc[n]));
+                acc[n] = std::fma(-sz[n], sum, std::fma(static_cast<float>(dots[t][n]), scale, acc[n]));
               }
             } else {
               for (int n = 0; n < 32; ++n) acc[n] = std::fma(static_cast<float>(dots[t][n]), xs, acc[n]);
