@@ -21,7 +21,8 @@
 // (16 rows × 64 bytes: 32 bf16 or 64 int8 inputs), 6–7 two groups of 16
 // outputs of the weights (16 rows of input pairs or quads × 64 bytes). A
 // token group shorter than 16 (the tail of T) is configured with fewer rows,
-// so no row past T is read or written.
+// so no row past T is read or written. The activations are read in tile
+// order where the caller made that copy (Activations::bf16_tiles, q8_tiles).
 
 #include "kernels/x86_simd.h"
 
@@ -52,6 +53,18 @@ inline AmxTileConfig AmxConfig2x2(int r0, int r1) {
   set(4, r0), set(5, r1);                          // A: rows × 64 bytes of activations
   set(6, 16), set(7, 16);                          // B: 16 pairs / quads × 16 outputs
   return c;
+}
+
+// Where the A operand of the 16 tokens from t0 (a multiple of 16) at byte
+// `at` (a multiple of 64) of their rows lies, and its stride: in the tile
+// order copy where there is one (kernels/block_kernel.h), else in the rows.
+struct TileOperand {
+  const void* data;
+  int64_t stride;
+};
+inline TileOperand ActivationTile(const void* rows, const uint8_t* tiles, int64_t row_bytes, int64_t t0, int64_t at) {
+  if (tiles != nullptr) return {tiles + ((t0 / 16) * (row_bytes / 64) + at / 64) * 1024, 64};
+  return {static_cast<const uint8_t*>(rows) + t0 * row_bytes + at, row_bytes};
 }
 
 // The instructions themselves. Inline assembly rather than the

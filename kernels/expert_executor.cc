@@ -36,13 +36,19 @@ class Arena {
   size_t size_ = 0;
 };
 
+// Which copy of the activations a task's tiles also read in tile order
+// (kernels/block_kernel.h): the one AMX tiles multiply, if they run.
+enum class TileOrder { kNone, kBf16, kQ8 };
+
 // Where each array of a call lives in the workspace.
 struct Plan {
   struct Task {
     size_t x_f32, x_bf16, x_sums, h_f32, h_bf16, h_sums;
     size_t x_q8, x_q8_scales, x_q8_sums, h_q8, h_q8_scales, h_q8_sums;  // int4 weights only
+    size_t x_tiles, h_tiles;                                            // tile order only
     bool onednn;
     bool tiled;  // through the type's tile kernel, or dequantized to bf16 tiles
+    TileOrder order;
   };
   std::vector<Task> tasks;
   size_t tile1, tile3, tile2, dequant1, dequant3;  // per worker, `tile_stride` bytes apart
@@ -51,12 +57,17 @@ struct Plan {
 
 // Where one set of activations (the gathered x, or h) lives in the workspace.
 struct ActsAt {
-  size_t f32, bf16, sums, q8, q8_scales, q8_sums;
+  size_t f32, bf16, sums, q8, q8_scales, q8_sums, tiles;
 };
 
+// The bytes of one row of the copy `order` names, of `cols` columns.
+int64_t TileRowBytes(TileOrder order, int64_t cols) {
+  return order == TileOrder::kQ8 ? cols : cols * static_cast<int64_t>(sizeof(uint16_t));
+}
+
 // Activations over `cols` columns of T rows stored at the given offsets (the
-// int8 copy only when `q8`).
-Activations Acts(uint8_t* base, const ActsAt& at, int64_t rows, int64_t cols, bool q8) {
+// int8 copy only when `q8`, the tile order copy only when `order` names one).
+Activations Acts(uint8_t* base, const ActsAt& at, int64_t rows, int64_t cols, bool q8, TileOrder order) {
   Activations a;
   a.num_tokens = rows;
   a.cols = cols;
@@ -68,6 +79,8 @@ Activations Acts(uint8_t* base, const ActsAt& at, int64_t rows, int64_t cols, bo
     a.q8_scales = reinterpret_cast<const float*>(base + at.q8_scales);
     a.q8_sums = reinterpret_cast<const float*>(base + at.q8_sums);
   }
+  if (order == TileOrder::kBf16) a.bf16_tiles = base + at.tiles;
+  if (order == TileOrder::kQ8) a.q8_tiles = base + at.tiles;
   return a;
 }
 
@@ -258,6 +271,18 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     p.onednn = onednn_type && onednn_min_tokens > 0 && kernel_rows >= onednn_min_tokens;
     const int64_t tile_min_tokens = TileMinTokens(options, kernels, type, t.expert->w1.q8_records != nullptr);
     p.tiled = tile_min_tokens > 0 && kernel_rows >= tile_min_tokens;
+    p.order = TileOrder::kNone;
+    if (p.tiled && kernels.isa == Isa::kAvx512Amx) {
+      if (tile_kernel != nullptr) {
+        p.order = type == common::DType::kBF16 ? TileOrder::kBf16 : TileOrder::kQ8;
+      } else if (bf16_tiles != nullptr) {
+        p.order = TileOrder::kBf16;  // blocks dequantized to bf16
+      }
+    }
+    if (p.order != TileOrder::kNone) {
+      p.x_tiles = arena.Add<uint8_t>(TileOrderBytes(t.num_rows, TileRowBytes(p.order, k1)));
+      p.h_tiles = arena.Add<uint8_t>(TileOrderBytes(t.num_rows, TileRowBytes(p.order, k2)));
+    }
     plan.tasks.push_back(p);
     max_rows = std::max(max_rows, t.num_rows);
     any_onednn |= p.onednn;
@@ -341,6 +366,13 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       Derive(xf, t.num_rows * k1, reinterpret_cast<uint16_t*>(base + p.x_bf16),
              reinterpret_cast<float*>(base + p.x_sums), q8 ? reinterpret_cast<int8_t*>(base + p.x_q8) : nullptr,
              reinterpret_cast<float*>(base + p.x_q8_scales), reinterpret_cast<float*>(base + p.x_q8_sums));
+      if (p.order != TileOrder::kNone) {
+        const int64_t row_bytes = TileRowBytes(p.order, k1);
+        const uint8_t* rows = base + (p.order == TileOrder::kQ8 ? p.x_q8 : p.x_bf16);
+        for (int64_t r = 0; r < t.num_rows; ++r) {
+          CopyToTileOrder(rows + r * row_bytes, r, 0, row_bytes, row_bytes, base + p.x_tiles);
+        }
+      }
     }
     pool.Barrier();
 
@@ -353,8 +385,8 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
         item += b1 - b0;
         const ExpertTask& t = tasks[e];
         const Plan::Task& p = plan.tasks[e];
-        const Activations xa =
-            Acts(base, {p.x_f32, p.x_bf16, p.x_sums, p.x_q8, p.x_q8_scales, p.x_q8_sums}, t.num_rows, k1, q8);
+        const Activations xa = Acts(base, {p.x_f32, p.x_bf16, p.x_sums, p.x_q8, p.x_q8_scales, p.x_q8_sums, p.x_tiles},
+                                    t.num_rows, k1, q8, p.order);
         // Token r's h from intermediate entry f on.
         auto h_at = [&](int64_t r, int64_t f) {
           return HAt{reinterpret_cast<float*>(base + p.h_f32) + r * k2 + f,
@@ -375,12 +407,19 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
           }
           continue;
         }
+        const int64_t h_row_bytes = TileRowBytes(p.order, k2);
+        const uint8_t* h_rows = base + (p.order == TileOrder::kQ8 ? p.h_q8 : p.h_bf16);
         for (int64_t b = b0; b < b1 && !stop(); ++b) {
           run_block(p.tiled, t.expert->w1, b, xa, dequant1, tile_layout1, tile1);
           run_block(p.tiled, t.expert->w3, b, xa, dequant3, tile_layout1, tile3);
           for (int64_t r = 0; r < t.num_rows; ++r) {
             Activate(kernels.swiglu, *t.expert, tile1 + r * kBlockRows, tile3 + r * kBlockRows, b * kBlockRows,
                      kBlockRows, h_at(r, b * kBlockRows));
+            if (p.order != TileOrder::kNone) {  // this block's 64 entries of h
+              const int64_t first = TileRowBytes(p.order, b * kBlockRows);
+              CopyToTileOrder(h_rows + r * h_row_bytes, r, first, TileRowBytes(p.order, kBlockRows), h_row_bytes,
+                              base + p.h_tiles);
+            }
           }
         }
       }
@@ -407,8 +446,8 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
       for (size_t e = 0; e < tasks.size() && c0 < c1 && !stop(); ++e) {
         const ExpertTask& t = tasks[e];
         const Plan::Task& p = plan.tasks[e];
-        const Activations ha =
-            Acts(base, {p.h_f32, p.h_bf16, p.h_sums, p.h_q8, p.h_q8_scales, p.h_q8_sums}, t.num_rows, k2, q8);
+        const Activations ha = Acts(base, {p.h_f32, p.h_bf16, p.h_sums, p.h_q8, p.h_q8_scales, p.h_q8_sums, p.h_tiles},
+                                    t.num_rows, k2, q8, p.order);
         if (p.onednn) {
           const int64_t n = (c1 - c0) * kBlockRows;
           const void* src = type == common::DType::kBF16 ? static_cast<const void*>(ha.bf16) : ha.f32;

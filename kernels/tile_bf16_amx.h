@@ -6,7 +6,8 @@
 //
 // The product needs no repacking in either operand:
 //   C[t][j] = Σ_k x[t][k] · W[j][k]   (16 tokens × 16 outputs per tile)
-//   A = 16 tokens × 32 inputs of x.bf16: rows of x, stride cols · 2 bytes;
+//   A = 16 tokens × 32 inputs of x.bf16: 1 KiB of x.bf16_tiles, or rows of
+//       x.bf16, stride cols · 2 bytes;
 //   B = 16 input pairs × 16 outputs of W: the stored bf16 layout is already
 //       [K/2][64][2] per block (common/weight_matrix.h), i.e. the pair rows
 //       tdpbf16ps reads, at a stride of 256 bytes;
@@ -31,7 +32,7 @@ template <typename Machine>
 void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   const int64_t tokens = x.num_tokens, cols = x.cols;
   const uint8_t* weights = w.data + block * w.layout.block_bytes;
-  const int64_t x_stride = cols * static_cast<int64_t>(sizeof(uint16_t));
+  const int64_t row_bytes = cols * static_cast<int64_t>(sizeof(uint16_t));
   constexpr int64_t kPairRow = 64 * 2 * sizeof(uint16_t);  // one input pair of the block's 64 outputs
   constexpr int64_t kPrefetchSteps = 8;                    // 8 × 4 KiB of weights ahead
   int configured0 = -1, configured1 = -1;
@@ -43,8 +44,6 @@ void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activatio
       Machine::Configure(config);
       configured0 = r0, configured1 = r1;
     }
-    const uint16_t* x0 = x.bf16 + t0 * cols;
-    const uint16_t* x1 = x0 + 16 * cols;
     for (int64_t j0 = 0; j0 < 64; j0 += 32) {
       Machine::template Zero<0>();
       Machine::template Zero<1>();
@@ -63,11 +62,13 @@ void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activatio
         }
         Machine::template Load<6>(b, kPairRow);
         Machine::template Load<7>(b + 16 * 2 * sizeof(uint16_t), kPairRow);
-        Machine::template Load<4>(x0 + k, x_stride);
+        const TileOperand a0 = ActivationTile(x.bf16, x.bf16_tiles, row_bytes, t0, k * 2);
+        Machine::template Load<4>(a0.data, a0.stride);
         Machine::template DotBf16<0, 4, 6>();
         Machine::template DotBf16<1, 4, 7>();
         if (r1 > 0) {
-          Machine::template Load<5>(x1 + k, x_stride);
+          const TileOperand a1 = ActivationTile(x.bf16, x.bf16_tiles, row_bytes, t0 + 16, k * 2);
+          Machine::template Load<5>(a1.data, a1.stride);
           Machine::template DotBf16<2, 5, 6>();
           Machine::template DotBf16<3, 5, 7>();
         }

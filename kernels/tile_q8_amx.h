@@ -10,7 +10,8 @@
 // it stands: 16 rows of input quads × 16 outputs, 256 bytes apart, at a
 // 64-byte offset per 16 outputs. Weights are unsigned there (int8 + 128,
 // int4 nibbles 0..15), the activations x.q8 signed: tdpbsud, A signed.
-//   A = 16 tokens × one 64-input group of x.q8, stride cols;
+//   A = 16 tokens × one 64-input group of x.q8: 1 KiB of x.q8_tiles, or
+//       rows of x.q8, stride cols;
 //   C = [16 tokens][16 outputs] int32, the group's exact dot products.
 // One instruction is a whole group, and every group has its own activation
 // scale per token, so each group's C tiles are stored to a small buffer and
@@ -75,8 +76,12 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
           }
         }
         const uint8_t* record = chunk + (g - g0) * kTileQ8RecordBytes;
-        Machine::template Load<4>(x.q8 + t0 * K + g * 64, K);
-        if (r1 > 0) Machine::template Load<5>(x.q8 + (t0 + 16) * K + g * 64, K);
+        const TileOperand a0 = ActivationTile(x.q8, x.q8_tiles, K, t0, g * 64);
+        Machine::template Load<4>(a0.data, a0.stride);
+        if (r1 > 0) {
+          const TileOperand a1 = ActivationTile(x.q8, x.q8_tiles, K, t0 + 16, g * 64);
+          Machine::template Load<5>(a1.data, a1.stride);
+        }
         for (int64_t j0 = 0; j0 < kBlockRows; j0 += 32) {
           Machine::template Zero<0>();
           Machine::template Zero<1>();

@@ -60,8 +60,17 @@ struct Inputs {
   std::vector<float> sums;
   std::vector<int8_t> q8;
   std::vector<float> q8_scales, q8_sums;
+  std::vector<uint8_t> bf16_tiles, q8_tiles;  // in tile order: `acts` does not point to them
   Activations acts;
 };
+
+// in.acts, with the copies in tile order that the AMX tile kernels read instead.
+Activations InTileOrder(const Inputs& in) {
+  Activations a = in.acts;
+  a.bf16_tiles = in.bf16_tiles.data();
+  a.q8_tiles = in.q8_tiles.data();
+  return a;
+}
 
 void Point(Inputs* in) {
   in->acts.f32 = in->f32.data();
@@ -89,6 +98,13 @@ Inputs MakeInputs(int64_t tokens, int64_t cols, int64_t padded_cols, std::mt1993
     for (int i = 0; i < 64; ++i) s += in.f32[g * 64 + i];
     in.sums.push_back(s);
     QuantizeGroupQ8(&in.f32[g * 64], &in.q8[g * 64], &in.q8_scales[g], &in.q8_sums[g]);
+  }
+  // Unused rows of a last partial group hold a marker a kernel must not read.
+  in.bf16_tiles.assign(TileOrderBytes(tokens, padded_cols * 2), 0x7f);
+  in.q8_tiles.assign(TileOrderBytes(tokens, padded_cols), 0x7f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    CopyToTileOrder(&in.bf16[t * padded_cols], t, 0, padded_cols * 2, padded_cols * 2, in.bf16_tiles.data());
+    CopyToTileOrder(&in.q8[t * padded_cols], t, 0, padded_cols, padded_cols, in.q8_tiles.data());
   }
   in.acts.num_tokens = tokens;
   in.acts.cols = padded_cols;
@@ -284,6 +300,9 @@ void CheckTileKernel(const std::string& name, DType type, TileKernelFn tile, std
         tile(m.view, b, in.acts, scratch, actual.data());
         tile(m.view, b, in.acts, scratch, again.data());
         REQUIRE(actual == again);  // bitwise deterministic
+        tile(m.view, b, InTileOrder(in), scratch, again.data());
+        INFO(what << " block " << b << ": the activations in tile order");
+        REQUIRE(actual == again);
         tile(m.view, b, last.acts, scratch, alone.data());
         INFO(what << " block " << b << ": the last token alone");
         REQUIRE(std::equal(alone.begin(), alone.end(), actual.begin() + (tokens - 1) * 64));
@@ -340,6 +359,10 @@ TEST_CASE("the AMX bf16 tile walk matches the scalar reference on emulated tiles
       CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
       CheckBlock(absl::StrCat("emulated AMX T=", tokens), m, b, in, true, expected,
                  std::vector<float>(actual.begin(), actual.end() - 64), &nonzero);
+      std::vector<float> tiled(tokens * 64);
+      TileBf16AmxEmulated(m.view, b, InTileOrder(in), nullptr, tiled.data());
+      INFO("emulated AMX T=" << tokens << " block " << b << ": the activations in tile order");
+      REQUIRE(std::equal(tiled.begin(), tiled.end(), actual.begin()));
     }
     REQUIRE(nonzero);
   }
@@ -384,6 +407,8 @@ TEST_CASE("the AMX int8 and int4 tile walks give the VNNI tiles' bits on emulate
         // Two output groups per token group, for each of the 35 groups and both halves of the 64 outputs.
         CHECK(EmulatedTiles::state().dot_products - before == 2 * ((tokens + 15) / 16) * 35 * 2);
         CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
+        REQUIRE(std::equal(expected.begin(), expected.end(), actual.begin()));
+        emulated(m.view, b, InTileOrder(in), scratch, actual.data());
         REQUIRE(std::equal(expected.begin(), expected.end(), actual.begin()));
       }
     }
