@@ -74,16 +74,17 @@ pid=""
 [ "$status" -eq 0 ] || fail "exit status $status after SIGTERM"
 grep -q "^I.*draining and stopping" "$tmp/err" || fail "no INFO line for the drain: $(cat "$tmp/err")"
 
-echo "--- oneDNN without a bf16 matmul (no AVX-512 for it): the profile is measured without it, not aborted"
+echo "--- oneDNN capped at AVX2: the profile is measured, not aborted, and says what became of oneDNN"
+# (On AMD oneDNN then has no bf16 matmul; on an Intel Xeon it has one, whose
+# bits may depend on the width of a run.)
 XDG_CACHE_HOME="$tmp/cache" ONEDNN_MAX_CPU_ISA=AVX2 COLIBRI_MAX_ISA=avx2 COLIBRI_KERNEL_PROFILE= \
   start_node 1200 "no oneDNN matmul" --model "$tmp/model" --listen 127.0.0.1:0 --residency=paged
 if grep -q "defaults (a sanitizer or unoptimized build does not measure" "$tmp/out"; then
   echo "(this build does not measure kernel profiles: it started on the defaults)"
 else
   grep -q "kernels avx2: .*oneDNN never.*measured, cached" "$tmp/out" || fail "no measured profile without oneDNN"
-  grep -q "evidence oneDNN not used: oneDNN has no optimized bf16 matmul on this CPU" \
-    "$tmp/cache"/colibri/kernels-*.txt ||
-    fail "the profile does not say why oneDNN is not used: $(cat "$tmp/cache"/colibri/kernels-*.txt)"
+  grep -Eq "^evidence (oneDNN not used: |bf16 matmul )" "$tmp/cache"/colibri/kernels-*.txt ||
+    fail "the profile does not say what became of oneDNN: $(cat "$tmp/cache"/colibri/kernels-*.txt)"
 fi
 kill -TERM "$pid"
 wait "$pid" || fail "exit status $? after SIGTERM"

@@ -7,8 +7,8 @@
 //
 // Runs with the built-in kernel profile (COLIBRI_KERNEL_PROFILE=off, set
 // before anything selects kernels): bf16 experts then have no row threshold
-// but AMX tiles' 16 rows, which no caller here reaches, so every caller here
-// is mergeable on any CPU. kernel_rows itself is tested in
+// but AMX tiles' 16 rows, which no caller here reaches (at most 5 tokens),
+// so every caller here is mergeable on any CPU. kernel_rows itself is tested in
 // expert_executor_test.cc with thresholds that merged calls cross.
 
 #include "router_node/layer_batcher.h"
@@ -191,7 +191,7 @@ struct Fixture {
 
   // stall_after: an hour unless a test says (a held call must hold the queue, however slow the machine).
   explicit Fixture(absl::Duration window = absl::Milliseconds(20), int64_t max_tokens = 65536,
-                   absl::Duration stall_after = absl::Hours(1)) {
+                   absl::Duration stall_after = absl::Hours(1), int64_t batch_max_tokens = 64) {
     colibri::testing::MakeModel(colibri::testing::SmallSynth(dir / "ckpt"), model_dir, DType::kBF16);
     auto s = expert_node::ExpertStore::Create(model_dir, expert_node::StoreOptions{}, &log);
     REQUIRE(s.ok());
@@ -207,7 +207,7 @@ struct Fixture {
     RouterOptions options;
     options.max_tokens = max_tokens;
     options.batching.window = window;
-    options.batching.max_tokens = 64;
+    options.batching.max_tokens = batch_max_tokens;
     options.batching.stall_after = stall_after;
     auto b = Router::Create(model_dir, gated.get(), options);
     REQUIRE(b.ok());
@@ -419,21 +419,24 @@ TEST_CASE("a lone caller is not held for the window, and a caller over max_token
 }
 
 TEST_CASE("a caller whose arrival sends the queue without it does not compute the others' call") {
-  Fixture f(absl::Hours(1));  // the queue goes by its size only
+  // The queue goes by its size only; a merged call takes at most 4 tokens.
+  Fixture f(absl::Hours(1), 65536, absl::Hours(1), /*batch_max_tokens=*/4);
   const common::Manifest& m = f.manifest();
   using common::RoutingMode;
   std::vector<Request> requests;
   requests.push_back(MakeRequest(m, 0, 1, RoutingMode::kLut, DType::kF32, DType::kF32, 61));  // held
   requests.push_back(MakeRequest(m, 0, 2, RoutingMode::kLut, DType::kF32, DType::kF32, 62));
-  requests.push_back(MakeRequest(m, 0, 2, RoutingMode::kGate, DType::kF32, DType::kF32, 63));
-  // The first call's end leaves the two behind it waiting for a third
-  // caller (three were active); one of 64 tokens fills the queue past
-  // batching.max_tokens, so the queue goes without it.
+  requests.push_back(MakeRequest(m, 0, 1, RoutingMode::kGate, DType::kF32, DType::kF32, 63));
+  // The first call's end leaves the two behind it (3 tokens) waiting for a
+  // third caller (three were active); one of 4 tokens fills the queue past
+  // batching.max_tokens, so the queue goes without it, and then it goes
+  // alone. (Few tokens: a caller with an expert's rows at a kernel threshold
+  // is not merged at all.)
   std::vector<std::unique_ptr<Caller>> callers = StartBehindFirst(f, requests);
   callers[0]->finished.WaitForNotification();
   REQUIRE(callers[0]->result.ok());
   REQUIRE(f.merged->queued_calls() == 2);
-  const Request full = MakeRequest(m, 0, 64, RoutingMode::kLut, DType::kF32, DType::kF32, 64);
+  const Request full = MakeRequest(m, 0, 4, RoutingMode::kLut, DType::kF32, DType::kF32, 64);
   Caller last;
   last.Start(*f.merged, full.in);
   for (size_t i = 1; i < callers.size(); ++i) {
@@ -446,10 +449,10 @@ TEST_CASE("a caller whose arrival sends the queue without it does not compute th
   REQUIRE(last.result.ok());
   CHECK(last.result->output == f.Alone(full));
   CHECK(last.result->timings.merged_callers == 1);
-  // The merged call of the two (4 tokens) ran off the last caller's thread.
+  // The merged call of the two (3 tokens) ran off the last caller's thread.
   bool merged_seen = false;
   for (const auto& [thread, tokens] : f.gated->computed()) {
-    if (tokens != 4) continue;
+    if (tokens != 3) continue;
     merged_seen = true;
     CHECK(thread != last.thread.get_id());
   }
