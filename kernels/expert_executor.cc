@@ -272,7 +272,7 @@ bool RunSameShape(ThreadPool& pool, absl::Span<const ExpertTask> tasks, const fl
     const int64_t tile_min_tokens = TileMinTokens(options, kernels, type, t.expert->w1.q8_records != nullptr);
     p.tiled = tile_min_tokens > 0 && kernel_rows >= tile_min_tokens;
     p.order = TileOrder::kNone;
-    if (p.tiled && kernels.isa == Isa::kAvx512Amx) {
+    if (p.tiled && !p.onednn && kernels.isa == Isa::kAvx512Amx) {
       if (tile_kernel != nullptr) {
         p.order = type == common::DType::kBF16 ? TileOrder::kBf16 : TileOrder::kQ8;
       } else if (bf16_tiles != nullptr) {

@@ -102,7 +102,7 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
           // int4: the group's s, then s·z 64 floats on, copied so that the
           // compiler knows `out` cannot alias them (and vectorizes the loop).
           alignas(64) float s[32], sz[32];
-          if (kInt4) {
+          if constexpr (kInt4) {
             const float* record_s = reinterpret_cast<const float*>(record + kGroupBytes) + j0;
             std::copy(record_s, record_s + 32, s);
             std::copy(record_s + 64, record_s + 96, sz);

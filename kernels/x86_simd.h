@@ -29,13 +29,13 @@ namespace kernels {
 // matrix: a prefetch never faults.
 constexpr int64_t kStreamAheadBytes = 16 << 10;
 
-// Prefetches into L2 the kLines 64-byte lines kStreamAheadBytes after p.
+// Prefetches into L2 the kLines 64-byte lines kStreamAheadBytes after p
+// (computed as an integer: the address may lie past the allocation).
 template <int kLines>
 inline void PrefetchStreamAhead(const uint8_t* p) {
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(p) + kStreamAheadBytes;
 #pragma GCC unroll 4
-  for (int i = 0; i < kLines; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + kStreamAheadBytes + 64 * i), _MM_HINT_T1);
-  }
+  for (int i = 0; i < kLines; ++i) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * i), _MM_HINT_T1);
 }
 
 }  // namespace kernels

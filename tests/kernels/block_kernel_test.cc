@@ -410,6 +410,7 @@ TEST_CASE("the AMX int8 and int4 tile walks give the VNNI tiles' bits on emulate
         REQUIRE(std::equal(expected.begin(), expected.end(), actual.begin()));
         emulated(m.view, b, InTileOrder(in), scratch, actual.data());
         REQUIRE(std::equal(expected.begin(), expected.end(), actual.begin()));
+        CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
       }
     }
     CHECK(Q8TileSelfCheck(type, emulated));

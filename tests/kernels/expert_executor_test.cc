@@ -19,6 +19,9 @@
 
 #include "common/model_dir.h"
 #include "kernels/reference_moe.h"
+#include "kernels/tile_bf16_amx.h"
+#include "kernels/tile_q8_amx.h"
+#include "tests/kernels/amx_emulator.h"
 #include "tests/test_util.h"
 #include "tools/convert.h"
 
@@ -171,6 +174,84 @@ TEST_CASE("the expert executor matches the reference layer for every weight type
           CHECK(RelativeL2(y3, expected) <= tolerance);
         }
       }
+    }
+  }
+}
+
+// The AMX walks on emulated tiles (tests/kernels/amx_emulator.h), counting
+// the calls that were given the activations in tile order.
+std::atomic<int64_t> tile_order_calls{0};
+void EmulatedBf16Tiles(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t*, float* out) {
+  if (x.bf16_tiles != nullptr) tile_order_calls.fetch_add(1);
+  TileBf16AmxWith<EmulatedTiles>(w, block, x, out);
+}
+template <bool kInt4>
+void EmulatedQ8Tiles(const common::MatrixView& w, int64_t block, const Activations& x, uint8_t* scratch, float* out) {
+  if (x.q8_tiles != nullptr) tile_order_calls.fetch_add(1);
+  TileQ8AmxWith<EmulatedTiles, kInt4>(w, block, x, scratch, out);
+}
+
+TEST_CASE("the executor's tile-order copies of x and h give AMX tiles the bits of the rows (emulated tiles)") {
+  // A table that says avx512_amx makes the executor write x and h in tile
+  // order; the same table under another ISA name leaves them in rows. The
+  // int8 walks repack with AVX-512 code: bf16 only below avx512_bf16.
+  TempDir dir;
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
+  synth.d_model = 200;  // pads to 256
+  synth.d_ff = 300;     // pads to 320
+  synth.n_layers = 1;
+  synth.n_experts = 4;
+  synth.top_k = 2;
+  std::ostringstream log;
+  REQUIRE(tools::WriteSyntheticCheckpoint(synth, log).ok());
+  auto pool = ThreadPool::Create({2, -1, true});
+  REQUIRE(pool.ok());
+  std::vector<DType> types = {DType::kBF16};
+  if (DetectIsa() >= Isa::kAvx512Bf16) types.insert(types.end(), {DType::kInt8, DType::kInt4});
+  for (DType type : types) {
+    tools::ConvertOptions convert;
+    convert.checkpoint_dir = synth.out_dir;
+    convert.out_dir = dir / common::DTypeName(type);
+    convert.weight_type = type;
+    convert.progress = false;
+    REQUIRE(tools::ConvertCheckpoint(convert, log).ok());
+    const Layer layer = LoadLayer(convert.out_dir);
+    std::vector<const common::ExpertWeights*> experts;
+    for (const auto& e : layer.experts) experts.push_back(e.get());
+    KernelTable amx = KernelsFor(DetectIsa() >= Isa::kAvx512Bf16 ? Isa::kAvx512Bf16 : SelectedIsa());
+    amx.isa = Isa::kAvx512Amx;
+    amx.tile[static_cast<int>(DType::kBF16)] = EmulatedBf16Tiles;
+    if (type != DType::kBF16) {
+      amx.tile[static_cast<int>(DType::kInt8)] = EmulatedQ8Tiles<false>;
+      amx.tile[static_cast<int>(DType::kInt4)] = EmulatedQ8Tiles<true>;
+    }
+    KernelTable rows = amx;
+    rows.isa = Isa::kAvx512Bf16;
+    for (int64_t tokens : {5, 23, 40}) {  // a tail of 5, 14 or 8 rows past the last full group of 16
+      std::mt19937 rng(tokens);
+      std::normal_distribution<float> normal;
+      std::vector<float> x(tokens * synth.d_model);
+      for (float& v : x) v = normal(rng);
+      const common::Routes routes =
+          common::RouteByGate(layer.routing->gate, synth.n_experts, synth.d_model, synth.top_k, true, x.data(), tokens);
+      const GroupedRoutes tasks = GroupByExpert(routes, experts);
+      ExecutorOptions options;
+      options.onednn_min_tokens = 0;
+      options.bf16_tile_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens = 1;
+      std::vector<float> tiled(x.size(), 0.f), in_rows(x.size(), 0.f), expected(x.size());
+      Workspace ws;
+      options.kernels = &amx;
+      tile_order_calls = 0;
+      RunExperts(**pool, tasks.tasks, x.data(), synth.d_model, tiled.data(), ws, options);
+      INFO(common::DTypeName(type) << " T=" << tokens);
+      CHECK(tile_order_calls.load() > 0);
+      options.kernels = &rows;
+      tile_order_calls = 0;
+      RunExperts(**pool, tasks.tasks, x.data(), synth.d_model, in_rows.data(), ws, options);
+      CHECK(tile_order_calls.load() == 0);
+      CHECK(tiled == in_rows);
+      ReferenceMoeLayer(experts, routes, x.data(), synth.d_model, expected.data());
+      CHECK(RelativeL2(tiled, expected) <= 2e-2);
     }
   }
 }

@@ -7,8 +7,9 @@
 //
 // Runs with the built-in kernel profile (COLIBRI_KERNEL_PROFILE=off, set
 // before anything selects kernels): bf16 experts then have no row threshold
-// but AMX tiles' 16 rows, which no caller here reaches (at most 5 tokens),
-// so every caller here is mergeable on any CPU. kernel_rows itself is tested in
+// but AMX tiles' 16 rows, which no caller meant to merge reaches (at most 5
+// tokens; the one of 65 is over the batch limit on purpose), so each is
+// mergeable on any CPU. kernel_rows itself is tested in
 // expert_executor_test.cc with thresholds that merged calls cross.
 
 #include "router_node/layer_batcher.h"
