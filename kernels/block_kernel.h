@@ -49,8 +49,8 @@ struct Activations {
 // 16 rows' 64 bytes together: each AMX A operand (16 tokens × 64 bytes) is
 // then 1 KiB in one piece. Read from the rows, a tile's 16 rows lie
 // row_bytes apart — a multiple of 4 KiB for the usual model widths — and
-// fall into one L1 set, which cost the AMX bf16 kernel 16% on an Intel Xeon
-// (Emerald Rapids) at 32 to 128 tokens. A last group with fewer than 16
+// fall into one L1 set: on an Intel Xeon (Emerald Rapids) the AMX bf16 walk
+// over a 4096 × 4096 matrix at 128 tokens took 16.8 ms so, 12.6 in tile order. A last group with fewer than 16
 // tokens leaves its unused rows as they are (a tile of fewer rows never
 // reads them).
 inline int64_t TileOrderBytes(int64_t tokens, int64_t row_bytes) { return (tokens + 15) / 16 * 16 * row_bytes; }

@@ -51,7 +51,7 @@ void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activatio
         Machine::template Zero<2>();
         Machine::template Zero<3>();
       }
-      // The first token group's passes read the block from memory, each the
+      // The first 32 tokens' passes read the block from memory, each the
       // half of every pair row it multiplies (2 of its 4 lines), prefetched
       // kPrefetchSteps k-steps on. (Whole pair rows in the first pass alone,
       // the second reading its half from L2, left the memory idle while the

@@ -110,7 +110,7 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
           for (int t = 0; t < r0 + r1; ++t) {
             const float xs = x.q8_scales[(t0 + t) * groups + g];
             float* acc = out + (t0 + t) * kBlockRows + j0;
-            if (kInt4) {
+            if constexpr (kInt4) {
               const float sum = x.q8_sums[(t0 + t) * groups + g];
               for (int n = 0; n < 32; ++n) {
                 const float scale = s[n] * xs;

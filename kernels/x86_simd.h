@@ -25,7 +25,7 @@ namespace kernels {
 // hardware prefetchers alone kept too few misses in flight on an Intel Xeon
 // (Emerald Rapids, 2 vCPUs): the bf16 kernel read 16 GB/s where a read probe
 // read 27; 4 KiB ahead gave 23-25, 16 KiB to 64 KiB 26-28 (one core: 8.7 ->
-// 13 GB/s of the probe's 14). The lines may lie past the block or the
+// 13 GB/s where the probe read 13.5-14). The lines may lie past the block or the
 // matrix: a prefetch never faults.
 constexpr int64_t kStreamAheadBytes = 16 << 10;
 

@@ -193,8 +193,9 @@ void EmulatedQ8Tiles(const common::MatrixView& w, int64_t block, const Activatio
 
 TEST_CASE("the executor's tile-order copies of x and h give AMX tiles the bits of the rows (emulated tiles)") {
   // A table that says avx512_amx makes the executor write x and h in tile
-  // order; the same table under another ISA name leaves them in rows. The
-  // int8 walks repack with AVX-512 code: bf16 only below avx512_bf16.
+  // order; the same table under another ISA name leaves them in rows. int8
+  // and int4 run on bf16 tiles (dequantized: every table can) and, where the
+  // CPU has AVX-512 for the repacking, on int8 tiles.
   TempDir dir;
   tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
   synth.d_model = 200;  // pads to 256
@@ -206,9 +207,7 @@ TEST_CASE("the executor's tile-order copies of x and h give AMX tiles the bits o
   REQUIRE(tools::WriteSyntheticCheckpoint(synth, log).ok());
   auto pool = ThreadPool::Create({2, -1, true});
   REQUIRE(pool.ok());
-  std::vector<DType> types = {DType::kBF16};
-  if (DetectIsa() >= Isa::kAvx512Bf16) types.insert(types.end(), {DType::kInt8, DType::kInt4});
-  for (DType type : types) {
+  for (DType type : {DType::kBF16, DType::kInt8, DType::kInt4}) {
     tools::ConvertOptions convert;
     convert.checkpoint_dir = synth.out_dir;
     convert.out_dir = dir / common::DTypeName(type);
@@ -218,40 +217,45 @@ TEST_CASE("the executor's tile-order copies of x and h give AMX tiles the bits o
     const Layer layer = LoadLayer(convert.out_dir);
     std::vector<const common::ExpertWeights*> experts;
     for (const auto& e : layer.experts) experts.push_back(e.get());
-    KernelTable amx = KernelsFor(DetectIsa() >= Isa::kAvx512Bf16 ? Isa::kAvx512Bf16 : SelectedIsa());
-    amx.isa = Isa::kAvx512Amx;
-    amx.tile[static_cast<int>(DType::kBF16)] = EmulatedBf16Tiles;
-    if (type != DType::kBF16) {
-      amx.tile[static_cast<int>(DType::kInt8)] = EmulatedQ8Tiles<false>;
-      amx.tile[static_cast<int>(DType::kInt4)] = EmulatedQ8Tiles<true>;
-    }
-    KernelTable rows = amx;
-    rows.isa = Isa::kAvx512Bf16;
-    for (int64_t tokens : {5, 23, 40}) {  // a tail of 5, 14 or 8 rows past the last full group of 16
-      std::mt19937 rng(tokens);
-      std::normal_distribution<float> normal;
-      std::vector<float> x(tokens * synth.d_model);
-      for (float& v : x) v = normal(rng);
-      const common::Routes routes =
-          common::RouteByGate(layer.routing->gate, synth.n_experts, synth.d_model, synth.top_k, true, x.data(), tokens);
-      const GroupedRoutes tasks = GroupByExpert(routes, experts);
-      ExecutorOptions options;
-      options.onednn_min_tokens = 0;
-      options.bf16_tile_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens = 1;
-      std::vector<float> tiled(x.size(), 0.f), in_rows(x.size(), 0.f), expected(x.size());
-      Workspace ws;
-      options.kernels = &amx;
-      tile_order_calls = 0;
-      RunExperts(**pool, tasks.tasks, x.data(), synth.d_model, tiled.data(), ws, options);
-      INFO(common::DTypeName(type) << " T=" << tokens);
-      CHECK(tile_order_calls.load() > 0);
-      options.kernels = &rows;
-      tile_order_calls = 0;
-      RunExperts(**pool, tasks.tasks, x.data(), synth.d_model, in_rows.data(), ws, options);
-      CHECK(tile_order_calls.load() == 0);
-      CHECK(tiled == in_rows);
-      ReferenceMoeLayer(experts, routes, x.data(), synth.d_model, expected.data());
-      CHECK(RelativeL2(tiled, expected) <= 2e-2);
+    for (bool int8_tiles : {false, true}) {
+      if (type == DType::kBF16 && int8_tiles) continue;
+      if (int8_tiles && DetectIsa() < Isa::kAvx512) continue;
+      KernelTable amx = KernelsFor(SelectedIsa());
+      amx.isa = Isa::kAvx512Amx;
+      amx.tile[static_cast<int>(DType::kBF16)] = EmulatedBf16Tiles;
+      amx.tile[static_cast<int>(DType::kInt8)] = int8_tiles ? EmulatedQ8Tiles<false> : nullptr;
+      amx.tile[static_cast<int>(DType::kInt4)] = int8_tiles ? EmulatedQ8Tiles<true> : nullptr;
+      KernelTable rows = amx;
+      rows.isa = Isa::kAvx512Bf16;
+      for (int64_t tokens : {5, 23, 80}) {  // at 80, some expert has more than 32 rows: two token steps
+        std::mt19937 rng(tokens);
+        std::normal_distribution<float> normal;
+        std::vector<float> x(tokens * synth.d_model);
+        for (float& v : x) v = normal(rng);
+        const common::Routes routes = common::RouteByGate(layer.routing->gate, synth.n_experts, synth.d_model,
+                                                          synth.top_k, true, x.data(), tokens);
+        const GroupedRoutes tasks = GroupByExpert(routes, experts);
+        ExecutorOptions options;
+        options.onednn_min_tokens = 0;
+        options.bf16_tile_min_tokens = options.int8_tile_min_tokens = options.int4_tile_min_tokens = 1;
+        std::vector<float> tiled(x.size(), 0.f), in_rows(x.size(), 0.f), expected(x.size());
+        Workspace ws;
+        options.kernels = &amx;
+        tile_order_calls = 0;
+        RunExperts(**pool, tasks.tasks, x.data(), synth.d_model, tiled.data(), ws, options);
+        INFO(common::DTypeName(type) << (int8_tiles ? " on int8 tiles" : " on bf16 tiles") << " T=" << tokens);
+        CHECK(tile_order_calls.load() > 0);
+        options.kernels = &rows;
+        tile_order_calls = 0;
+        RunExperts(**pool, tasks.tasks, x.data(), synth.d_model, in_rows.data(), ws, options);
+        CHECK(tile_order_calls.load() == 0);
+        CHECK(tiled == in_rows);
+        ReferenceMoeLayer(experts, routes, x.data(), synth.d_model, expected.data());
+        CHECK(RelativeL2(tiled, expected) <= 2e-2);
+        int64_t most_rows = 0;
+        for (const ExpertTask& t : tasks.tasks) most_rows = std::max(most_rows, t.num_rows);
+        if (tokens == 80) CHECK(most_rows > 32);
+      }
     }
   }
 }
