@@ -50,9 +50,9 @@ struct Activations {
 // then 1 KiB in one piece. Read from the rows, a tile's 16 rows lie
 // row_bytes apart — a multiple of 4 KiB for the usual model widths — and
 // fall into one L1 set: on an Intel Xeon (Emerald Rapids) the AMX bf16 walk
-// over a 4096 × 4096 matrix at 128 tokens took 16.8 ms so, 12.6 in tile order. A last group with fewer than 16
-// tokens leaves its unused rows as they are (a tile of fewer rows never
-// reads them).
+// over a 4096 × 4096 matrix at 128 tokens took 16.8 ms so, 12.6 in tile
+// order. A last group with fewer than 16 tokens leaves its unused rows as
+// they are (a tile of fewer rows never reads them).
 inline int64_t TileOrderBytes(int64_t tokens, int64_t row_bytes) { return (tokens + 15) / 16 * 16 * row_bytes; }
 // Copies bytes [first, first + count) of token t's row `row` (multiples of
 // 64) to their places in `tiles`.
