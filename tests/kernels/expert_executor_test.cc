@@ -110,16 +110,35 @@ double RelativeL2(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(diff / norm);
 }
 
-TEST_CASE("the expert executor matches the reference layer for every weight type and token count") {
-  TempDir dir;
-  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
-  synth.d_model = 200;  // pads to 256
-  synth.d_ff = 300;     // pads to 320
+// A one-layer checkpoint whose widths pad (d_model 200 to 256, d_ff 300 to
+// 320), top-2 of n_experts, written to `dir`.
+tools::SynthOptions WriteOddShapedCheckpoint(const std::string& dir, int64_t n_experts) {
+  tools::SynthOptions synth = colibri::testing::SmallSynth(dir);
+  synth.d_model = 200;
+  synth.d_ff = 300;
   synth.n_layers = 1;
-  synth.n_experts = 6;
+  synth.n_experts = n_experts;
   synth.top_k = 2;
   std::ostringstream log;
   REQUIRE(tools::WriteSyntheticCheckpoint(synth, log).ok());
+  return synth;
+}
+
+// The checkpoint converted to `type` in `out_dir`; returns out_dir.
+std::string ConvertTo(const tools::SynthOptions& synth, const std::string& out_dir, DType type) {
+  tools::ConvertOptions convert;
+  convert.checkpoint_dir = synth.out_dir;
+  convert.out_dir = out_dir;
+  convert.weight_type = type;
+  convert.progress = false;
+  std::ostringstream log;
+  REQUIRE(tools::ConvertCheckpoint(convert, log).ok());
+  return out_dir;
+}
+
+TEST_CASE("the expert executor matches the reference layer for every weight type and token count") {
+  TempDir dir;
+  const tools::SynthOptions synth = WriteOddShapedCheckpoint(dir / "ckpt", 6);
   auto pool1 = ThreadPool::Create({1, -1, false});
   auto pool2 = ThreadPool::Create({2, -1, true});
   auto pool3 = ThreadPool::Create({3, -1, false, /*caller_joins=*/true});  // as an expert node runs it
@@ -128,13 +147,7 @@ TEST_CASE("the expert executor matches the reference layer for every weight type
   REQUIRE(pool3.ok());
   INFO("kernels: " << IsaName(SelectedKernels().isa));
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt8, DType::kInt4}) {
-    tools::ConvertOptions convert;
-    convert.checkpoint_dir = synth.out_dir;
-    convert.out_dir = dir / common::DTypeName(type);
-    convert.weight_type = type;
-    convert.progress = false;
-    REQUIRE(tools::ConvertCheckpoint(convert, log).ok());
-    const Layer layer = LoadLayer(convert.out_dir);
+    const Layer layer = LoadLayer(ConvertTo(synth, dir / common::DTypeName(type), type));
     std::vector<const common::ExpertWeights*> experts;
     for (const auto& e : layer.experts) experts.push_back(e.get());
     for (int64_t tokens : {1, 3, 17, 129}) {
@@ -197,24 +210,11 @@ TEST_CASE("the executor's tile-order copies of x and h give AMX tiles the bits o
   // and int4 run on bf16 tiles (dequantized: every table can) and, where the
   // CPU has AVX-512 for the repacking, on int8 tiles.
   TempDir dir;
-  tools::SynthOptions synth = colibri::testing::SmallSynth(dir / "ckpt");
-  synth.d_model = 200;  // pads to 256
-  synth.d_ff = 300;     // pads to 320
-  synth.n_layers = 1;
-  synth.n_experts = 4;
-  synth.top_k = 2;
-  std::ostringstream log;
-  REQUIRE(tools::WriteSyntheticCheckpoint(synth, log).ok());
+  const tools::SynthOptions synth = WriteOddShapedCheckpoint(dir / "ckpt", 4);
   auto pool = ThreadPool::Create({2, -1, true});
   REQUIRE(pool.ok());
   for (DType type : {DType::kBF16, DType::kInt8, DType::kInt4}) {
-    tools::ConvertOptions convert;
-    convert.checkpoint_dir = synth.out_dir;
-    convert.out_dir = dir / common::DTypeName(type);
-    convert.weight_type = type;
-    convert.progress = false;
-    REQUIRE(tools::ConvertCheckpoint(convert, log).ok());
-    const Layer layer = LoadLayer(convert.out_dir);
+    const Layer layer = LoadLayer(ConvertTo(synth, dir / common::DTypeName(type), type));
     std::vector<const common::ExpertWeights*> experts;
     for (const auto& e : layer.experts) experts.push_back(e.get());
     for (bool int8_tiles : {false, true}) {
