@@ -13,7 +13,7 @@
 //   Zero<t>(), Load<t>(ptr, stride), Store<t>(ptr, stride)
 //   DotBf16<c, a, b>()                          c += a · b, bf16 pairs (tdpbf16ps)
 //   DotS8U8<c, a, b>()                          c += a · b, signed a × unsigned b bytes (tdpbsud)
-//   Prefetch(ptr)                               a hint (to L2); may do nothing
+//   Prefetch(ptr), PrefetchL1(ptr)              hints (to L2, to L1); may do nothing
 //   Release()                                   tilerelease
 //
 // Both walks use the same eight tiles: 0–3 accumulate two token groups ×
@@ -96,6 +96,7 @@ struct HardwareTiles {
     __asm__ volatile("tdpbsud %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(kC), "i"(kA), "i"(kB));
   }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+  static void PrefetchL1(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   static void Release() { __asm__ volatile("tilerelease" ::); }
 };
 

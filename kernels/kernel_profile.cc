@@ -43,7 +43,7 @@ using common::DType;
 
 // Bumped whenever the candidates, their speed or the way they are timed
 // change, so a cache written by another version is not read.
-constexpr int kProfileVersion = 11;
+constexpr int kProfileVersion = 12;
 constexpr int64_t kMaxProfileBytes = 1 << 20;  // a profile is a few KiB: anything larger is not one
 
 // Whether this build's timings say anything about the host: sanitizers and

@@ -113,6 +113,7 @@ struct EmulatedTiles {
     ++s.dot_products;
   }
   static void Prefetch(const void*) {}
+  static void PrefetchL1(const void*) {}
   static void Release() { state().configured = false; }
 
  private:

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -344,27 +345,38 @@ TEST_CASE("the AMX bf16 tile walk matches the scalar reference on emulated tiles
   CheckTileKernel("emulated AMX", DType::kBF16, TileBf16AmxEmulated, rng);
   // Token counts around the 16- and 32-row tiles, with a guard after the
   // outputs: rows past T are neither read (the inputs are exactly T rows,
-  // which AddressSanitizer checks) nor written.
-  const Matrix m = MakeMatrix(DType::kBF16, 128, 96, rng);
-  for (int64_t tokens : {15, 16, 31, 32, 47, 48, 129}) {
-    const Inputs in = MakeInputs(tokens, 96, m.view.layout.padded_cols, rng);
-    std::vector<float> expected(tokens * 64), actual(tokens * 64 + 64, -7.f);
-    bool nonzero = false;
-    for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
-      BlockBf16Scalar(m.view, b, in.acts, expected.data());
-      const int64_t before = EmulatedTiles::state().dot_products;
-      TileBf16AmxEmulated(m.view, b, in.acts, nullptr, actual.data());
-      // Two output groups per token group, for each k-step of 32.
-      CHECK(EmulatedTiles::state().dot_products - before == 4 * ((tokens + 15) / 16) * (128 / 32));
-      CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
-      CheckBlock(absl::StrCat("emulated AMX T=", tokens), m, b, in, true, expected,
-                 std::vector<float>(actual.begin(), actual.end() - 64), &nonzero);
-      std::vector<float> tiled(tokens * 64);
-      TileBf16AmxEmulated(m.view, b, InTileOrder(in), nullptr, tiled.data());
-      INFO("emulated AMX T=" << tokens << " block " << b << ": the activations in tile order");
-      REQUIRE(std::equal(tiled.begin(), tiled.end(), actual.begin()));
+  // which AddressSanitizer checks) nor written. 2200 columns are three
+  // chunks of the walk (kTileBf16ChunkCols), whose partial sums wait in the
+  // output between chunks: every token group's, the tail's too.
+  for (const auto& [rows, cols, token_counts] :
+       {std::tuple<int64_t, int64_t, std::vector<int64_t>>{128, 96, {15, 16, 31, 32, 47, 48, 129}},
+        {64, 2200, {17, 47}}}) {
+    const Matrix m = MakeMatrix(DType::kBF16, rows, cols, rng);
+    const int64_t K = m.view.layout.padded_cols;
+    for (int64_t tokens : token_counts) {
+      const Inputs in = MakeInputs(tokens, cols, K, rng);
+      const Inputs last = LastToken(in, tokens);
+      std::vector<float> expected(tokens * 64), actual(tokens * 64 + 64, -7.f), alone(64);
+      bool nonzero = false;
+      for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
+        const std::string what = absl::StrCat("emulated AMX [", rows, " x ", cols, "] T=", tokens, " block ", b);
+        BlockBf16Scalar(m.view, b, in.acts, expected.data());
+        const int64_t before = EmulatedTiles::state().dot_products;
+        TileBf16AmxEmulated(m.view, b, in.acts, nullptr, actual.data());
+        // Two output groups per token group, for each k-step of 32.
+        CHECK(EmulatedTiles::state().dot_products - before == 4 * ((tokens + 15) / 16) * (K / 32));
+        CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
+        CheckBlock(what, m, b, in, true, expected, std::vector<float>(actual.begin(), actual.end() - 64), &nonzero);
+        std::vector<float> tiled(tokens * 64);
+        TileBf16AmxEmulated(m.view, b, InTileOrder(in), nullptr, tiled.data());
+        INFO(what << ": the activations in tile order");
+        REQUIRE(std::equal(tiled.begin(), tiled.end(), actual.begin()));
+        TileBf16AmxEmulated(m.view, b, last.acts, nullptr, alone.data());
+        INFO(what << ": the last token alone");
+        REQUIRE(std::equal(alone.begin(), alone.end(), actual.begin() + (tokens - 1) * 64));
+      }
+      REQUIRE(nonzero);
     }
-    REQUIRE(nonzero);
   }
   // The walk leaves the tiles released, as the hardware kernel does.
   CHECK_FALSE(EmulatedTiles::state().configured);
