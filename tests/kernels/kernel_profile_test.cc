@@ -22,7 +22,7 @@ using colibri::testing::ReadFile;
 using colibri::testing::TempDir;
 
 bool IsMeasuredRowCount(int64_t rows) {
-  for (int64_t r : {0, 2, 4, 8, 16, 32, 64, 128}) {
+  for (int64_t r : {0, 2, 4, 6, 8, 16, 32, 64, 128}) {
     if (rows == r) return true;
   }
   return false;
@@ -155,6 +155,7 @@ TEST_CASE("the measured profile chooses among measured row counts and says why")
   const KernelProfile p = MeasureProfile(isa);
   CHECK(p.isa == isa);
   CHECK(IsMeasuredRowCount(p.onednn_min_tokens));
+  CHECK(IsMeasuredRowCount(p.bf16_tile_min_tokens));
   CHECK(IsMeasuredRowCount(p.int8_tile_min_tokens));
   CHECK(IsMeasuredRowCount(p.int4_tile_min_tokens));
   CHECK(IsMeasuredRowCount(p.int8_records_tile_min_tokens));
@@ -173,20 +174,20 @@ TEST_CASE("the measured profile chooses among measured row counts and says why")
   if (isa == Isa::kScalar) return;
   // One line per comparison and the time it took: 7 row counts for oneDNN
   // (or one saying why it is not used);
-  // for int8 and int4, 7 against bf16 tiles or 6 + 6 on the large expert
+  // for int8 and int4, 7 against bf16 tiles or 7 + 7 on the large expert
   // against int8 tiles, without and with records (where the profiled table
   // has int8 tiles; without them the records thresholds are the others);
-  // 6 for bf16 on AMX tiles
+  // 7 for bf16 on AMX tiles
   // (where there are some); the three pairs of block kernels where there are
   // two.
   const KernelTable table = ProfiledTable(p);
-  auto tile_lines = [&](common::DType type) { return table.TileFor(type) != nullptr ? 12 : 7; };
+  auto tile_lines = [&](common::DType type) { return table.TileFor(type) != nullptr ? 14 : 7; };
   for (auto [type, with, without] :
        {std::tuple{common::DType::kInt8, p.int8_records_tile_min_tokens, p.int8_tile_min_tokens},
         std::tuple{common::DType::kInt4, p.int4_records_tile_min_tokens, p.int4_tile_min_tokens}}) {
     if (table.TileFor(type) == nullptr) CHECK(with == without);
   }
-  const size_t amx_lines = table.TileFor(common::DType::kBF16) != nullptr ? 6 : 0;
+  const size_t amx_lines = table.TileFor(common::DType::kBF16) != nullptr ? 7 : 0;
   const bool onednn_refused = std::any_of(p.evidence.begin(), p.evidence.end(), [](const std::string& line) {
     return line.rfind("oneDNN not used: its bits depend on the width of a run", 0) == 0;
   });
