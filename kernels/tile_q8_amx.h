@@ -53,14 +53,18 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
     } else if (kInt4) {
       UnpackQ4Records(records + g0 * record_bytes, g1 - g0, scratch);
     }
-    // The next chunk of the stored rows (this block's, or the next block's
-    // first), prefetched to L2 during the last token groups' pass: 64 rows
-    // read across are streams no hardware prefetcher follows.
+    // The next chunk (this block's, or the next block's first), prefetched
+    // to L2 during the last token groups' pass: of the stored rows (64 rows
+    // read across are streams no hardware prefetcher follows), or of the
+    // records, which follow this chunk's. (Records read in place without it
+    // took longer than repacking the rows: the tile loads waited on memory.)
     const bool last_chunk = g1 == groups;
     const uint8_t* next = last_chunk ? base + w.layout.block_bytes : base + g1 * kRowBytes;
     const int64_t next_groups = std::min(kTileQ8ChunkGroups, last_chunk ? groups : groups - g1);
     const int64_t lines_per_row = (next_groups * kRowBytes + 63) / 64;
-    const bool prefetch = records == nullptr && !(last_chunk && block + 1 == w.layout.num_blocks());
+    const uint8_t* next_records = records != nullptr ? records + g1 * record_bytes : nullptr;
+    const int64_t record_lines = next_groups * record_bytes / 64;
+    const bool prefetch = !(last_chunk && block + 1 == w.layout.num_blocks());
     for (int64_t t0 = 0; t0 < T; t0 += 32) {
       const int r0 = static_cast<int>(std::min<int64_t>(16, T - t0));
       const int r1 = static_cast<int>(std::clamp<int64_t>(T - t0 - 16, 0, 16));
@@ -70,9 +74,13 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
       }
       const bool fetching = prefetch && t0 + 32 >= T;
       for (int64_t g = g0; g < g1; ++g) {
-        if (fetching) {  // this group's share of the 64 rows
+        if (fetching && records == nullptr) {  // this group's share of the 64 rows
           for (int64_t r = (g - g0) * kBlockRows / (g1 - g0); r < (g - g0 + 1) * kBlockRows / (g1 - g0); ++r) {
             for (int64_t l = 0; l < lines_per_row; ++l) Machine::Prefetch(next + r * (K / 64) * kRowBytes + l * 64);
+          }
+        } else if (fetching) {  // this group's share of the records' lines
+          for (int64_t l = (g - g0) * record_lines / (g1 - g0); l < (g - g0 + 1) * record_lines / (g1 - g0); ++l) {
+            Machine::Prefetch(next_records + l * 64);
           }
         }
         const uint8_t* record = chunk + (g - g0) * kTileQ8RecordBytes;
