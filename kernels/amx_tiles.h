@@ -26,6 +26,7 @@
 
 #include "kernels/x86_simd.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace colibri {
@@ -53,6 +54,24 @@ inline AmxTileConfig AmxConfig2x2(int r0, int r1) {
   set(4, r0), set(5, r1);                          // A: rows × 64 bytes of activations
   set(6, 16), set(7, 16);                          // B: 16 pairs / quads × 16 outputs
   return c;
+}
+
+// The rows of the two token groups from t0 (a multiple of 32) of T tokens:
+// r0 of the first 16, r1 of the next 16 (0: none).
+struct TokenGroups {
+  int r0 = -1, r1 = -1;
+};
+// Configures Machine's tiles for the token groups from t0 unless
+// `configured` (initially {-1, -1}) says they already are; returns them.
+template <typename Machine>
+TokenGroups ConfigureTokenGroups(int64_t tokens, int64_t t0, TokenGroups* configured) {
+  const TokenGroups groups{static_cast<int>(std::min<int64_t>(16, tokens - t0)),
+                           static_cast<int>(std::clamp<int64_t>(tokens - t0 - 16, 0, 16))};
+  if (groups.r0 != configured->r0 || groups.r1 != configured->r1) {
+    Machine::Configure(AmxConfig2x2(groups.r0, groups.r1));
+    *configured = groups;
+  }
+  return groups;
 }
 
 // Where the A operand of the 16 tokens from t0 (a multiple of 16) at byte

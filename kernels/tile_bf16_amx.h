@@ -57,16 +57,11 @@ void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activatio
   // An integer, not a pointer: the lines ahead may lie past the block (the
   // next block's, which its walk reads next) or past the matrix (not fetched).
   const uintptr_t matrix_end = reinterpret_cast<uintptr_t>(w.data) + w.layout.data_bytes;
-  int configured0 = -1, configured1 = -1;
+  TokenGroups configured;
   for (int64_t k0 = 0; k0 < cols; k0 += kTileBf16ChunkCols) {
     const int64_t k1 = std::min(cols, k0 + kTileBf16ChunkCols);
     for (int64_t t0 = 0; t0 < tokens; t0 += 32) {
-      const int r0 = static_cast<int>(std::min<int64_t>(16, tokens - t0));
-      const int r1 = static_cast<int>(std::clamp<int64_t>(tokens - t0 - 16, 0, 16));
-      if (r0 != configured0 || r1 != configured1) {
-        Machine::Configure(AmxConfig2x2(r0, r1));
-        configured0 = r0, configured1 = r1;
-      }
+      const auto [r0, r1] = ConfigureTokenGroups<Machine>(tokens, t0, &configured);
       for (int64_t j0 = 0; j0 < 64; j0 += 32) {
         float* o = out + t0 * 64 + j0;
         if (k0 == 0) {

@@ -40,7 +40,7 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
   const uint8_t* base = w.data + block * w.layout.block_bytes;
   alignas(64) int32_t dots[32][32];  // C of two token groups × 32 outputs
   std::fill(out, out + T * kBlockRows, 0.f);
-  int configured0 = -1, configured1 = -1;
+  TokenGroups configured;
   // Records built ahead (BuildQ8Records) are read in place, front to back;
   // int4's, packed, are unpacked a chunk at a time into `scratch` (in cache).
   const int64_t record_bytes = BuiltQ8RecordBytes(w.layout.dtype);
@@ -66,12 +66,7 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
     const int64_t record_lines = next_groups * record_bytes / 64;
     const bool prefetch = !(last_chunk && block + 1 == w.layout.num_blocks());
     for (int64_t t0 = 0; t0 < T; t0 += 32) {
-      const int r0 = static_cast<int>(std::min<int64_t>(16, T - t0));
-      const int r1 = static_cast<int>(std::clamp<int64_t>(T - t0 - 16, 0, 16));
-      if (r0 != configured0 || r1 != configured1) {
-        Machine::Configure(AmxConfig2x2(r0, r1));
-        configured0 = r0, configured1 = r1;
-      }
+      const auto [r0, r1] = ConfigureTokenGroups<Machine>(T, t0, &configured);
       const bool fetching = prefetch && t0 + 32 >= T;
       for (int64_t g = g0; g < g1; ++g) {
         if (fetching && records == nullptr) {  // this group's share of the 64 rows
