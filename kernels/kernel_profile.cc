@@ -64,8 +64,8 @@ constexpr bool kTimingBuild = true;
 #endif
 // d_model and d_ff of the synthetic experts: small ones (in cache: compute
 // decides) for the row thresholds, large ones (100 MB at bf16: streamed from
-// memory, as decode does) for the choice of block kernel and the int8-tile
-// thresholds.
+// memory, as decode does) for the choice of block kernel and the AMX bf16 and
+// int8-tile thresholds.
 constexpr int64_t kSmallDim = 1024, kLargeDim = 4096;
 constexpr int64_t kRows[] = {2, 4, 8, 16, 32, 64, 128};        // rows per expert timed for thresholds
 constexpr int64_t kStreamedRows[] = {2, 4, 6, 8, 16, 32, 64};  // the same on the large expert (wins go on beyond)
@@ -133,7 +133,7 @@ class Timer {
   // from_memory: every timed run reads the expert's weights from memory, as
   // a real layer's runs do (where the CPU can flush them: CLFLUSHOPT). The
   // large expert (100 MB at bf16) would otherwise come from the last-level
-  // cache where that is larger (300 MB on an Intel Xeon we measured), where
+  // cache where that is larger (300 MiB on an Intel Xeon we measured), where
   // the own kernels fare better against the tiles than in a layer.
   Timer(ThreadPool* pool, int64_t dim, bool from_memory = false)
       : pool_(pool), dim_(dim), from_memory_(from_memory && HasClflushopt()) {

@@ -32,16 +32,16 @@ namespace kernels {
 // The inputs are walked in chunks of kTileBf16ChunkCols: every token group
 // multiplies a chunk (128 KiB of the block: it stays in L2) before the next
 // chunk starts, the partial sums waiting in `out` (stored and loaded again
-// as they are, so the bits are those of one pass over all inputs). Without
-// chunks, every later token group read the block again from L3 once it
-// outgrew L2 (a 14336-input block is 1.8 MiB, 128 tokens of its activations
-// 3.6 MiB). On an Intel Xeon (Emerald Rapids), one core, 128 tokens, a
+// as they are, so the bits are those of one pass over all inputs).
+// Unchunked, every later token group would read the block again from L3
+// once it outgrows L2 (a 14336-input block is 1.8 MiB, 128 tokens of its
+// activations 3.5 MiB). On an Intel Xeon (Emerald Rapids), one core, 128 tokens, a
 // 4096 × 14336 matrix took 52–70 ms unchunked against 30–37 ms in chunks of
 // 1024 inputs (512: about the same; 256: 36–39), best of 7, the variants
 // alternating. Up to 32 tokens (one token group) the chunks change only the
 // order in which the two passes read the block's halves. With the L1
 // prefetch below, the Mixtral-shaped layer (2 threads, calls alternating
-// with the walk before both changes, medians of 20, two runs) took 4% less
+// with the unchunked walk without the L1 prefetch, medians of 20, two runs) took 4% less
 // at 32 tokens, 11–12% less at 128 and 17–21% less at 256; the same at 8.
 inline constexpr int64_t kTileBf16ChunkCols = 1024;
 

@@ -56,8 +56,9 @@ void TileQ8AmxWith(const common::MatrixView& w, int64_t block, const Activations
     // The next chunk (this block's, or the next block's first), prefetched
     // to L2 during the last token groups' pass: of the stored rows (64 rows
     // read across are streams no hardware prefetcher follows), or of the
-    // records, which follow this chunk's. (Records read in place without it
-    // took longer than repacking the rows: the tile loads waited on memory.)
+    // records, which follow this chunk's. (Without it, on one 4096 × 4096
+    // matrix at 8 tokens, reading the records in place took longer than
+    // repacking the rows: the tile loads waited on memory.)
     const bool last_chunk = g1 == groups;
     const uint8_t* next = last_chunk ? base + w.layout.block_bytes : base + g1 * kRowBytes;
     const int64_t next_groups = std::min(kTileQ8ChunkGroups, last_chunk ? groups : groups - g1);
