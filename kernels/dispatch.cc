@@ -68,9 +68,11 @@ bool Agrees(const std::string& type, const std::vector<float>& out, const std::v
 bool Bf16TileSelfCheck(TileKernelFn tile) {
   using common::kBlockRows;
   // 47 tokens: two full groups of 16 and one of 15 (the tiles reconfigured
-  // between passes); 512 inputs. Integers of at most 5 · 2 · 512 in every
-  // sum: exact in any order the hardware adds them.
-  constexpr int64_t kCols = 512, kTokens = 47;
+  // between passes); 2176 inputs: three chunks of the walk, the last a short
+  // one (kernels/tile_bf16_amx.h), so the partial sums go through `out` on
+  // the hardware too. Integers of at most 5 · 2 · 2176 in every sum: exact
+  // in any order the hardware adds them.
+  constexpr int64_t kCols = 2176, kTokens = 47;
   const common::MatrixLayout layout = common::ComputeMatrixLayout(DType::kBF16, kBlockRows, kCols);
   std::vector<float> w(kBlockRows * kCols), x(kTokens * kCols);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i * 7 % 5) - 2);

@@ -11,7 +11,8 @@
 //   B = 16 input pairs × 16 outputs of W: the stored bf16 layout is already
 //       [K/2][64][2] per block (common/weight_matrix.h), i.e. the pair rows
 //       tdpbf16ps reads, at a stride of 256 bytes;
-//   C = [16 tokens][16 outputs] f32: stored straight into out[t][64].
+//   C = [16 tokens][16 outputs] f32: stored straight into out[t][64] (and
+//       loaded from there again between chunks of the inputs, below).
 
 #include <algorithm>
 #include <cstdint>
@@ -34,18 +35,21 @@ namespace kernels {
 // chunk starts, the partial sums waiting in `out` (stored and loaded again
 // as they are, so the bits are those of one pass over all inputs).
 // Unchunked, every later token group would read the block again from L3
-// once it outgrows L2 (a 14336-input block is 1.8 MiB, 128 tokens of its
+// once it outgrows L2 (a 14336-input block is 1.75 MiB, 128 tokens of its
 // activations 3.5 MiB). On an Intel Xeon (Emerald Rapids), one core, 128 tokens, a
 // 4096 × 14336 matrix took 52–70 ms unchunked against 30–37 ms in chunks of
 // 1024 inputs (512: about the same; 256: 36–39), best of 7, the variants
 // alternating. Up to 32 tokens (one token group) the chunks change only the
-// order in which the two passes read the block's halves. With the L1
+// order in which the two passes read the block's halves, and add a store and
+// a load of the C tiles per chunk. With the L1
 // prefetch below, the Mixtral-shaped layer (2 threads, calls alternating
 // with the unchunked walk without the L1 prefetch, medians of 20, two runs) took 4% less
 // at 32 tokens, 11–12% less at 128 and 17–21% less at 256; the same at 8.
 inline constexpr int64_t kTileBf16ChunkCols = 1024;
 
-template <typename Machine>
+// kChunkCols (a multiple of 32): the chunk, other than the default only in
+// tests (which compare the bits with those of a single chunk).
+template <typename Machine, int64_t kChunkCols = kTileBf16ChunkCols>
 void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activations& x, float* out) {
   const int64_t tokens = x.num_tokens, cols = x.cols;
   const uint8_t* weights = w.data + block * w.layout.block_bytes;
@@ -55,11 +59,12 @@ void TileBf16AmxWith(const common::MatrixView& w, int64_t block, const Activatio
   constexpr int64_t kPrefetchSteps = 16;  // to L2: 16 × 4 KiB of the block ahead
   constexpr int64_t kL1Steps = 2;
   // An integer, not a pointer: the lines ahead may lie past the block (the
-  // next block's, which its walk reads next) or past the matrix (not fetched).
+  // next block's: often the next a worker walks, in a chunk of blocks of one
+  // matrix) or past the matrix (not fetched).
   const uintptr_t matrix_end = reinterpret_cast<uintptr_t>(w.data) + w.layout.data_bytes;
   TokenGroups configured;
-  for (int64_t k0 = 0; k0 < cols; k0 += kTileBf16ChunkCols) {
-    const int64_t k1 = std::min(cols, k0 + kTileBf16ChunkCols);
+  for (int64_t k0 = 0; k0 < cols; k0 += kChunkCols) {
+    const int64_t k1 = std::min(cols, k0 + kChunkCols);
     for (int64_t t0 = 0; t0 < tokens; t0 += 32) {
       const auto [r0, r1] = ConfigureTokenGroups<Machine>(tokens, t0, &configured);
       for (int64_t j0 = 0; j0 < 64; j0 += 32) {

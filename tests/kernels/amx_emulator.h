@@ -26,6 +26,11 @@ struct EmulatedTiles {
     bool configured = false;
     alignas(64) uint8_t tile[8][16][64] = {};  // aligned: C rows are read as f32
     int64_t dot_products = 0;                  // tdpbf16ps and tdpbsud executed
+    // Where Prefetch and PrefetchL1 may point, [begin, end) (a test narrows
+    // them; anywhere by default), and how many of each were issued.
+    uintptr_t prefetch_begin = 0, prefetch_end = UINTPTR_MAX;
+    uintptr_t l1_begin = 0, l1_end = UINTPTR_MAX;
+    int64_t prefetches = 0, l1_prefetches = 0;
   };
   static State& state() {
     thread_local State s;
@@ -112,8 +117,16 @@ struct EmulatedTiles {
     }
     ++s.dot_products;
   }
-  static void Prefetch(const void*) {}
-  static void PrefetchL1(const void*) {}
+  static void Prefetch(const void* p) {
+    State& s = state();
+    Hint("prefetch", p, s.prefetch_begin, s.prefetch_end);
+    ++s.prefetches;
+  }
+  static void PrefetchL1(const void* p) {
+    State& s = state();
+    Hint("prefetch to L1", p, s.l1_begin, s.l1_end);
+    ++s.l1_prefetches;
+  }
   static void Release() { state().configured = false; }
 
  private:
@@ -133,6 +146,11 @@ struct EmulatedTiles {
     return d;
   }
   static void Fail(const std::string& what) { throw std::logic_error("emulated AMX: " + what); }
+  // A hint cannot fault, so a wrong address would go unseen on the hardware.
+  static void Hint(const char* what, const void* p, uintptr_t begin, uintptr_t end) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    if (at < begin || at >= end) Fail(std::string(what) + " of an address outside the bytes the test allows");
+  }
   static void Use(int tile) {
     const State& s = state();
     if (!s.configured) Fail("tile " + std::to_string(tile) + " used without a configuration");

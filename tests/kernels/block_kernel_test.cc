@@ -340,6 +340,23 @@ void TileBf16AmxEmulated(const common::MatrixView& w, int64_t block, const Activ
   TileBf16AmxWith<EmulatedTiles>(w, block, x, out);
 }
 
+// While it lives, the emulated tiles' prefetches must point into
+// [begin, begin + bytes), and those to L1 into [l1, l1 + l1_bytes).
+class PrefetchBounds {
+ public:
+  PrefetchBounds(const void* begin, size_t bytes, const void* l1, size_t l1_bytes) {
+    EmulatedTiles::State& s = EmulatedTiles::state();
+    s.prefetch_begin = reinterpret_cast<uintptr_t>(begin), s.prefetch_end = s.prefetch_begin + bytes;
+    s.l1_begin = reinterpret_cast<uintptr_t>(l1), s.l1_end = s.l1_begin + l1_bytes;
+  }
+  ~PrefetchBounds() {
+    EmulatedTiles::State& s = EmulatedTiles::state();
+    s.prefetch_begin = s.l1_begin = 0, s.prefetch_end = s.l1_end = UINTPTR_MAX;
+  }
+  PrefetchBounds(const PrefetchBounds&) = delete;
+  PrefetchBounds& operator=(const PrefetchBounds&) = delete;
+};
+
 TEST_CASE("the AMX bf16 tile walk matches the scalar reference on emulated tiles") {
   std::mt19937 rng(8642);
   CheckTileKernel("emulated AMX", DType::kBF16, TileBf16AmxEmulated, rng);
@@ -347,7 +364,9 @@ TEST_CASE("the AMX bf16 tile walk matches the scalar reference on emulated tiles
   // outputs: rows past T are neither read (the inputs are exactly T rows,
   // which AddressSanitizer checks) nor written. 2200 columns are three
   // chunks of the walk (kTileBf16ChunkCols), whose partial sums wait in the
-  // output between chunks: every token group's, the tail's too.
+  // output between chunks: every token group's, the tail's too, with the
+  // bits of a walk in one chunk. Prefetches stay in the matrix, those to L1
+  // in the block.
   for (const auto& [rows, cols, token_counts] :
        {std::tuple<int64_t, int64_t, std::vector<int64_t>>{128, 96, {15, 16, 31, 32, 47, 48, 129}},
         {64, 2200, {17, 47}}}) {
@@ -361,10 +380,23 @@ TEST_CASE("the AMX bf16 tile walk matches the scalar reference on emulated tiles
       for (int64_t b = 0; b < m.view.layout.num_blocks(); ++b) {
         const std::string what = absl::StrCat("emulated AMX [", rows, " x ", cols, "] T=", tokens, " block ", b);
         BlockBf16Scalar(m.view, b, in.acts, expected.data());
-        const int64_t before = EmulatedTiles::state().dot_products;
-        TileBf16AmxEmulated(m.view, b, in.acts, nullptr, actual.data());
+        const EmulatedTiles::State before = EmulatedTiles::state();
+        {
+          const PrefetchBounds bounds(m.view.data, m.view.layout.data_bytes,
+                                      m.view.data + b * m.view.layout.block_bytes, m.view.layout.block_bytes);
+          TileBf16AmxEmulated(m.view, b, in.acts, nullptr, actual.data());
+        }
+        const EmulatedTiles::State& after = EmulatedTiles::state();
         // Two output groups per token group, for each k-step of 32.
-        CHECK(EmulatedTiles::state().dot_products - before == 4 * ((tokens + 15) / 16) * (K / 32));
+        CHECK(after.dot_products - before.dot_products == 4 * ((tokens + 15) / 16) * (K / 32));
+        if (K > kTileBf16ChunkCols) {  // some lines ahead in both caches
+          CHECK(after.prefetches > before.prefetches);
+          CHECK(after.l1_prefetches > before.l1_prefetches);
+        }
+        std::vector<float> one_chunk(tokens * 64);
+        TileBf16AmxWith<EmulatedTiles, 1 << 20>(m.view, b, in.acts, one_chunk.data());
+        INFO(what << ": in one chunk");
+        REQUIRE(std::equal(one_chunk.begin(), one_chunk.end(), actual.begin()));
         CHECK(std::all_of(actual.end() - 64, actual.end(), [](float v) { return v == -7.f; }));
         CheckBlock(what, m, b, in, true, expected, std::vector<float>(actual.begin(), actual.end() - 64), &nonzero);
         std::vector<float> tiled(tokens * 64);
@@ -457,9 +489,18 @@ TEST_CASE("int8 tile records built once (int4's packed) give the bits of the per
         for (auto [name, kernel] : {std::pair<const char*, TileKernelFn>{"VNNI", vnni}, {"emulated AMX", amx}}) {
           INFO(name << " " << common::DTypeName(type) << " T=" << tokens << " block " << b);
           std::vector<float> repacked(tokens * 64), read(tokens * 64 + 64, -7.f);
-          kernel(m.view, b, in.acts, scratch, repacked.data());
+          // The emulated walk prefetches the next chunk of the rows, or of the records.
+          const int64_t prefetches = EmulatedTiles::state().prefetches;
+          {
+            const PrefetchBounds rows(m.view.data, m.view.layout.data_bytes, nullptr, 0);
+            kernel(m.view, b, in.acts, scratch, repacked.data());
+          }
           std::fill(buffer.begin(), buffer.end(), uint8_t{0xa5});
-          kernel(with_records, b, in.acts, scratch, read.data());
+          {
+            const PrefetchBounds read_records(records, Q8RecordsBytes(m.view.layout), nullptr, 0);
+            kernel(with_records, b, in.acts, scratch, read.data());
+          }
+          if (kernel == amx) CHECK(EmulatedTiles::state().prefetches > prefetches);
           // Nothing repacked (the AMX tiles unpack int4's packed records into the scratch, from cache).
           if (type == DType::kInt8 || kernel == vnni) {
             CHECK(std::all_of(buffer.begin(), buffer.end(), [](uint8_t v) { return v == 0xa5; }));
