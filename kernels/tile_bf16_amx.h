@@ -36,15 +36,15 @@ namespace kernels {
 // as they are, so the bits are those of one pass over all inputs).
 // Unchunked, every later token group would read the block again from L3
 // once it outgrows L2 (a 14336-input block is 1.75 MiB, 128 tokens of its
-// activations 3.5 MiB). On an Intel Xeon (Emerald Rapids), one core, 128 tokens, a
-// 4096 × 14336 matrix took 52–70 ms unchunked against 30–37 ms in chunks of
-// 1024 inputs (512: about the same; 256: 36–39), best of 7, the variants
-// alternating. Up to 32 tokens (one token group) the chunks change only the
-// order in which the two passes read the block's halves, and add a store and
-// a load of the C tiles per chunk. With the L1
-// prefetch below, the Mixtral-shaped layer (2 threads, calls alternating
-// with the unchunked walk without the L1 prefetch, medians of 20, two runs) took 4% less
-// at 32 tokens, 11–12% less at 128 and 17–21% less at 256; the same at 8.
+// activations 3.5 MiB). On an Intel Xeon (Emerald Rapids), one core, 128
+// tokens, a 4096 × 14336 matrix took 52–70 ms unchunked against 30–37 ms in
+// chunks of 1024 inputs (512: about the same; 256: 36–39), best of 7, the
+// variants alternating. Up to 32 tokens (one token group) the chunks change
+// only the order in which the two passes read the block's halves, and add a
+// store and a load of the C tiles per chunk. With the L1 prefetch below, the
+// Mixtral-shaped layer (2 threads, calls alternating with the unchunked walk
+// without the L1 prefetch, medians of 20, two runs) took 4% less at 32
+// tokens, 11–12% less at 128 and 17–21% less at 256; the same at 8.
 inline constexpr int64_t kTileBf16ChunkCols = 1024;
 
 // kChunkCols (a multiple of 32): the chunk, other than the default only in
