@@ -629,6 +629,8 @@ grpc::ServerUnaryReactor* ExpertService::NodeInfo(grpc::CallbackServerContext* c
   // those for records where the set has them.
   const int64_t limit = kernels::RowSplitLimit({}, kernels::SelectedKernels(), m.weight_type, set->q8_records());
   response->set_row_split_limit(limit > 0 ? limit : -1);
+  response->set_max_rows(engine_->limits().max_rows);
+  response->set_max_row_indices(engine_->limits().max_row_indices);
   response->set_reads_kernel_rows(true);
   response->set_state(v1::LOAD_STATE_READY);
   response->set_weights_version(set->version());

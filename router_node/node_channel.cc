@@ -8,7 +8,7 @@ namespace colibri {
 namespace router_node {
 
 GrpcNodeChannel::GrpcNodeChannel(std::shared_ptr<grpc::Channel> channel)
-    : stub_(colibri::v1::ExpertNode::NewStub(std::move(channel))) {
+    : channel_(std::move(channel)), stub_(colibri::v1::ExpertNode::NewStub(channel_)) {
   runtime::KeepCallbackQueue();
 }
 

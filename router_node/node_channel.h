@@ -34,6 +34,10 @@ class NodeChannel {
   // its own result if it had one already). Harmless for an ended call and
   // for an unknown context (the caller does not cancel calls not started).
   virtual void Cancel(grpc::ClientContext* context) = 0;
+  // A channel that lost its node waits before it connects again (gRPC's
+  // reconnect backoff, up to a second here): from this call on it connects
+  // at once, so that a probe of a node that came back finds it.
+  virtual void ResetBackoff() {}
 };
 
 // Makes the channel to one node, from its "host:port".
@@ -55,8 +59,10 @@ class GrpcNodeChannel final : public NodeChannel {
     stub_->async()->GetNodeInfo(context, request, response, std::move(done));
   }
   void Cancel(grpc::ClientContext* context) override { context->TryCancel(); }
+  void ResetBackoff() override { grpc::experimental::ChannelResetConnectionBackoff(channel_.get()); }
 
  private:
+  const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<colibri::v1::ExpertNode::Stub> stub_;
 };
 

@@ -414,6 +414,8 @@ void StreamNodeChannel::Compute(grpc::ClientContext* context, const v1::ComputeR
   if (arm.has_value()) Arm(state_, deadline, *arm);
 }
 
+void StreamNodeChannel::ResetBackoff() { state_->unary.ResetBackoff(); }
+
 void StreamNodeChannel::GetNodeInfo(grpc::ClientContext* context, const v1::GetNodeInfoRequest* request,
                                     v1::GetNodeInfoResponse* response, Done done) {
   state_->unary.GetNodeInfo(context, request, response, std::move(done));

@@ -43,6 +43,7 @@ class StreamNodeChannel final : public NodeChannel {
   // For a call on the stream: ends it CANCELLED now. Otherwise as
   // GrpcNodeChannel (a unary call, or an unknown or ended one: harmless).
   void Cancel(grpc::ClientContext* context) override;
+  void ResetBackoff() override;
 
   struct State;  // shared with the streams, which may outlive the channel
   class Stream;  // one ComputeStream

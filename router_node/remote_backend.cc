@@ -189,8 +189,8 @@ void RemoteBackend::Rebuild() {
   std::vector<NodeState> states;
   for (const auto& n : topology_->nodes) {
     common::MutexLock lock(&n->mu);
-    states.push_back(
-        {n->address, n->live, n->last_error, n->owned, n->row_split_limit, n->reads_kernel_rows, n->suspect});
+    states.push_back({n->address, n->live, n->last_error, n->owned, n->row_split_limit, n->reads_kernel_rows,
+                      n->suspect, n->max_rows, n->max_row_indices});
   }
   auto topo = std::make_shared<Topology>(*topology_);
   topo->map = std::make_shared<const ShardMap>(options_.n_layers, options_.n_experts + options_.n_shared_experts,
@@ -274,6 +274,13 @@ void RemoteBackend::HealthRound() {
   size_t answered = 0;
   v1::GetNodeInfoRequest request;
   for (size_t i = 0; i < probes.size(); ++i) {
+    bool live;
+    {
+      common::MutexLock lock(&topo->nodes[i]->mu);
+      live = topo->nodes[i]->live;
+    }
+    // A node out of the map may be back: its channel connects now, not when its backoff ends.
+    if (!live) topo->nodes[i]->channel->ResetBackoff();
     probes[i].context.set_deadline(absl::ToChronoTime(clock_->Now() + options_.health_timeout));
     topo->nodes[i]->channel->GetNodeInfo(&probes[i].context, &request, &probes[i].response, [&, i](grpc::Status s) {
       probes[i].status = std::move(s);
@@ -335,6 +342,8 @@ void RemoteBackend::HealthRound() {
       node.weights_version = info.weights_version();
       node.row_split_limit = info.row_split_limit();
       node.reads_kernel_rows = info.reads_kernel_rows();
+      node.max_rows = info.max_rows();
+      node.max_row_indices = info.max_row_indices();
       node.kernel_profile = info.kernel_profile();
     }
     if (was_live != node.live) {
@@ -441,6 +450,12 @@ void RemoteBackend::MarkDown(const std::shared_ptr<Node>& node, const std::strin
   }
   common::MutexLock lock(&mu_);
   Rebuild();
+  recheck_ = true;
+  stop_cv_.SignalAll();
+}
+
+void RemoteBackend::Recheck() {
+  common::MutexLock lock(&mu_);
   recheck_ = true;
   stop_cv_.SignalAll();
 }

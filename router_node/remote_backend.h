@@ -19,7 +19,9 @@
 //
 // A layer call: each expert's work goes to its least-loaded live replica,
 // experts grouped by node (one Compute call per node, each row sent once,
-// replies as RemoteOptions::replies asks), all calls in flight at once on
+// replies as RemoteOptions::replies asks — several, sent one after another,
+// where the node's reported size limits ask: shard_map.h's
+// SplitOverNodeLimits, remote_dispatch.cc), all calls in flight at once on
 // gRPC's callback API, each with deadline min(client deadline, now +
 // node_timeout). A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED (the
 // node timeout, not the client's), RESOURCE_EXHAUSTED, ABORTED,
@@ -208,6 +210,9 @@ class RemoteBackend final : public ExpertBackend {
   void HealthRound();
   void Rebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDown(const std::shared_ptr<Node>& node, const std::string& error);
+  // The next health round runs recheck_after after the last one began, not
+  // a whole interval: a layer call found an expert no node serves.
+  void Recheck();
   // Logs (once per change) when the live nodes report different kernel
   // choices, and sets the colibri_router_kernel_profiles gauge.
   void CompareKernels(const Topology& topo);

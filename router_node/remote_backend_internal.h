@@ -48,6 +48,8 @@ struct RemoteBackend::Node {
   uint64_t weights_version ABSL_GUARDED_BY(mu) = 0;
   int64_t row_split_limit ABSL_GUARDED_BY(mu) = 0;
   bool reads_kernel_rows ABSL_GUARDED_BY(mu) = false;
+  int64_t max_rows ABSL_GUARDED_BY(mu) = 0;  // GetNodeInfo's size limits of one call (0: none reported)
+  int64_t max_row_indices ABSL_GUARDED_BY(mu) = 0;
   std::string kernel_profile ABSL_GUARDED_BY(mu);  // as the node reported it
 };
 
@@ -62,6 +64,9 @@ struct RemoteBackend::Call {
   std::shared_ptr<Node> node_ref;
   int attempt = 0;     // 0 the first try, 1 the retry
   bool hedge = false;  // sent because the planned call was slow
+  // The call to the same node sent when this one ends (a node's share split
+  // for its size limits goes one call at a time); null for none.
+  Call* next = nullptr;
   // Written once by the call's callback under its Dispatch's lock (a comment,
   // not ABSL_GUARDED_BY: the analysis cannot name that lock from here).
   bool done = false;

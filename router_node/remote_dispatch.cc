@@ -227,6 +227,12 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
             ->Increment();
       }
     }
+    // An expert with more rows than a node takes in one call goes in runs
+    // (the node calls' own split, by whole works, is NewCalls').
+    if (std::vector<ExpertWork> cut; SplitOverNodeLimits(*topo_->map, work.layer, *experts_, &cut)) {
+      parts_ = std::move(cut);
+      experts_ = &parts_;
+    }
     pending_.resize(experts_->size());
     for (size_t i = 0; i < pending_.size(); ++i) pending_[i] = static_cast<int>(i);
   }
@@ -260,6 +266,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     absl::StatusOr<std::vector<NodeCall>> plan = PlanNodeCalls(*topo_->map, work_.layer, *experts_, pending_, Load(),
                                                                excluded_, LastResorts(attempt_ > 0), rotation_);
     if (!plan.ok()) {
+      // The map knows no node for an expert: probe them soon, so that calls
+      // find a node that came back without waiting a whole health interval.
+      backend_->Recheck();
       return first_failure_.empty() ? plan.status()
                                     : Failed(absl::StrCat(plan.status().message(), "; ", first_failure_));
     }
@@ -271,8 +280,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     client_deadline_ = deadline_ == control_.deadline();
     races_.clear();
     for (NodeCall& nc : *plan) {
-      races_.push_back({NewCall(std::move(nc), false), {}});
-      to_start->push_back(races_.back().primary);
+      const std::vector<Call*> calls = NewCalls(std::move(nc), false);
+      for (Call* c : calls) races_.push_back({c, {}});
+      to_start->push_back(calls.front());
     }
     if (attempt_ == 0 && options_.hedge_after > absl::ZeroDuration()) {
       hedge_timer_ = clock_->At(now + options_.hedge_after, [weak = weak_from_this()] {
@@ -308,7 +318,23 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     return load;
   }
 
-  Call* NewCall(NodeCall nc, bool hedge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The calls of one node's share of the attempt: one, or, where its request
+  // or reply would be over the node's size limits (GetNodeInfo's max_rows and
+  // max_row_indices), pieces of its works (halves, halved again as need be)
+  // each within half those limits (a single work is: SplitOverNodeLimits).
+  // The pieces go one after another (Call::next), and two of half the
+  // limits fit the node's default budget for calls in flight — room for one
+  // call of max_rows rows to all their experts — together: the node frees a
+  // call's room a moment after the router has its reply, so the next piece
+  // may arrive before. Only the first call returned is to be sent.
+  std::vector<Call*> NewCalls(NodeCall nc, bool hedge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Call*> calls = Pieces(std::move(nc), hedge, 1);
+    for (size_t i = 0; i + 1 < calls.size(); ++i) calls[i]->next = calls[i + 1];
+    return calls;
+  }
+
+  // The calls of `nc` within 1/share of the node's limits.
+  std::vector<Call*> Pieces(NodeCall nc, bool hedge, int share) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto call = std::make_unique<Call>();
     call->node = nc.node;
     call->node_ref = topo_->nodes[nc.node];
@@ -318,12 +344,29 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     call->attempt = attempt_;
     call->hedge = hedge;
     BuildRequest(work_, *experts_, options_.d_model, options_.model_id, options_.replies, call.get());
+    if (const std::vector<int>& works = call->plan.works; works.size() > 1 && OverNodeLimits(*call, share)) {
+      const auto middle = works.begin() + works.size() / 2;
+      std::vector<Call*> out = Pieces({call->node, {works.begin(), middle}}, hedge, 2);
+      for (Call* c : Pieces({call->node, {middle, works.end()}}, hedge, 2)) out.push_back(c);
+      return out;
+    }
     call->context.set_deadline(absl::ToChronoTime(deadline_));
     call->bytes_sent = static_cast<int64_t>(call->request.ByteSizeLong());  // before gRPC reads it on another thread
     call->start_nanos = NanosSince(start_);
     backend_->CallStarted();  // from here the backend waits for this call's callback before it is destroyed
     calls_.push_back(std::move(call));
-    return calls_.back().get();
+    return {calls_.back().get()};
+  }
+
+  bool OverNodeLimits(const Call& call, int share) const {
+    const NodeState& node = topo_->map->nodes()[call.node];
+    const v1::ComputeRequest& req = call.request;
+    int64_t indices = 0;
+    for (const v1::ExpertWork& e : req.experts()) indices += e.row_indices_size();
+    const int64_t reply_rows = req.per_expert_output() ? indices : req.num_output_rows();
+    auto over = [share](int64_t n, int64_t limit) { return limit > 0 && n > std::max<int64_t>(limit / share, 1); };
+    return over(req.rows().shape(0), node.max_rows) || over(reply_rows, node.max_rows) ||
+           over(indices, node.max_row_indices);
   }
 
   // Sends calls made under the lock. Their callbacks keep this alive. A call
@@ -384,11 +427,16 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     }
     backend_->CallEnded(*call);
     Cancel(to_cancel);
-    if (result.has_value()) {
-      Finish(*result);
-    } else {
-      Send(to_start);
+    // The node's next call of the attempt, whatever this one's end: every
+    // call made is sent (or ends unsent if cancelled), so that each gets its
+    // callback. After Cancel: a call the layer no longer needs ends unsent.
+    if (call->next != nullptr) {
+      // (A cancel that ended this call may not have reached the next yet.)
+      if (control_.cancelled()) call->next->send_state.store(Call::kCancelWanted);
+      to_start.push_back(call->next);
     }
+    Send(to_start);
+    if (result.has_value()) Finish(*result);
   }
 
   // A race is settled when its planned call succeeded, when all its hedges
@@ -540,8 +588,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
                           rotation_, /*use_fallbacks=*/false);
         if (!alternative.ok()) continue;  // no other replica: wait for the slow one
         for (NodeCall& nc : *alternative) {
-          r.hedges.push_back(NewCall(std::move(nc), true));
-          to_start.push_back(r.hedges.back());
+          const std::vector<Call*> calls = NewCalls(std::move(nc), true);
+          r.hedges.insert(r.hedges.end(), calls.begin(), calls.end());
+          to_start.push_back(calls.front());
         }
         backend_->hedges_.fetch_add(1, std::memory_order_relaxed);
         if (options_.metrics != nullptr) {

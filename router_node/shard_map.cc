@@ -40,6 +40,36 @@ std::optional<RowSplit> ParseRowSplit(absl::string_view name) {
   return std::nullopt;
 }
 
+namespace {
+
+// Every work of `experts` in order, work w cut into count[w] consecutive
+// runs of its rows, as even as possible; each part keeps the whole's kernel
+// row count, so a node runs the kernel it would for the whole.
+void CutWorks(const std::vector<ExpertWork>& experts, const std::vector<int64_t>& count,
+              std::vector<ExpertWork>* parts) {
+  parts->clear();
+  for (size_t w = 0; w < experts.size(); ++w) {
+    const ExpertWork& src = experts[w];
+    const int64_t rows = static_cast<int64_t>(src.rows.size());
+    if (count[w] == 1) {
+      parts->push_back(src);
+      continue;
+    }
+    for (int64_t p = 0; p < count[w]; ++p) {
+      const int64_t begin = rows * p / count[w], end = rows * (p + 1) / count[w];
+      ExpertWork part;
+      part.expert = src.expert;
+      part.kernel_rows = src.kernel_rows > 0 ? src.kernel_rows : rows;
+      part.rows.assign(src.rows.begin() + begin, src.rows.begin() + end);
+      part.weights.assign(src.weights.begin() + begin, src.weights.begin() + end);
+      part.slots.assign(src.slots.begin() + begin, src.slots.begin() + end);
+      parts->push_back(std::move(part));
+    }
+  }
+}
+
+}  // namespace
+
 bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<ExpertWork>& experts,
                         const RowSplitOptions& options, std::vector<ExpertWork>* parts) {
   if (options.mode == RowSplit::kNever) return false;
@@ -60,21 +90,34 @@ bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<Ex
     any = true;
   }
   if (!any) return false;
-  parts->clear();
+  CutWorks(experts, count, parts);
+  return true;
+}
+
+bool SplitOverNodeLimits(const ShardMap& map, int32_t layer, const std::vector<ExpertWork>& experts,
+                         std::vector<ExpertWork>* parts) {
+  std::vector<int64_t> count(experts.size(), 1);
+  bool any = false;
   for (size_t w = 0; w < experts.size(); ++w) {
-    const ExpertWork& src = experts[w];
-    const int64_t rows = static_cast<int64_t>(src.rows.size());
-    for (int64_t p = 0; p < count[w]; ++p) {
-      const int64_t begin = rows * p / count[w], end = rows * (p + 1) / count[w];
-      ExpertWork part;
-      part.expert = src.expert;
-      part.kernel_rows = src.kernel_rows;
-      part.rows.assign(src.rows.begin() + begin, src.rows.begin() + end);
-      part.weights.assign(src.weights.begin() + begin, src.weights.begin() + end);
-      part.slots.assign(src.slots.begin() + begin, src.slots.begin() + end);
-      parts->push_back(std::move(part));
+    const int64_t rows = static_cast<int64_t>(experts[w].rows.size());
+    // The smallest limit of a node the work may go to (a node that reports none has none).
+    int64_t limit = rows;
+    for (const std::vector<int>* nodes :
+         {&map.replicas(layer, experts[w].expert), &map.fallbacks(layer, experts[w].expert)}) {
+      for (const int n : *nodes) {
+        for (const int64_t l : {map.nodes()[n].max_rows, map.nodes()[n].max_row_indices}) {
+          if (l > 0) limit = std::min(limit, l);
+        }
+      }
     }
+    // Runs of half a limit: a run and the node's next call fit its budget (RemoteBackend's NewCalls).
+    const int64_t run = std::max<int64_t>(limit / 2, 1);
+    if (rows <= run) continue;
+    count[w] = (rows + run - 1) / run;
+    any = true;
   }
+  if (!any) return false;
+  CutWorks(experts, count, parts);
   return true;
 }
 

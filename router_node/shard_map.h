@@ -35,6 +35,10 @@ struct NodeState {
   // (a probe may yet find it live: a call that outlived the node timeout on
   // a node that was only slow). Such a node is a fallback (ShardMap::fallbacks).
   bool suspect = false;
+  // GetNodeInfo's size limits of one Compute call: rows sent and returned,
+  // and row indices; 0: not reported (no limit known).
+  int64_t max_rows = 0;
+  int64_t max_row_indices = 0;
 };
 
 // Whether an expert's `rows` rows on `node` are below its row_split_limit:
@@ -96,6 +100,21 @@ struct RowSplitOptions {
 // split; else `parts` holds every work, split or not, ascending by expert.
 bool SplitAmongReplicas(const ShardMap& map, int32_t layer, const std::vector<ExpertWork>& experts,
                         const RowSplitOptions& options, std::vector<ExpertWork>* parts);
+
+// Splits the works with more rows than half of what some node serving their
+// expert (a replica or a fallback) takes in one call (NodeState::max_rows
+// and max_row_indices) into consecutive runs of their rows, each within that
+// half, keeping the whole work's kernel_rows (so each node chooses the kernel
+// it would for the whole). Half: remote_dispatch.cc sends a node a call over
+// its limits as pieces, one after another, each within half of them, since
+// two such fit the node's budget for calls in flight. Runs that meet on one
+// node in a call within its limits are one entry again, as the whole was.
+// Returns false (and leaves `parts` alone) when nothing is split; else
+// `parts` holds every work, split or not, in order. A work split so may get
+// other last bits than whole where the node's kernel for its row count is
+// not row by row (docs/ROUTER.md, "Node size limits").
+bool SplitOverNodeLimits(const ShardMap& map, int32_t layer, const std::vector<ExpertWork>& experts,
+                         std::vector<ExpertWork>* parts);
 
 // One node's share of a layer call.
 struct NodeCall {

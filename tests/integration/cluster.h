@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -59,7 +60,10 @@ inline Proc StartRouter(std::vector<std::string> args, int port = 0) {
   args.insert(args.begin(), "--health_timeout_ms=5000");
   args.insert(args.begin(), Binary("router_node/colibri-router"));
   args.push_back("--listen=" + Address(port));
-  args.push_back("--health_interval_ms=100");
+  if (std::none_of(args.begin(), args.end(),
+                   [](const std::string& a) { return a.rfind("--health_interval_ms", 0) == 0; })) {
+    args.push_back("--health_interval_ms=100");
+  }
   Proc p;
   p.process = std::make_unique<ProcessGuard>(args);
   p.port = p.process->ReadPort();

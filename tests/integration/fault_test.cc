@@ -57,7 +57,9 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
   Model model(common::DType::kBF16);
   Proc a = StartNode(model.path, "0-1");
   Proc b = StartNode(model.path, "2-3");
-  Proc router = StartRouter({"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port)});
+  // The default health interval: how soon requests find a node that came back.
+  Proc router = StartRouter(
+      {"--model=" + model.path, "--experts_at=" + Address(a.port) + "," + Address(b.port), "--health_interval_ms=500"});
   auto stub = Connect(router.port);
 
   v1::ForwardRequest needs_b = Request(1, {1, 2}, 1, v1::ROUTING_MODE_CLIENT);
@@ -87,12 +89,25 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
   CHECK(WaitFor([&] { return Health(router.port) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; }));
   CHECK(Health(router.port, "colibri.v1.Router") == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 
+  // Requests every 5 ms from the node's return: the first that needs it
+  // asks for a health round, whose probe reconnects at once.
+  // Down long enough for the channel's reconnect backoff to reach its 1 s cap.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
   Proc again = StartNode(model.path, "2-3", b_port);
-  CHECK(WaitFor([&] { return Call(*stub, needs_b, &response).ok(); }));
+  const auto back = Clock::now();
+  const auto served = [&] {
+    for (int i = 0; i < 3000; ++i) {
+      if (Call(*stub, needs_b, &response).ok()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  CHECK(served());
+  const double recovered = std::chrono::duration<double>(Clock::now() - back).count();
   CHECK(WaitFor([&] { return Health(router.port) == grpc::health::v1::HealthCheckResponse::SERVING; }));
   CHECK(Health(router.port, "colibri.v1.Router") == grpc::health::v1::HealthCheckResponse::SERVING);
-  std::printf("no replica: UNAVAILABLE after %.3f s (\"%s\"), recovered after the node's return\n", seconds,
-              failed.error_message().c_str());
+  std::printf("no replica: UNAVAILABLE after %.3f s (\"%s\"); served again %.3f s after the node listened\n", seconds,
+              failed.error_message().c_str(), recovered);
 }
 
 TEST_CASE(

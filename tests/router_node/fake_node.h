@@ -152,6 +152,23 @@ class FakeNode {
     common::MutexLock lock(&mu_);
     kernel_profile_ = std::move(choices);
   }
+  // The size limits GetNodeInfo reports from now on (0: none), which the
+  // node's Compute enforces as a real node does: RESOURCE_EXHAUSTED beyond.
+  void SetLimits(int64_t max_rows, int64_t max_row_indices) {
+    common::MutexLock lock(&mu_);
+    max_rows_ = max_rows;
+    max_row_indices_ = max_row_indices;
+  }
+  // Every Compute request received, in order.
+  std::vector<colibri::v1::ComputeRequest> requests() {
+    common::MutexLock lock(&mu_);
+    return requests_;
+  }
+  // Times the backend asked this node's channel to connect at once.
+  int backoff_resets() {
+    common::MutexLock lock(&mu_);
+    return backoff_resets_;
+  }
   int held_info() {
     common::MutexLock lock(&mu_);
     return static_cast<int>(held_info_.size());
@@ -203,6 +220,10 @@ class FakeNode {
       done(grpc::Status::OK);
     }
     void Cancel(grpc::ClientContext* context) override { node_->Cancel(context); }
+    void ResetBackoff() override {
+      common::MutexLock lock(&node_->mu_);
+      ++node_->backoff_resets_;
+    }
 
    private:
     FakeNode* const node_;
@@ -212,6 +233,8 @@ class FakeNode {
     {
       common::MutexLock lock(&mu_);
       r->set_kernel_profile(kernel_profile_);
+      r->set_max_rows(max_rows_);
+      r->set_max_row_indices(max_row_indices_);
     }
     r->set_model_id(model_id_);
     r->set_state(colibri::v1::LOAD_STATE_READY);
@@ -264,7 +287,14 @@ class FakeNode {
     {
       common::MutexLock lock(&mu_);
       ++calls_;
-      if (!script_.empty()) {
+      requests_.push_back(*request);
+      int64_t indices = 0;
+      for (const auto& w : request->experts()) indices += w.row_indices_size();
+      const int64_t reply_rows = request->per_expert_output() ? indices : request->num_output_rows();
+      auto over = [](int64_t n, int64_t limit) { return limit > 0 && n > limit; };
+      if (over(request->rows().shape(0), max_rows_) || over(reply_rows, max_rows_) || over(indices, max_row_indices_)) {
+        reply = {kFail, grpc::StatusCode::RESOURCE_EXHAUSTED};
+      } else if (!script_.empty()) {
         reply = script_.front();
         script_.pop_front();
       }
@@ -332,6 +362,10 @@ class FakeNode {
   bool hold_info_ ABSL_GUARDED_BY(mu_) = false;
   grpc::StatusCode info_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::OK;
   std::string kernel_profile_ ABSL_GUARDED_BY(mu_) = "isa test";
+  int backoff_resets_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_row_indices_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<colibri::v1::ComputeRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<colibri::v1::GetNodeInfoResponse*, router_node::NodeChannel::Done>> held_info_
       ABSL_GUARDED_BY(mu_);
 };

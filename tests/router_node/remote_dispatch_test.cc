@@ -21,6 +21,7 @@ namespace {
 using colibri::testing::FakeClock;
 using colibri::testing::FakeNode;
 using Reply = FakeNode::Reply;
+namespace v1 = colibri::v1;
 
 constexpr int kDModel = 4;
 constexpr int kExperts = 4;
@@ -478,6 +479,37 @@ TEST_CASE("a node a failed call took out is probed again at once and is back whe
   REQUIRE(wait_for([&] { return c.live(0); }));
 }
 
+TEST_CASE("a layer call that finds no node for an expert has the nodes probed again at once", "[remote_dispatch]") {
+  const auto wait_for = [](const std::function<bool()>& done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (!done() && absl::Now() < give_up) std::this_thread::yield();
+    return done();
+  };
+  Cluster c({{0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kPerExpert, absl::Milliseconds(1));
+  c.nodes[0]->FailInfo(grpc::StatusCode::UNAVAILABLE);
+  c.backend->CheckNow();
+  REQUIRE(!c.live(0));  // down by its probe: not even a fallback
+  const int resets = c.nodes[0]->backoff_resets();
+  c.backend->CheckNow();
+  CHECK(c.nodes[0]->backoff_resets() == resets + 1);  // a node out is reconnected at once before its probe
+  // The node is back; only the next round (an hour away) would find it, but
+  // a layer call that fails for want of it asks for one now.
+  c.nodes[0]->FailInfo(grpc::StatusCode::OK);
+  c.nodes[0]->HoldInfo();
+  struct Release {
+    FakeNode* node;
+    ~Release() { node->ReleaseInfo(); }
+  } release{c.nodes[0].get()};
+  Layer l;
+  const absl::Status failed = Run(c, l);
+  CHECK(failed.code() == absl::StatusCode::kUnavailable);
+  REQUIRE(wait_for([&] { return c.nodes[0]->held_info() > 0; }));
+  c.nodes[0]->ReleaseInfo();
+  REQUIRE(wait_for([&] { return c.live(0); }));
+  Layer again;
+  CHECK(Run(c, again).ok());
+}
+
 TEST_CASE("the router warns once when its live nodes report different kernel choices", "[remote_dispatch]") {
   Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}});
   auto warnings = [&] {
@@ -636,6 +668,113 @@ TEST_CASE("grouped replies: a group's sum lands in its first slot and -0.0 in th
     CHECK(negative_zero(*l, 3));
     REQUIRE(l->stats.calls.size() == 1);
   }
+}
+
+TEST_CASE("a node call over the node's size limits goes as several calls within them, by experts",
+          "[remote_dispatch]") {
+  // The fake node refuses a call over its limits with RESOURCE_EXHAUSTED, as a real one does.
+  auto check_calls = [](FakeNode& node, size_t calls, int64_t max_rows, int64_t max_indices) {
+    const std::vector<v1::ComputeRequest> requests = node.requests();
+    CHECK(requests.size() == calls);
+    for (const v1::ComputeRequest& r : requests) {
+      int64_t indices = 0;
+      for (const v1::ExpertWork& w : r.experts()) indices += w.row_indices_size();
+      CHECK(r.rows().shape(0) <= max_rows);
+      CHECK((r.per_expert_output() ? indices : r.num_output_rows()) <= max_rows);
+      CHECK(indices <= max_indices);
+    }
+  };
+  SECTION("per-expert replies over max_rows") {
+    Cluster c({{0, 1, 2, 3}});
+    c.nodes[0]->SetLimits(2, 0);
+    c.backend->CheckNow();
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 1);
+    check_calls(*c.nodes[0], 4, 1, 1);  // 4 reply rows over 2: pieces within half of it, an expert each
+    CHECK(c.live(0));
+  }
+  SECTION("row indices over max_row_indices") {
+    Cluster c({{0, 1, 2, 3}});
+    c.nodes[0]->SetLimits(0, 3);
+    c.backend->CheckNow();
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    check_calls(*c.nodes[0], 4, 1, 1);
+  }
+  SECTION("exact replies: rows over max_rows, each token's route still summed on the node") {
+    Cluster c({{0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kExact);
+    c.nodes[0]->SetLimits(1, 0);
+    c.backend->CheckNow();
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    check_calls(*c.nodes[0], 2, 1, 2);  // a token's two experts in one piece: 1 row, 1 reply row
+    CHECK(l.out[0] == 100 + 101);
+    CHECK(std::signbit(l.out[1 * kDModel]));
+    CHECK(l.out[2 * kDModel] == 102 + 103);
+  }
+  SECTION("one call at a time: the next is sent when the one before has ended") {
+    Cluster c({{0, 1, 2, 3}});
+    c.nodes[0]->SetLimits(2, 0);
+    c.backend->CheckNow();
+    c.nodes[0]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l);
+    CHECK(c.nodes[0]->calls() == 1);
+    CHECK(!p.result.has_value());
+    c.nodes[0]->ReleaseAll();
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->ok());
+    CHECK(c.nodes[0]->calls() == 4);
+  }
+  SECTION("a cancelled layer sends no more of them") {
+    Cluster c({{0, 1, 2, 3}});
+    c.nodes[0]->SetLimits(2, 0);
+    c.backend->CheckNow();
+    c.nodes[0]->Script({{FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l);
+    p.control->Cancel();
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->code() == absl::StatusCode::kCancelled);
+    CHECK(c.nodes[0]->calls() == 1);
+    CHECK(c.nodes[0]->cancelled() == 1);
+  }
+  SECTION("a node that reports no limits gets one call") {
+    Cluster c({{0, 1, 2, 3}});
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    check_calls(*c.nodes[0], 1, 4, 4);
+  }
+}
+
+TEST_CASE("an expert with more rows than a node takes in one call goes in runs, each choosing the whole's kernel",
+          "[remote_dispatch]") {
+  // The node takes 4 rows a call: runs of at most 2 (half), here 1, 2 and 2
+  // rows; together 5 rows, over 4, so they go in pieces within 2 rows.
+  Cluster c({{0, 1, 2, 3}});
+  c.nodes[0]->SetLimits(4, 0);
+  c.backend->CheckNow();
+  // Five tokens, top-1, all to expert 0.
+  std::vector<float> x(5 * kDModel, 1.f), out(5 * kDModel, -1.f);
+  LayerWork work;
+  work.x = x.data();
+  work.num_tokens = 5;
+  work.num_slots = 5;
+  work.experts = {{0, {0, 1, 2, 3, 4}, {1.f, 1.f, 1.f, 1.f, 1.f}, {0, 1, 2, 3, 4}}};
+  CallControl control;
+  BackendStats stats;
+  REQUIRE(c.backend->Compute(work, out.data(), control, &stats).ok());
+  std::vector<int> rows;
+  for (const v1::ComputeRequest& r : c.nodes[0]->requests()) {
+    REQUIRE(r.experts_size() == 1);
+    CHECK(r.experts(0).kernel_rows() == 5);
+    rows.push_back(r.experts(0).row_indices_size());
+  }
+  CHECK(rows == std::vector<int>{1, 2, 2});
+  for (int t = 0; t < 5; ++t) CHECK(out[t * kDModel] == 100);
 }
 
 TEST_CASE("the blocking Compute returns what the layer call ended with", "[remote_dispatch]") {

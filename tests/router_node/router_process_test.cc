@@ -191,6 +191,35 @@ TEST_CASE("node replies: exact and per_expert give the local bytes for any split
   }
 }
 
+TEST_CASE("calls over a node's --max_rows go to it as several calls within it, with the local bytes") {
+  // bf16: the node's calls split by whole experts (no expert has more rows
+  // than the limit). int4: experts with more rows are cut into runs too;
+  // Colibri's own kernels compute row by row, so the bytes stay the local ones.
+  for (const common::DType type : {common::DType::kBF16, common::DType::kInt4}) {
+    Model model(type);
+    Proc node = StartNode(model.path, "all", 0, {"--max_rows=8"});
+    Proc local = StartRouter({"--local=" + model.path, "--threads=1"});
+    auto local_stub = Connect(local.port);
+    for (const std::string replies : {"per_expert", "exact"}) {
+      Proc router =
+          StartRouter({"--model=" + model.path, "--experts-at=" + Address(node.port), "--node_replies=" + replies});
+      auto stub = Connect(router.port);
+      for (const int tokens : {5, 8, type == common::DType::kInt4 ? 40 : 7}) {
+        std::vector<int32_t> ids(tokens);
+        for (int t = 0; t < tokens; ++t) ids[t] = (t * 7 + 3) % 64;
+        const v1::ForwardRequest request = Request(1, ids, 900 + tokens, v1::ROUTING_MODE_GATE);
+        v1::ForwardResponse remote, in_process;
+        const grpc::Status s = Call(*stub, request, &remote);
+        INFO(common::DTypeName(type) << ", " << replies << ", " << tokens << " tokens: " << s.error_message());
+        REQUIRE(s.ok());
+        REQUIRE(Call(*local_stub, request, &in_process).ok());
+        CHECK(remote.output().data() == in_process.output().data());
+      }
+      CHECK(Status(*stub).nodes(0).failed_calls() == 0);  // no call was refused and retried
+    }
+  }
+}
+
 TEST_CASE("the router exports Prometheus metrics: requests, stages, tokens per expert, node calls") {
   Model model(common::DType::kBF16);
   Proc a = StartNode(model.path, "all");
