@@ -19,18 +19,21 @@
 //
 // A layer call: each expert's work goes to its least-loaded live replica,
 // experts grouped by node (one Compute call per node, each row sent once,
-// replies as RemoteOptions::replies asks — several, sent one after another,
-// where the node's reported size limits ask: shard_map.h's
-// SplitOverNodeLimits, remote_dispatch.cc), all calls in flight at once on
+// replies as RemoteOptions::replies asks), all calls in flight at once on
 // gRPC's callback API, each with deadline min(client deadline, now +
-// node_timeout). A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED (the
-// node timeout, not the client's), RESOURCE_EXHAUSTED, ABORTED,
-// FAILED_PRECONDITION (a stale map), CANCELLED (by the node, not the client)
-// or DATA_LOSS is retried once, for just its experts, on other replicas (not
-// the failed node or that call's failed hedges; after FAILED_PRECONDITION the
-// failed node where no other replica serves an expert), within the client's deadline; any
-// other code from a node becomes INTERNAL. With hedge_after > 0, the work of a
-// first-attempt call not answered within it is also sent to other replicas;
+// node_timeout) — except where a node's share is over the size limits the
+// node reports: it goes as several calls, one after another, each timed
+// from its send (shard_map.h's SplitOverNodeLimits, remote_dispatch.cc). A
+// call that fails with UNAVAILABLE, DEADLINE_EXCEEDED (the node timeout, not
+// the client's), RESOURCE_EXHAUSTED, ABORTED, FAILED_PRECONDITION (a stale
+// map), CANCELLED (by the node, not the client) or DATA_LOSS is retried once,
+// for just its experts, on other replicas (not the failed node or that
+// call's failed hedges; after FAILED_PRECONDITION the failed node where no
+// other replica serves an expert; after a RESOURCE_EXHAUSTED that refused a
+// call sent right after its node answered the one before it, that node
+// too), within the client's deadline; any other code from a node becomes
+// INTERNAL. With hedge_after > 0, the work of a first-attempt call sent and
+// not answered within it is also sent to other replicas;
 // the first complete answer is used and the others are cancelled. Cancelling
 // the request cancels its node calls. No thread waits for a node: the layer
 // ends on the thread of the reply that settles it (ComputeAsync).

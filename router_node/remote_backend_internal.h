@@ -67,6 +67,8 @@ struct RemoteBackend::Call {
   // The call to the same node sent when this one ends (a node's share split
   // for its size limits goes one call at a time); null for none.
   Call* next = nullptr;
+  bool chained = false;          // sent after another call of its node's share (some call's `next`)
+  bool client_deadline = false;  // its deadline is the client's, not the node timeout
   // Written once by the call's callback under its Dispatch's lock (a comment,
   // not ABSL_GUARDED_BY: the analysis cannot name that lock from here).
   bool done = false;

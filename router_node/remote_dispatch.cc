@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -165,6 +166,44 @@ void BuildRequest(const LayerWork& work, const std::vector<ExpertWork>& experts,
   }
 }
 
+// What BuildRequest would make of a call of `works`, counted without copying
+// rows: its distinct rows, its row indices and the rows of its reply.
+struct CallSize {
+  int64_t rows = 0;
+  int64_t indices = 0;
+  int64_t reply_rows = 0;
+};
+CallSize MeasureCall(const LayerWork& work, const std::vector<ExpertWork>& experts, const std::vector<int>& works,
+                     NodeReplies replies) {
+  const int64_t width = work.num_slots / std::max<int64_t>(work.num_tokens, 1);
+  std::vector<char> held(work.num_slots, 0);  // per (token, rank): the call holds it
+  std::vector<int32_t> tokens;                // distinct, in first-seen order
+  CallSize size;
+  for (const int w : works) {
+    for (const int32_t slot : experts[w].slots) {
+      const int32_t t = static_cast<int32_t>(slot / width);
+      if (std::none_of(held.begin() + t * width, held.begin() + (t + 1) * width, [](char h) { return h != 0; })) {
+        tokens.push_back(t);
+      }
+      held[slot] = 1;
+    }
+    size.indices += static_cast<int64_t>(experts[w].slots.size());
+  }
+  size.rows = static_cast<int64_t>(tokens.size());
+  if (replies == NodeReplies::kPerExpert) {
+    size.reply_rows = size.indices;
+    return size;
+  }
+  for (const int32_t t : tokens) {  // as BuildRequest groups them
+    const char* h = held.data() + t * width;
+    int64_t prefix = 0, count = 0;
+    while (prefix < width && h[prefix]) ++prefix;
+    for (int64_t j = 0; j < width; ++j) count += h[j];
+    size.reply_rows += replies == NodeReplies::kPartial ? 1 : (prefix > 0 ? 1 : 0) + count - prefix;
+  }
+  return size;
+}
+
 // Copies a reply's rows to their slots: each row to its group's first slot
 // (widened from bf16 if it came so), -0.0 to the group's other slots.
 absl::Status ScatterReply(const LayerWork& work, int64_t d_model, const Call& call, float* contributions) {
@@ -268,16 +307,13 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (!plan.ok()) {
       // The map knows no node for an expert: probe them soon, so that calls
       // find a node that came back without waiting a whole health interval.
-      backend_->Recheck();
+      // (A retry's plan fails for the nodes this layer's calls failed on.)
+      if (attempt_ == 0) backend_->Recheck();
       return first_failure_.empty() ? plan.status()
                                     : Failed(absl::StrCat(plan.status().message(), "; ", first_failure_));
     }
     const absl::Time now = clock_->Now();
     deadline_ = std::min(control_.deadline(), now + options_.node_timeout);
-    // When the client's deadline is the sooner one, a DEADLINE_EXCEEDED is
-    // the client's — never a reason to take a node out (gRPC's clock may call
-    // it a moment before Now() reaches the deadline).
-    client_deadline_ = deadline_ == control_.deadline();
     races_.clear();
     for (NodeCall& nc : *plan) {
       const std::vector<Call*> calls = NewCalls(std::move(nc), false);
@@ -329,12 +365,21 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   // may arrive before. Only the first call returned is to be sent.
   std::vector<Call*> NewCalls(NodeCall nc, bool hedge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Call*> calls = Pieces(std::move(nc), hedge, 1);
-    for (size_t i = 0; i + 1 < calls.size(); ++i) calls[i]->next = calls[i + 1];
+    for (size_t i = 0; i + 1 < calls.size(); ++i) {
+      calls[i]->next = calls[i + 1];
+      calls[i + 1]->chained = true;
+    }
     return calls;
   }
 
   // The calls of `nc` within 1/share of the node's limits.
   std::vector<Call*> Pieces(NodeCall nc, bool hedge, int share) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (const std::vector<int>& works = nc.works; works.size() > 1 && OverNodeLimits(nc, share)) {
+      const auto middle = works.begin() + works.size() / 2;
+      std::vector<Call*> out = Pieces({nc.node, {works.begin(), middle}}, hedge, 2);
+      for (Call* c : Pieces({nc.node, {middle, works.end()}}, hedge, 2)) out.push_back(c);
+      return out;
+    }
     auto call = std::make_unique<Call>();
     call->node = nc.node;
     call->node_ref = topo_->nodes[nc.node];
@@ -344,29 +389,36 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     call->attempt = attempt_;
     call->hedge = hedge;
     BuildRequest(work_, *experts_, options_.d_model, options_.model_id, options_.replies, call.get());
-    if (const std::vector<int>& works = call->plan.works; works.size() > 1 && OverNodeLimits(*call, share)) {
-      const auto middle = works.begin() + works.size() / 2;
-      std::vector<Call*> out = Pieces({call->node, {works.begin(), middle}}, hedge, 2);
-      for (Call* c : Pieces({call->node, {middle, works.end()}}, hedge, 2)) out.push_back(c);
-      return out;
-    }
-    call->context.set_deadline(absl::ToChronoTime(deadline_));
+    SetDeadline(call.get(), deadline_);
     call->bytes_sent = static_cast<int64_t>(call->request.ByteSizeLong());  // before gRPC reads it on another thread
-    call->start_nanos = NanosSince(start_);
     backend_->CallStarted();  // from here the backend waits for this call's callback before it is destroyed
     calls_.push_back(std::move(call));
     return {calls_.back().get()};
   }
 
-  bool OverNodeLimits(const Call& call, int share) const {
-    const NodeState& node = topo_->map->nodes()[call.node];
-    const v1::ComputeRequest& req = call.request;
+  bool OverNodeLimits(const NodeCall& nc, int share) const {
+    const NodeState& node = topo_->map->nodes()[nc.node];
+    auto limit = [share](int64_t l) {
+      return l > 0 ? std::max<int64_t>(l / share, 1) : std::numeric_limits<int64_t>::max();
+    };
+    const int64_t max_rows = limit(node.max_rows), max_indices = limit(node.max_row_indices);
     int64_t indices = 0;
-    for (const v1::ExpertWork& e : req.experts()) indices += e.row_indices_size();
-    const int64_t reply_rows = req.per_expert_output() ? indices : req.num_output_rows();
-    auto over = [share](int64_t n, int64_t limit) { return limit > 0 && n > std::max<int64_t>(limit / share, 1); };
-    return over(req.rows().shape(0), node.max_rows) || over(reply_rows, node.max_rows) ||
-           over(indices, node.max_row_indices);
+    for (const int w : nc.works) indices += static_cast<int64_t>((*experts_)[w].rows.size());
+    if (indices <= std::min(max_rows, max_indices)) return false;  // rows and reply rows are at most the indices
+    const CallSize size = MeasureCall(work_, *experts_, nc.works, options_.replies);
+    return size.rows > max_rows || size.reply_rows > max_rows || size.indices > max_indices;
+  }
+
+  // The attempt's deadline (its calls and their hedges share it), or for a
+  // chained call min(client deadline, now + node timeout) when it is sent:
+  // its node worked on the calls before it meanwhile.
+  void SetDeadline(Call* call, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    call->context.set_deadline(absl::ToChronoTime(deadline));
+    // When the client's deadline is the sooner one, a DEADLINE_EXCEEDED is
+    // the client's — never a reason to take a node out (gRPC's clock may call
+    // it a moment before Now() reaches the deadline).
+    call->client_deadline = deadline == control_.deadline();
+    call->start_nanos = NanosSince(start_);
   }
 
   // Sends calls made under the lock. Their callbacks keep this alive. A call
@@ -399,6 +451,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     call->node_ref->in_flight.fetch_sub(1, std::memory_order_relaxed);
     std::vector<Call*> to_start, to_cancel;
     std::optional<absl::Status> result;
+    Call* const next = call->next;
     {
       common::MutexLock lock(&mu_);
       call->status = std::move(status);
@@ -424,19 +477,34 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
           break;
         }
       }
+      // The node's next call, whatever this one's end: every call made is
+      // sent, or ends unsent (Send) when the layer no longer needs it, so
+      // that each gets its callback. Decided here, under the lock: a
+      // canceller may not have marked it yet, and once the layer is decided
+      // its caller's control may be gone.
+      if (next != nullptr) {
+        if (Needed(*next)) {
+          SetDeadline(next, std::min(control_.deadline(), clock_->Now() + options_.node_timeout));
+        } else {
+          next->send_state.store(Call::kCancelWanted);
+        }
+        to_start.push_back(next);
+      }
     }
     backend_->CallEnded(*call);
     Cancel(to_cancel);
-    // The node's next call of the attempt, whatever this one's end: every
-    // call made is sent (or ends unsent if cancelled), so that each gets its
-    // callback. After Cancel: a call the layer no longer needs ends unsent.
-    if (call->next != nullptr) {
-      // (A cancel that ended this call may not have reached the next yet.)
-      if (control_.cancelled()) call->next->send_state.store(Call::kCancelWanted);
-      to_start.push_back(call->next);
-    }
     Send(to_start);
     if (result.has_value()) Finish(*result);
+  }
+
+  // Whether an unsent call still has work to do: its layer is undecided and
+  // not cancelled, and its race — of the current attempt — is not settled.
+  bool Needed(const Call& c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (decided_ || control_.cancelled()) return false;
+    for (const Race& r : races_) {
+      if (r.primary == &c || std::find(r.hedges.begin(), r.hedges.end(), &c) != r.hedges.end()) return !Settled(r);
+    }
+    return false;  // an earlier attempt's
   }
 
   // A race is settled when its planned call succeeded, when all its hedges
@@ -528,7 +596,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
                                                                 static_cast<int>(code), ")")
                                                  : detail;
     if (control_.cancelled()) return absl::CancelledError("request cancelled by the client");
-    if (clock_->Now() >= control_.deadline() || (client_deadline_ && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+    if (clock_->Now() >= control_.deadline() || (c.client_deadline && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
       return absl::DeadlineExceededError(absl::StrCat("layer ", work_.layer, ": deadline exceeded waiting for ", what));
     }
     c.node_ref->failed.fetch_add(1, std::memory_order_relaxed);  // the node's failure, not the client's
@@ -540,7 +608,11 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     // (RESOURCE_EXHAUSTED) is left out of this layer call; other failures
     // take the node out until a health check finds it live.
     only_busy_ = only_busy_ && code == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    if (code == grpc::StatusCode::FAILED_PRECONDITION) {
+    if (code == grpc::StatusCode::RESOURCE_EXHAUSTED && c.chained) {
+      // Refused right after the node answered this layer's call before it:
+      // most likely that call's room not yet freed. Not busy: the retry may
+      // go to it again.
+    } else if (code == grpc::StatusCode::FAILED_PRECONDITION) {
       avoided_.insert(c.node);
     } else {
       if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {  // other layers' first tries too, for a while
@@ -580,7 +652,8 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         if (r.primary->done && !r.primary->status.ok()) last_resorts.insert(r.primary->node);
       }
       for (Race& r : races_) {
-        if (r.primary->done || !r.hedges.empty()) continue;
+        // A call still waiting behind its node's earlier calls is not late.
+        if (r.primary->done || !r.hedges.empty() || r.primary->send_state.load() == Call::kUnsent) continue;
         std::set<int> avoid = excluded_;
         avoid.insert(r.primary->node);
         absl::StatusOr<std::vector<NodeCall>> alternative =
@@ -674,8 +747,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
   std::vector<int> pending_ ABSL_GUARDED_BY(mu_);  // works of the next attempt
   std::set<int> excluded_ ABSL_GUARDED_BY(mu_);    // nodes that failed a call of this layer
   std::set<int> avoided_ ABSL_GUARDED_BY(mu_);     // ... with FAILED_PRECONDITION: used as a last resort
-  absl::Time deadline_ ABSL_GUARDED_BY(mu_);       // of the current attempt's calls
-  bool client_deadline_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_);       // of the current attempt's calls (chained ones: from their send)
   std::vector<std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);  // every call of every attempt
   std::vector<Race> races_ ABSL_GUARDED_BY(mu_);                   // the current attempt's
   std::unique_ptr<common::Clock::Timer> hedge_timer_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 #include "router_node/shard_map.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -101,7 +102,7 @@ bool SplitOverNodeLimits(const ShardMap& map, int32_t layer, const std::vector<E
   for (size_t w = 0; w < experts.size(); ++w) {
     const int64_t rows = static_cast<int64_t>(experts[w].rows.size());
     // The smallest limit of a node the work may go to (a node that reports none has none).
-    int64_t limit = rows;
+    int64_t limit = std::numeric_limits<int64_t>::max();
     for (const std::vector<int>* nodes :
          {&map.replicas(layer, experts[w].expert), &map.fallbacks(layer, experts[w].expert)}) {
       for (const int n : *nodes) {

@@ -90,7 +90,9 @@ TEST_CASE("with no replica left, requests fail UNAVAILABLE naming the expert, th
   CHECK(Health(router.port, "colibri.v1.Router") == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 
   // Requests every 5 ms from the node's return: the first that needs it
-  // asks for a health round, whose probe reconnects at once.
+  // asks for a health round, whose probe reconnects at once. The time it
+  // takes is printed (docs/RELIABILITY.md), not asserted: these machines are
+  // shared and noisy (remote_dispatch_test checks the round is asked for).
   // Down long enough for the channel's reconnect backoff to reach its 1 s cap.
   std::this_thread::sleep_for(std::chrono::seconds(3));
   Proc again = StartNode(model.path, "2-3", b_port);

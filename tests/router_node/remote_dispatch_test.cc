@@ -89,6 +89,13 @@ struct Pending {
   std::optional<absl::Status> result;
 };
 
+// The health watcher runs on the real clock: waits (bounded) for what it does.
+bool WaitFor(const std::function<bool()>& done) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!done() && absl::Now() < give_up) std::this_thread::yield();
+  return done();
+}
+
 // A layer call that must end without the clock moving: its result.
 absl::Status Run(Cluster& c, Layer& l) {
   Pending p;
@@ -455,12 +462,6 @@ TEST_CASE("a hedge that answered stays a candidate for the retry of its race", "
 }
 
 TEST_CASE("a node a failed call took out is probed again at once and is back when it answers", "[remote_dispatch]") {
-  // The watcher runs on the real clock: wait (bounded) for what it does.
-  const auto wait_for = [](const std::function<bool()>& done) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (!done() && absl::Now() < give_up) std::this_thread::yield();
-    return done();
-  };
   Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kPerExpert, absl::Milliseconds(1));
   c.nodes[0]->HoldInfo();
   // Whatever fails below, the held probe is answered before the backend
@@ -473,18 +474,13 @@ TEST_CASE("a node a failed call took out is probed again at once and is back whe
   Layer l;
   REQUIRE(Run(c, l).ok());  // n0 timed out and is out; the retry answered
   // A round starts long before the hour's interval: its probe reaches n0.
-  REQUIRE(wait_for([&] { return c.nodes[0]->held_info() > 0; }));
+  REQUIRE(WaitFor([&] { return c.nodes[0]->held_info() > 0; }));
   CHECK(!c.live(0));
   c.nodes[0]->ReleaseInfo();  // n0 answers: it was only slow
-  REQUIRE(wait_for([&] { return c.live(0); }));
+  REQUIRE(WaitFor([&] { return c.live(0); }));
 }
 
 TEST_CASE("a layer call that finds no node for an expert has the nodes probed again at once", "[remote_dispatch]") {
-  const auto wait_for = [](const std::function<bool()>& done) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (!done() && absl::Now() < give_up) std::this_thread::yield();
-    return done();
-  };
   Cluster c({{0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kPerExpert, absl::Milliseconds(1));
   c.nodes[0]->FailInfo(grpc::StatusCode::UNAVAILABLE);
   c.backend->CheckNow();
@@ -503,9 +499,9 @@ TEST_CASE("a layer call that finds no node for an expert has the nodes probed ag
   Layer l;
   const absl::Status failed = Run(c, l);
   CHECK(failed.code() == absl::StatusCode::kUnavailable);
-  REQUIRE(wait_for([&] { return c.nodes[0]->held_info() > 0; }));
+  REQUIRE(WaitFor([&] { return c.nodes[0]->held_info() > 0; }));
   c.nodes[0]->ReleaseInfo();
-  REQUIRE(wait_for([&] { return c.live(0); }));
+  REQUIRE(WaitFor([&] { return c.live(0); }));
   Layer again;
   CHECK(Run(c, again).ok());
 }
@@ -713,7 +709,7 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
     CHECK(std::signbit(l.out[1 * kDModel]));
     CHECK(l.out[2 * kDModel] == 102 + 103);
   }
-  SECTION("one call at a time: the next is sent when the one before has ended") {
+  SECTION("one call at a time") {
     Cluster c({{0, 1, 2, 3}});
     c.nodes[0]->SetLimits(2, 0);
     c.backend->CheckNow();
@@ -723,24 +719,53 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
     p.Start(c, l);
     CHECK(c.nodes[0]->calls() == 1);
     CHECK(!p.result.has_value());
-    c.nodes[0]->ReleaseAll();
-    REQUIRE(p.result.has_value());
-    CHECK(p.result->ok());
-    CHECK(c.nodes[0]->calls() == 4);
+    SECTION("the next is sent when the one before has ended") {
+      c.nodes[0]->ReleaseAll();
+      REQUIRE(p.result.has_value());
+      CHECK(p.result->ok());
+      CHECK(c.nodes[0]->calls() == 4);
+    }
+    SECTION("a cancelled layer sends no more of them") {
+      p.control->Cancel();
+      REQUIRE(p.result.has_value());
+      CHECK(p.result->code() == absl::StatusCode::kCancelled);
+      CHECK(c.nodes[0]->calls() == 1);
+      CHECK(c.nodes[0]->cancelled() == 1);
+    }
   }
-  SECTION("a cancelled layer sends no more of them") {
-    Cluster c({{0, 1, 2, 3}});
-    c.nodes[0]->SetLimits(2, 0);
+  SECTION("hedging: only a call sent is late, not those waiting behind it") {
+    Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::Milliseconds(10));
+    for (auto& n : c.nodes) n->SetLimits(2, 0);
     c.backend->CheckNow();
-    c.nodes[0]->Script({{FakeNode::kHang}});
+    c.nodes[0]->Script({{FakeNode::kHang}});  // n0 gets the layer's four calls, one at a time
+    c.nodes[1]->Script({{FakeNode::kHang}});
     Layer l;
     Pending p;
     p.Start(c, l);
-    p.control->Cancel();
+    REQUIRE(c.nodes[0]->calls() == 1);
+    c.clock.Advance(absl::Milliseconds(10));
+    CHECK(c.nodes[1]->calls() == 1);  // the hanging call's expert went to n1 as well; the others wait
+    CHECK(!p.result.has_value());
+    // n1 answers: the hanging call is cancelled, and n0's other calls follow it, unhedged.
+    c.nodes[1]->ReleaseAll();
     REQUIRE(p.result.has_value());
-    CHECK(p.result->code() == absl::StatusCode::kCancelled);
-    CHECK(c.nodes[0]->calls() == 1);
+    CHECK(p.result->ok());
+    CHECK(c.nodes[1]->calls() == 1);
+    CHECK(c.nodes[0]->calls() == 4);
     CHECK(c.nodes[0]->cancelled() == 1);
+    CHECK(l.answered_by(0) == 2);
+    for (int s = 1; s < 4; ++s) CHECK(l.answered_by(s) == 1);
+  }
+  SECTION("a call refused RESOURCE_EXHAUSTED right after the one before it is retried on the same node") {
+    Cluster c({{0, 1, 2, 3}});
+    c.nodes[0]->SetLimits(2, 0);
+    c.backend->CheckNow();
+    c.nodes[0]->Script({{FakeNode::kAnswer}, {FakeNode::kFail, grpc::StatusCode::RESOURCE_EXHAUSTED}});
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    CHECK(c.nodes[0]->calls() == 5);  // four, and the refused one again
+    CHECK(l.stats.retries == 1);
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 1);
   }
   SECTION("a node that reports no limits gets one call") {
     Cluster c({{0, 1, 2, 3}});

@@ -192,28 +192,39 @@ TEST_CASE("node replies: exact and per_expert give the local bytes for any split
 }
 
 TEST_CASE("calls over a node's --max_rows go to it as several calls within it, with the local bytes") {
-  // bf16: the node's calls split by whole experts (no expert has more rows
-  // than the limit). int4: experts with more rows are cut into runs too;
-  // Colibri's own kernels compute row by row, so the bytes stay the local ones.
+  // At --max_rows 8 the node's share goes in calls within 4 rows, and an
+  // expert with more than 4 rows in runs of 4. int4's kernels compute row by
+  // row, so the bytes stay the local ones; bf16's too unless the node's
+  // profile runs oneDNN (then within rounding: docs/ROUTER.md).
   for (const common::DType type : {common::DType::kBF16, common::DType::kInt4}) {
     Model model(type);
-    Proc node = StartNode(model.path, "all", 0, {"--max_rows=8"});
+    // A budget of its own: the default one, sized for calls of 8 rows, is a
+    // few KB, and under a sanitizer the node frees a call's room long after
+    // its reply (the pacing of such calls is remote_dispatch_test's).
+    Proc node = StartNode(model.path, "all", 0, {"--max_rows=8", "--max_inflight_bytes=100000000"});
     Proc local = StartRouter({"--local=" + model.path, "--threads=1"});
     auto local_stub = Connect(local.port);
     for (const std::string replies : {"per_expert", "exact"}) {
       Proc router =
           StartRouter({"--model=" + model.path, "--experts-at=" + Address(node.port), "--node_replies=" + replies});
       auto stub = Connect(router.port);
-      for (const int tokens : {5, 8, type == common::DType::kInt4 ? 40 : 7}) {
+      const std::string profile = Status(*stub).nodes(0).kernel_profile();
+      const bool row_by_row = type == common::DType::kInt4 || profile.find("onednn_min_tokens 0") != std::string::npos;
+      for (const int tokens : {5, 8, 40}) {
         std::vector<int32_t> ids(tokens);
         for (int t = 0; t < tokens; ++t) ids[t] = (t * 7 + 3) % 64;
         const v1::ForwardRequest request = Request(1, ids, 900 + tokens, v1::ROUTING_MODE_GATE);
         v1::ForwardResponse remote, in_process;
         const grpc::Status s = Call(*stub, request, &remote);
-        INFO(common::DTypeName(type) << ", " << replies << ", " << tokens << " tokens: " << s.error_message());
+        INFO(common::DTypeName(type) << ", " << replies << ", " << tokens << " tokens, node kernels " << profile << ": "
+                                     << s.error_message());
         REQUIRE(s.ok());
         REQUIRE(Call(*local_stub, request, &in_process).ok());
-        CHECK(remote.output().data() == in_process.output().data());
+        if (row_by_row) {
+          CHECK(remote.output().data() == in_process.output().data());
+        } else {
+          CHECK(RelativeL2(remote.output().data(), in_process.output().data()) < 1e-6);
+        }
       }
       CHECK(Status(*stub).nodes(0).failed_calls() == 0);  // no call was refused and retried
     }

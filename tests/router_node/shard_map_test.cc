@@ -141,6 +141,8 @@ TEST_CASE("a replicated expert's rows are split among its replicas and planned o
   CHECK(parts[2].expert == 2);
   CHECK(parts[2].rows == std::vector<int32_t>{2, 3, 4});
   CHECK(parts[2].weights.size() == 3);
+  CHECK(parts[1].kernel_rows == 5);  // each part chooses the node's kernel as the whole would
+  CHECK(parts[2].kernel_rows == 5);
   CHECK(parts[3].expert == 3);
 
   auto plan = PlanNodeCalls(map, 0, parts, {0, 1, 2, 3}, std::vector<int>{0, 0, 0}, {});
@@ -174,6 +176,45 @@ TEST_CASE("rows are not split below min_rows, without replicas, or where bits wo
   CHECK(!SplitAmongReplicas(ShardMap(1, 4, nodes), 0, two, {RowSplit::kExact, 2}, &parts));
   CHECK(ParseRowSplit("exact") == RowSplit::kExact);
   CHECK(!ParseRowSplit("sometimes").has_value());
+}
+
+TEST_CASE("an expert with more rows than half a node's call limit is cut into runs that keep its kernel count") {
+  // Expert 2 on a live node taking 8 rows a call and a suspect one (a
+  // fallback) taking 6 row indices; expert 0 only on a node without limits.
+  std::vector<NodeState> nodes = {
+      {"a:1", true, "", {{0, 0}, {0, 2}}}, {"b:1", true, "", {{0, 2}}}, {"c:1", false, "call failed", {{0, 2}}}};
+  nodes[1].max_rows = 8;
+  nodes[2].suspect = true;
+  nodes[2].max_row_indices = 6;
+  const ShardMap map(1, 4, nodes);
+  std::vector<ExpertWork> works = {{0, {}, {}, {}}, {2, {}, {}, {}}};
+  for (int32_t r = 0; r < 10; ++r) {
+    for (ExpertWork& w : works) {
+      w.rows.push_back(r);
+      w.weights.push_back(0.5f);
+      w.slots.push_back(r * 4 + w.expert);
+    }
+  }
+  std::vector<ExpertWork> parts;
+  REQUIRE(SplitOverNodeLimits(map, 0, works, &parts));
+  // Expert 0 whole; expert 2 in runs of at most 3 (half of the fallback's 6): 2, 3, 2, 3 rows.
+  REQUIRE(parts.size() == 5);
+  CHECK(parts[0].rows.size() == 10);
+  CHECK(parts[0].kernel_rows == 0);
+  std::vector<int32_t> rows;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    CHECK(parts[i].expert == 2);
+    CHECK(parts[i].rows.size() <= 3);
+    CHECK(parts[i].kernel_rows == 10);
+    CHECK(parts[i].weights.size() == parts[i].rows.size());
+    CHECK(parts[i].slots.size() == parts[i].rows.size());
+    rows.insert(rows.end(), parts[i].rows.begin(), parts[i].rows.end());
+  }
+  CHECK(rows == works[1].rows);
+  // Within half of every limit (or none reported): nothing to cut.
+  nodes[2].max_row_indices = 20;
+  nodes[1].max_rows = 0;
+  CHECK(!SplitOverNodeLimits(ShardMap(1, 4, nodes), 0, works, &parts));
 }
 
 }  // namespace

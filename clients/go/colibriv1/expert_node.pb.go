@@ -1,7 +1,9 @@
 // The ExpertNode service: a process that owns a shard of (layer, expert)
 // weights of one converted model and computes those experts for a router.
 // A router makes one Compute call per node per MoE layer (the batch union:
-// every token row the node must serve, each sent once), and the node returns
+// every token row the node must serve, each sent once; several, one after
+// another, where one would pass the node's size limits,
+// GetNodeInfoResponse.max_rows), and the node returns
 // per row the weighted partial sum over its own experts.
 //
 // Terms: d_model and d_ff are the model's hidden and expert sizes
@@ -780,7 +782,7 @@ type GetNodeInfoResponse struct {
 	// The node's size limits of one Compute call (--max_rows, and the fixed
 	// limit on row indices summed over the experts): rows in `rows`, rows of
 	// the reply, row indices. A router splits its node calls so none is over
-	// them (docs/ROUTER.md, "Node replies"). 0: not reported — routers send
+	// them (docs/ROUTER.md, "Node size limits"). 0: not reported — routers send
 	// each node call whole.
 	MaxRows       int64 `protobuf:"varint,22,opt,name=max_rows,json=maxRows,proto3" json:"max_rows,omitempty"`
 	MaxRowIndices int64 `protobuf:"varint,23,opt,name=max_row_indices,json=maxRowIndices,proto3" json:"max_row_indices,omitempty"`
