@@ -29,13 +29,13 @@
 // map), CANCELLED (by the node, not the client) or DATA_LOSS is retried once,
 // for just its experts, on other replicas (not the failed node or that
 // call's failed hedges; after FAILED_PRECONDITION the failed node where no
-// other replica serves an expert; after a RESOURCE_EXHAUSTED that refused a
-// call sent right after its node answered the one before it, that node
-// too), within the client's deadline; any other code from a node becomes
-// INTERNAL. With hedge_after > 0, the work of a first-attempt call sent and
-// not answered within it is also sent to other replicas;
-// the first complete answer is used and the others are cancelled. Cancelling
-// the request cancels its node calls. No thread waits for a node: the layer
+// other replica serves an expert — so too after a RESOURCE_EXHAUSTED that
+// refused a call sent when its node's call before it ended), within the
+// client's deadline; any other code from a node becomes INTERNAL. With
+// hedge_after > 0 (timed once, from the attempt's start), the work of a
+// first-attempt call sent and not answered by then is also sent to other
+// replicas; the first complete answer is used and the others are
+// cancelled. Cancelling the request cancels its node calls. No thread waits for a node: the layer
 // ends on the thread of the reply that settles it (ComputeAsync).
 //
 // Implemented in remote_backend.cc (node set, health, map) and

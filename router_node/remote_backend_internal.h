@@ -58,7 +58,7 @@ struct RemoteBackend::Topology {
   std::shared_ptr<const ShardMap> map;
 };
 
-// One Compute call in flight.
+// One Compute call: sent, or waiting behind its node's call before it (`next`).
 struct RemoteBackend::Call {
   int node = 0;
   std::shared_ptr<Node> node_ref;
@@ -68,7 +68,11 @@ struct RemoteBackend::Call {
   // for its size limits goes one call at a time); null for none.
   Call* next = nullptr;
   bool chained = false;          // sent after another call of its node's share (some call's `next`)
+  bool queued = false;           // handed to Send already, with the rest of its chain
   bool client_deadline = false;  // its deadline is the client's, not the node timeout
+  // How it ends if it is never sent: cancelled, or with the failure of the
+  // call before it (its node failed: the retry takes its works).
+  grpc::Status unsent_status{grpc::StatusCode::CANCELLED, "cancelled before it was sent"};
   // Written once by the call's callback under its Dispatch's lock (a comment,
   // not ABSL_GUARDED_BY: the analysis cannot name that lock from here).
   bool done = false;

@@ -1,5 +1,6 @@
 // RemoteBackend::ComputeAsync: one layer's node calls — plan, send (all in
-// flight at once), hedge slow calls, retry failed ones once on other
+// flight at once, but for the pieces of a node's share over its size limits,
+// which go one after another), hedge slow calls, retry failed ones once on other
 // replicas, scatter the per-expert rows to their slots — as a Dispatch
 // driven by what happens to it: node replies, the hedge timer, the client's
 // cancellation, each on the thread that delivers it. Nothing waits; the
@@ -266,8 +267,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
             ->Increment();
       }
     }
-    // An expert with more rows than a node takes in one call goes in runs
-    // (the node calls' own split, by whole works, is NewCalls').
+    // An expert with more rows than half of what a node that may serve it
+    // takes in one call goes in runs (the split of a node's share by whole
+    // works is NewCalls').
     if (std::vector<ExpertWork> cut; SplitOverNodeLimits(*topo_->map, work.layer, *experts_, &cut)) {
       parts_ = std::move(cut);
       experts_ = &parts_;
@@ -428,12 +430,12 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     for (Call* c : calls) {
       Node& node = *c->node_ref;
       node.in_flight.fetch_add(1, std::memory_order_relaxed);
-      node.calls.fetch_add(1, std::memory_order_relaxed);
       int state = Call::kUnsent;
       if (!c->send_state.compare_exchange_strong(state, Call::kSending)) {
-        OnReply(c, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it was sent"));
+        OnReply(c, c->unsent_status);  // set before it was handed here, on this thread
         continue;
       }
+      node.calls.fetch_add(1, std::memory_order_relaxed);
       node.channel->Compute(&c->context, &c->request, &c->response,
                             [self = shared_from_this(), c](grpc::Status s) { self->OnReply(c, std::move(s)); });
       state = Call::kSending;
@@ -477,18 +479,26 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
           break;
         }
       }
-      // The node's next call, whatever this one's end: every call made is
-      // sent, or ends unsent (Send) when the layer no longer needs it, so
-      // that each gets its callback. Decided here, under the lock: a
-      // canceller may not have marked it yet, and once the layer is decided
-      // its caller's control may be gone.
-      if (next != nullptr) {
-        if (Needed(*next)) {
-          SetDeadline(next, std::min(control_.deadline(), clock_->Now() + options_.node_timeout));
-        } else {
-          next->send_state.store(Call::kCancelWanted);
+      // The node's next call: sent when this one answered (or lost its race
+      // to another call) and the layer still needs it. Otherwise it ends
+      // unsent (Send), as does each after it up to one still needed — all of
+      // them, with this call's failure, when its node failed (the retry takes
+      // their works) — so that every call made gets its callback, without
+      // recursing once per call. Decided here, under
+      // the lock: a canceller may not have marked them yet, and once the
+      // layer is decided its caller's control may be gone.
+      if (next != nullptr && !next->queued) {
+        const bool node_failed = !call->status.ok() && !WonByAnother(*call);
+        for (Call* c = next; c != nullptr; c = c->next) {
+          c->queued = true;
+          to_start.push_back(c);
+          if (!node_failed && Needed(*c)) {
+            SetDeadline(c, std::min(control_.deadline(), clock_->Now() + options_.node_timeout));
+            break;
+          }
+          c->send_state.store(Call::kCancelWanted);
+          if (node_failed) c->unsent_status = call->status;
         }
-        to_start.push_back(next);
       }
     }
     backend_->CallEnded(*call);
@@ -497,14 +507,27 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (result.has_value()) Finish(*result);
   }
 
+  // The current attempt's race `c` runs in, or null (an earlier attempt's).
+  const Race* RaceOf(const Call& c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Race& r : races_) {
+      if (r.primary == &c || std::find(r.hedges.begin(), r.hedges.end(), &c) != r.hedges.end()) return &r;
+    }
+    return nullptr;
+  }
   // Whether an unsent call still has work to do: its layer is undecided and
   // not cancelled, and its race — of the current attempt — is not settled.
   bool Needed(const Call& c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (decided_ || control_.cancelled()) return false;
-    for (const Race& r : races_) {
-      if (r.primary == &c || std::find(r.hedges.begin(), r.hedges.end(), &c) != r.hedges.end()) return !Settled(r);
-    }
-    return false;  // an earlier attempt's
+    const Race* r = RaceOf(c);
+    return r != nullptr && !Settled(*r);
+  }
+  // Whether the other side of `c`'s race answered (`c` was cancelled for it).
+  bool WonByAnother(const Call& c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Race* r = RaceOf(c);
+    if (r == nullptr) return false;
+    if (r->primary != &c) return r->primary->done && r->primary->status.ok();
+    return !r->hedges.empty() &&
+           std::all_of(r->hedges.begin(), r->hedges.end(), [](const Call* h) { return h->done && h->status.ok(); });
   }
 
   // A race is settled when its planned call succeeded, when all its hedges
@@ -608,11 +631,11 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     // (RESOURCE_EXHAUSTED) is left out of this layer call; other failures
     // take the node out until a health check finds it live.
     only_busy_ = only_busy_ && code == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    if (code == grpc::StatusCode::RESOURCE_EXHAUSTED && c.chained) {
-      // Refused right after the node answered this layer's call before it:
-      // most likely that call's room not yet freed. Not busy: the retry may
-      // go to it again.
-    } else if (code == grpc::StatusCode::FAILED_PRECONDITION) {
+    // The same for RESOURCE_EXHAUSTED answering a call sent when this
+    // layer's call before it on the node ended (or for the rest of that
+    // chain, ended unsent with it): most likely that call's room not yet
+    // freed, not a busy node.
+    if (code == grpc::StatusCode::FAILED_PRECONDITION || (code == grpc::StatusCode::RESOURCE_EXHAUSTED && c.chained)) {
       avoided_.insert(c.node);
     } else {
       if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {  // other layers' first tries too, for a while

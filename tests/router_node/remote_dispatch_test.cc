@@ -767,6 +767,22 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
     CHECK(l.stats.retries == 1);
     for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 1);
   }
+  SECTION("a piece that fails ends the pieces behind it: one node timeout, then the retry elsewhere") {
+    Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
+    c.nodes[0]->SetLimits(2, 0);  // n0 gets the layer's four calls, one at a time
+    c.backend->CheckNow();
+    c.nodes[0]->Script({{FakeNode::kHang}, {FakeNode::kHang}, {FakeNode::kHang}, {FakeNode::kHang}});
+    Layer l;
+    Pending p;
+    p.Start(c, l);
+    REQUIRE(c.nodes[0]->calls() == 1);
+    c.clock.Advance(absl::Milliseconds(100));  // the node timeout, once
+    REQUIRE(p.result.has_value());
+    CHECK(p.result->ok());
+    CHECK(c.nodes[0]->calls() == 1);  // the three behind it were never sent
+    CHECK(!c.live(0));
+    for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 2);
+  }
   SECTION("a node that reports no limits gets one call") {
     Cluster c({{0, 1, 2, 3}});
     Layer l;
