@@ -67,9 +67,10 @@ struct RemoteBackend::Call {
   // The call to the same node sent when this one ends (a node's share split
   // for its size limits goes one call at a time); null for none.
   Call* next = nullptr;
-  bool chained = false;          // sent after another call of its node's share (some call's `next`)
-  bool queued = false;           // handed to Send already, with the rest of its chain
-  bool client_deadline = false;  // its deadline is the client's, not the node timeout
+  bool chained = false;           // sent after another call of its node's share (some call's `next`)
+  bool queued = false;            // handed to Send already, with the rest of its chain
+  std::atomic<bool> sent{false};  // handed to its node's channel (set by Send, before the channel has it)
+  bool client_deadline = false;   // its deadline is the client's, not the node timeout
   // How it ends if it is never sent: cancelled, or with the failure of the
   // call before it (its node failed: the retry takes its works).
   grpc::Status unsent_status{grpc::StatusCode::CANCELLED, "cancelled before it was sent"};

@@ -435,6 +435,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
         OnReply(c, c->unsent_status);  // set before it was handed here, on this thread
         continue;
       }
+      c->sent.store(true, std::memory_order_relaxed);
       node.calls.fetch_add(1, std::memory_order_relaxed);
       node.channel->Compute(&c->context, &c->request, &c->response,
                             [self = shared_from_this(), c](grpc::Status s) { self->OnReply(c, std::move(s)); });
@@ -479,16 +480,17 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
           break;
         }
       }
-      // The node's next call: sent when this one answered (or lost its race
-      // to another call) and the layer still needs it. Otherwise it ends
-      // unsent (Send), as does each after it up to one still needed — all of
-      // them, with this call's failure, when its node failed (the retry takes
-      // their works) — so that every call made gets its callback, without
-      // recursing once per call. Decided here, under
+      // The node's next call: sent when this one did not find its node gone,
+      // hung or busy (or lost its race to another call) and the layer still
+      // needs it. Otherwise it ends unsent (Send), as does each after it up
+      // to one still needed — all of them, with this call's failure, when
+      // its node is gone, hung or busy (the retry takes their works) — so
+      // that every call made gets its callback, without recursing once per
+      // call. Decided here, under
       // the lock: a canceller may not have marked them yet, and once the
       // layer is decided its caller's control may be gone.
       if (next != nullptr && !next->queued) {
-        const bool node_failed = !call->status.ok() && !WonByAnother(*call);
+        const bool node_failed = NodeGoneOrBusy(call->status.error_code()) && !WonByAnother(*call);
         for (Call* c = next; c != nullptr; c = c->next) {
           c->queued = true;
           to_start.push_back(c);
@@ -497,7 +499,10 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
             break;
           }
           c->send_state.store(Call::kCancelWanted);
-          if (node_failed) c->unsent_status = call->status;
+          if (node_failed) {
+            c->unsent_status = call->status;
+            c->client_deadline = call->client_deadline;
+          }
         }
       }
     }
@@ -505,6 +510,13 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     Cancel(to_cancel);
     Send(to_start);
     if (result.has_value()) Finish(*result);
+  }
+
+  // A failure that the node's next calls would meet too: it is gone or
+  // shutting down, it did not answer in time, or it has no room.
+  static bool NodeGoneOrBusy(grpc::StatusCode code) {
+    return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+           code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::RESOURCE_EXHAUSTED;
   }
 
   // The current attempt's race `c` runs in, or null (an earlier attempt's).
@@ -622,7 +634,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (clock_->Now() >= control_.deadline() || (c.client_deadline && code == grpc::StatusCode::DEADLINE_EXCEEDED)) {
       return absl::DeadlineExceededError(absl::StrCat("layer ", work_.layer, ": deadline exceeded waiting for ", what));
     }
-    c.node_ref->failed.fetch_add(1, std::memory_order_relaxed);  // the node's failure, not the client's
+    // The node's failure, not the client's (a call ended unsent with the
+    // failure of the call before it is not one of the node's calls).
+    if (c.sent.load(std::memory_order_relaxed)) c.node_ref->failed.fetch_add(1, std::memory_order_relaxed);
     if (!Retriable(code)) return absl::InternalError(absl::StrCat("layer ", work_.layer, ": ", what));
     // A node whose weights differ from the map (FAILED_PRECONDITION: it no
     // longer owns one of the call's experts, after a reload) is alive and
@@ -718,6 +732,7 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
     if (stats_ == nullptr) return;
     const int64_t now = NanosSince(start_);
     for (const auto& c : calls_) {
+      if (c->done && !c->sent.load(std::memory_order_relaxed)) continue;  // ended unsent: no node call
       NodeCallRecord r;
       r.node = c->name;
       r.start_nanos = c->start_nanos;
@@ -805,7 +820,7 @@ absl::Status RemoteBackend::Compute(const LayerWork& work, float* contributions,
 }
 
 void RemoteBackend::CallEnded(const Call& c) {
-  if (options_.metrics != nullptr) {
+  if (options_.metrics != nullptr && c.sent.load(std::memory_order_relaxed)) {
     options_.metrics
         ->GetCounter("colibri_router_node_calls_total", "Compute calls to expert nodes by node and status code.",
                      {{"node", c.address}, {"code", std::to_string(static_cast<int>(c.status.error_code()))}})

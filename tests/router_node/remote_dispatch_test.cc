@@ -763,7 +763,8 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
     c.nodes[0]->Script({{FakeNode::kAnswer}, {FakeNode::kFail, grpc::StatusCode::RESOURCE_EXHAUSTED}});
     Layer l;
     REQUIRE(Run(c, l).ok());
-    CHECK(c.nodes[0]->calls() == 5);  // four, and the refused one again
+    // Two sent, the second refused (the two behind it end with it), then those three again.
+    CHECK(c.nodes[0]->calls() == 5);
     CHECK(l.stats.retries == 1);
     for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 1);
   }
@@ -781,7 +782,21 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
     CHECK(p.result->ok());
     CHECK(c.nodes[0]->calls() == 1);  // the three behind it were never sent
     CHECK(!c.live(0));
+    CHECK(l.stats.retries == 1);
+    CHECK(l.stats.calls.size() == 2);  // n0's one call and the retry on n1; unsent calls are no node calls
+    CHECK(c.backend->Nodes()[0].calls == 1);
+    CHECK(c.backend->Nodes()[0].failed_calls == 1);
     for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 2);
+  }
+  SECTION("a piece refused FAILED_PRECONDITION (the node is alive) does not stop the pieces behind it") {
+    Cluster c({{0, 1, 2, 3}});
+    c.nodes[0]->SetLimits(2, 0);
+    c.backend->CheckNow();
+    c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::FAILED_PRECONDITION}});
+    Layer l;
+    REQUIRE(Run(c, l).ok());
+    CHECK(c.nodes[0]->calls() == 5);  // the four, then the refused one's expert again (nothing else serves it)
+    CHECK(l.stats.retries == 1);
   }
   SECTION("a node that reports no limits gets one call") {
     Cluster c({{0, 1, 2, 3}});
