@@ -486,9 +486,9 @@ class RemoteBackend::Dispatch : public std::enable_shared_from_this<Dispatch> {
       // to one still needed — all of them, with this call's failure, when
       // its node is gone, hung or busy (the retry takes their works) — so
       // that every call made gets its callback, without recursing once per
-      // call. Decided here, under
-      // the lock: a canceller may not have marked them yet, and once the
-      // layer is decided its caller's control may be gone.
+      // call. Decided here, under the lock: a canceller may not have marked
+      // them yet, and once the layer is decided its caller's control may be
+      // gone.
       if (next != nullptr && !next->queued) {
         const bool node_failed = NodeGoneOrBusy(call->status.error_code()) && !WonByAnother(*call);
         for (Call* c = next; c != nullptr; c = c->next) {

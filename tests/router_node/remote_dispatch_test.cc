@@ -55,6 +55,11 @@ struct Cluster {
     backend = std::move(*b);
   }
   bool live(int node) const { return backend->Nodes()[node].live; }
+  // The node reports these size limits (and enforces them) from now on; the map knows them at once.
+  void Limit(int node, int64_t max_rows, int64_t max_row_indices) {
+    nodes[node]->SetLimits(max_rows, max_row_indices);
+    backend->CheckNow();
+  }
 
   FakeClock clock;
   std::ostringstream log;
@@ -682,8 +687,7 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
   };
   SECTION("per-expert replies over max_rows") {
     Cluster c({{0, 1, 2, 3}});
-    c.nodes[0]->SetLimits(2, 0);
-    c.backend->CheckNow();
+    c.Limit(0, 2, 0);
     Layer l;
     REQUIRE(Run(c, l).ok());
     for (int s = 0; s < 4; ++s) CHECK(l.answered_by(s) == 1);
@@ -692,16 +696,14 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
   }
   SECTION("row indices over max_row_indices") {
     Cluster c({{0, 1, 2, 3}});
-    c.nodes[0]->SetLimits(0, 3);
-    c.backend->CheckNow();
+    c.Limit(0, 0, 3);
     Layer l;
     REQUIRE(Run(c, l).ok());
     check_calls(*c.nodes[0], 4, 1, 1);
   }
   SECTION("exact replies: rows over max_rows, each token's route still summed on the node") {
     Cluster c({{0, 1, 2, 3}}, absl::ZeroDuration(), NodeReplies::kExact);
-    c.nodes[0]->SetLimits(1, 0);
-    c.backend->CheckNow();
+    c.Limit(0, 1, 0);
     Layer l;
     REQUIRE(Run(c, l).ok());
     check_calls(*c.nodes[0], 2, 1, 2);  // a token's two experts in one piece: 1 row, 1 reply row
@@ -711,8 +713,7 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
   }
   SECTION("one call at a time") {
     Cluster c({{0, 1, 2, 3}});
-    c.nodes[0]->SetLimits(2, 0);
-    c.backend->CheckNow();
+    c.Limit(0, 2, 0);
     c.nodes[0]->Script({{FakeNode::kHang}});
     Layer l;
     Pending p;
@@ -735,8 +736,8 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
   }
   SECTION("hedging: only a call sent is late, not those waiting behind it") {
     Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}}, absl::Milliseconds(10));
-    for (auto& n : c.nodes) n->SetLimits(2, 0);
-    c.backend->CheckNow();
+    c.Limit(0, 2, 0);
+    c.Limit(1, 2, 0);
     c.nodes[0]->Script({{FakeNode::kHang}});  // n0 gets the layer's four calls, one at a time
     c.nodes[1]->Script({{FakeNode::kHang}});
     Layer l;
@@ -758,8 +759,7 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
   }
   SECTION("a call refused RESOURCE_EXHAUSTED right after the one before it is retried on the same node") {
     Cluster c({{0, 1, 2, 3}});
-    c.nodes[0]->SetLimits(2, 0);
-    c.backend->CheckNow();
+    c.Limit(0, 2, 0);
     c.nodes[0]->Script({{FakeNode::kAnswer}, {FakeNode::kFail, grpc::StatusCode::RESOURCE_EXHAUSTED}});
     Layer l;
     REQUIRE(Run(c, l).ok());
@@ -770,8 +770,7 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
   }
   SECTION("a piece that fails ends the pieces behind it: one node timeout, then the retry elsewhere") {
     Cluster c({{0, 1, 2, 3}, {0, 1, 2, 3}});
-    c.nodes[0]->SetLimits(2, 0);  // n0 gets the layer's four calls, one at a time
-    c.backend->CheckNow();
+    c.Limit(0, 2, 0);  // n0 gets the layer's four calls, one at a time
     c.nodes[0]->Script({{FakeNode::kHang}, {FakeNode::kHang}, {FakeNode::kHang}, {FakeNode::kHang}});
     Layer l;
     Pending p;
@@ -790,8 +789,7 @@ TEST_CASE("a node call over the node's size limits goes as several calls within 
   }
   SECTION("a piece refused FAILED_PRECONDITION (the node is alive) does not stop the pieces behind it") {
     Cluster c({{0, 1, 2, 3}});
-    c.nodes[0]->SetLimits(2, 0);
-    c.backend->CheckNow();
+    c.Limit(0, 2, 0);
     c.nodes[0]->Script({{FakeNode::kFail, grpc::StatusCode::FAILED_PRECONDITION}});
     Layer l;
     REQUIRE(Run(c, l).ok());
@@ -811,8 +809,7 @@ TEST_CASE("an expert with more rows than a node takes in one call goes in runs, 
   // The node takes 4 rows a call: runs of at most 2 (half), here 1, 2 and 2
   // rows; together 5 rows, over 4, so they go in pieces within 2 rows.
   Cluster c({{0, 1, 2, 3}});
-  c.nodes[0]->SetLimits(4, 0);
-  c.backend->CheckNow();
+  c.Limit(0, 4, 0);
   // Five tokens, top-1, all to expert 0.
   std::vector<float> x(5 * kDModel, 1.f), out(5 * kDModel, -1.f);
   LayerWork work;
